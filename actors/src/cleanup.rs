@@ -1,0 +1,240 @@
+//! `CleanupActor`: decides *when* the change log may be cleaned up (SPEC §8.2, §8.3).
+//!
+//! It owns the backup watermarks seen so far, the last scheduled watermark, the cleanup delay
+//! and the set of tasks holding a snapshot reservation. The [`MonitorActor`] feeds it one
+//! [`PollResult`] per poll; the [`ReservationActor`] tells it when reservations open and close.
+//! It never touches the database: a decision goes out as a [`ScheduleCleanup`] to whoever
+//! purges (the purger in the service, a recorder in the replay).
+//!
+//! ### Why a delay at all
+//! Purging the change log as soon as litestream has backed a watermark up would strand a replica
+//! that is still restoring an *older* backup: when it finishes, the changes it needs to catch up
+//! from its backup's watermark are gone. Reservations are the primary guard (no cleanup is
+//! scheduled while any is open). The delay is the second: a watermark is only cleaned up once
+//! its backup is older than the longest restore seen so far (`cleanupDelay`), which grows
+//! whenever a reservation ends by subscription after being held longer than the current delay.
+//! A reservation that merely drops (crash, replacement, shutdown) says nothing about how long a
+//! restore takes, so it never grows the delay.
+//!
+//! [`MonitorActor`]: crate::monitor::MonitorActor
+//! [`ReservationActor`]: crate::reservation::ReservationActor
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use actix::prelude::*;
+use log::{info, warn};
+use serde::Serialize;
+
+use crate::clock::{format_rfc3339_ms, Clock};
+use crate::litestream::BackupSample;
+use crate::watermark::Watermark;
+
+/// Tells the purge side that every change below `watermark` may go (SPEC §9 decides whether it
+/// is safe yet).
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct ScheduleCleanup {
+    pub watermark: Watermark,
+}
+
+/// The samples of one poll (empty when the poll failed); recording is followed by scheduling.
+#[derive(Message, Debug, Clone, Default)]
+#[rtype(result = "()")]
+pub struct PollResult {
+    pub samples: Vec<BackupSample>,
+}
+
+/// A reservation of `task_id` opened: scheduling pauses.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReservationOpened {
+    pub task_id: String,
+}
+
+/// A reservation of `task_id` closed. `ended_by_subscription_after_ms` is `Some(held)` only when
+/// the task subscribed with `initial=true` (the restore finished): only then may the delay grow.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReservationClosed {
+    pub task_id: String,
+    pub ended_by_subscription_after_ms: Option<i64>,
+}
+
+/// Asks for the state shown in `/status` and `/metrics`.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "CleanupState")]
+pub struct GetCleanupState;
+
+/// A watermark seen in a poll and not yet scheduled.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PendingWatermark {
+    pub watermark: Watermark,
+    pub replica: String,
+    #[serde(rename = "backedUpAt")]
+    pub backed_up_at: String,
+    #[serde(skip)]
+    pub backed_up_at_ms: i64,
+}
+
+/// A snapshot of the actor's state.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupState {
+    pub cleanup_delay_ms: i64,
+    pub paused: bool,
+    pub paused_for: Vec<String>,
+    pub last_scheduled_watermark: Option<Watermark>,
+    pub pending_watermarks: Vec<PendingWatermark>,
+    pub cleanups_scheduled_total: u64,
+}
+
+struct Recorded {
+    replica: String,
+    backed_up_at_ms: i64,
+}
+
+/// See the module documentation.
+pub struct CleanupActor {
+    clock: Clock,
+    cleanup_delay_ms: i64,
+    watermarks: BTreeMap<Watermark, Recorded>,
+    last_scheduled: Option<Watermark>,
+    reservations: BTreeSet<String>,
+    target: Recipient<ScheduleCleanup>,
+    scheduled_total: u64,
+}
+
+impl CleanupActor {
+    /// `initial_delay_ms` is raised to `min_delay_ms` (the floor).
+    pub fn new(
+        clock: Clock,
+        initial_delay_ms: i64,
+        min_delay_ms: i64,
+        target: Recipient<ScheduleCleanup>,
+    ) -> Self {
+        let cleanup_delay_ms = initial_delay_ms.max(min_delay_ms);
+        info!("cleanup delay is {cleanup_delay_ms} ms (initial {initial_delay_ms} ms, floor {min_delay_ms} ms)");
+        CleanupActor {
+            clock,
+            cleanup_delay_ms,
+            watermarks: BTreeMap::new(),
+            last_scheduled: None,
+            reservations: BTreeSet::new(),
+            target,
+            scheduled_total: 0,
+        }
+    }
+
+    /// SPEC §8.2: keep a sample only if it is newer than the last scheduled watermark and not
+    /// already recorded; its first sighting's backup time is the one that counts.
+    fn record(&mut self, samples: Vec<BackupSample>) {
+        for s in samples {
+            if self.last_scheduled.as_ref().is_some_and(|l| s.watermark <= *l)
+                || self.watermarks.contains_key(&s.watermark)
+            {
+                continue;
+            }
+            info!(
+                "replicated watermark={} to {} at {}",
+                s.watermark,
+                s.replica,
+                format_rfc3339_ms(s.backed_up_at_ms)
+            );
+            self.watermarks.insert(
+                s.watermark,
+                Recorded { replica: s.replica, backed_up_at_ms: s.backed_up_at_ms },
+            );
+        }
+    }
+
+    /// SPEC §8.3: unless paused, schedule the greatest watermark whose backup is at least
+    /// `cleanupDelay` old and forget every recorded watermark up to it. Only the greatest is
+    /// scheduled because cleaning up to it covers all the smaller ones.
+    fn schedule(&mut self) {
+        if !self.reservations.is_empty() {
+            let tasks: Vec<&str> = self.reservations.iter().map(String::as_str).collect();
+            info!("cleanup paused for snapshot(s): {}", tasks.join(","));
+            return;
+        }
+        let latest = self.clock.now_ms() - self.cleanup_delay_ms;
+        let Some(due) = self
+            .watermarks
+            .iter()
+            .filter(|(_, r)| r.backed_up_at_ms <= latest)
+            .map(|(w, _)| w.clone())
+            .next_back()
+        else {
+            return;
+        };
+        info!("scheduling cleanup of changes before watermark={due}");
+        self.watermarks = self.watermarks.split_off(&due);
+        self.watermarks.remove(&due);
+        self.last_scheduled = Some(due.clone());
+        self.scheduled_total += 1;
+        if self.target.try_send(ScheduleCleanup { watermark: due.clone() }).is_err() {
+            // The purger's mailbox is unbounded, so this only happens when it has stopped.
+            warn!("cleanup to watermark={due} could not be handed to the purger: it is gone");
+        }
+    }
+
+    fn state(&self) -> CleanupState {
+        CleanupState {
+            cleanup_delay_ms: self.cleanup_delay_ms,
+            paused: !self.reservations.is_empty(),
+            paused_for: self.reservations.iter().cloned().collect(),
+            last_scheduled_watermark: self.last_scheduled.clone(),
+            pending_watermarks: self
+                .watermarks
+                .iter()
+                .map(|(w, r)| PendingWatermark {
+                    watermark: w.clone(),
+                    replica: r.replica.clone(),
+                    backed_up_at: format_rfc3339_ms(r.backed_up_at_ms),
+                    backed_up_at_ms: r.backed_up_at_ms,
+                })
+                .collect(),
+            cleanups_scheduled_total: self.scheduled_total,
+        }
+    }
+}
+
+impl Actor for CleanupActor {
+    type Context = Context<Self>;
+}
+
+impl Handler<PollResult> for CleanupActor {
+    type Result = ();
+    fn handle(&mut self, msg: PollResult, _: &mut Context<Self>) {
+        self.record(msg.samples);
+        self.schedule();
+    }
+}
+
+impl Handler<ReservationOpened> for CleanupActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReservationOpened, _: &mut Context<Self>) {
+        info!("pausing change-log cleanup while {} snapshots", msg.task_id);
+        self.reservations.insert(msg.task_id);
+    }
+}
+
+impl Handler<ReservationClosed> for CleanupActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReservationClosed, _: &mut Context<Self>) {
+        self.reservations.remove(&msg.task_id);
+        if let Some(held) = msg.ended_by_subscription_after_ms {
+            info!("snapshot initialized by {} in {held} ms", msg.task_id);
+            if held > self.cleanup_delay_ms {
+                self.cleanup_delay_ms = held;
+                info!("increased cleanup delay to {held} ms (task {})", msg.task_id);
+            }
+        }
+    }
+}
+
+impl Handler<GetCleanupState> for CleanupActor {
+    type Result = MessageResult<GetCleanupState>;
+    fn handle(&mut self, _: GetCleanupState, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.state())
+    }
+}

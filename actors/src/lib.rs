@@ -1,0 +1,17 @@
+//! The actors of change-streamer, and the pieces they are made of.
+//!
+//! The backup side: [`monitor::MonitorActor`] polls litestream and reports what is backed up;
+//! [`cleanup::CleanupActor`] decides when the change log may be cleaned up;
+//! [`reservation::ReservationActor`] holds the snapshot reservations that pause it. The change
+//! side: [`upstream`] reads the change source, [`streamer`] stores each transaction in the
+//! [`changelog`] and broadcasts it to subscribers with consensus flow control, and purges the
+//! log when a scheduled cleanup is safe. Each actor owns its state; they talk by the typed
+//! messages defined beside them. Time comes from an injected [`clock::Clock`].
+
+pub mod changelog;
+pub mod cleanup;
+pub mod clock;
+pub mod litestream;
+pub mod monitor;
+pub mod reservation;
+pub mod watermark;
