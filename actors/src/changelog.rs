@@ -236,64 +236,67 @@ impl ChangeLog {
         &self.path
     }
 
-    async fn write<T>(&self, make: impl FnOnce(Reply<T>) -> WriteCommand) -> Result<T, ChangeLogError> {
+    /// Queues a command now (so that commands keep the caller's order) and returns the
+    /// future of its answer.
+    fn write<T>(
+        &self,
+        make: impl FnOnce(Reply<T>) -> WriteCommand,
+    ) -> impl std::future::Future<Output = Result<T, ChangeLogError>> {
         let (tx, rx) = oneshot::channel();
-        self.writes.send(make(tx)).map_err(|_| ChangeLogError::Closed)?;
-        rx.await.map_err(|_| ChangeLogError::Closed)?
-    }
-
-    /// Stores a whole transaction; resolves once it is durable. The first transaction of an
-    /// empty change log sets the replicaVersion.
-    pub async fn append(&self, txn: Transaction) -> Result<(), ChangeLogError> {
-        self.write(|r| WriteCommand::Append(txn, r)).await
-    }
-
-    /// Like [`append`](Self::append), but queues the write now and returns a receiver for
-    /// its durability, so that the caller keeps the order without awaiting.
-    pub fn append_queued(&self, txn: Transaction) -> oneshot::Receiver<Result<(), ChangeLogError>> {
-        let (tx, rx) = oneshot::channel();
-        if let Err(mpsc::SendError(WriteCommand::Append(_, tx))) =
-            self.writes.send(WriteCommand::Append(txn, tx))
-        {
-            let _ = tx.send(Err(ChangeLogError::Closed));
+        let queued = self.writes.send(make(tx)).is_ok();
+        async move {
+            if !queued {
+                return Err(ChangeLogError::Closed);
+            }
+            rx.await.map_err(|_| ChangeLogError::Closed)?
         }
-        rx
+    }
+
+    /// Stores a whole transaction; the future resolves once it is durable. The write is
+    /// queued by the call itself, so calls are stored in call order. The first transaction of
+    /// an empty change log sets the replicaVersion.
+    pub fn append(&self, txn: Transaction) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
+        self.write(|r| WriteCommand::Append(txn, r))
     }
 
     /// Deletes every row below `before`, except the newest stored transaction. Answers the
-    /// number of rows deleted.
-    pub async fn purge(&self, before: Watermark) -> Result<u64, ChangeLogError> {
-        self.write(|r| WriteCommand::Purge(before, r)).await
+    /// number of rows deleted. Queued by the call.
+    pub fn purge(&self, before: Watermark) -> impl std::future::Future<Output = Result<u64, ChangeLogError>> {
+        self.write(|r| WriteCommand::Purge(before, r))
     }
 
-    /// What the change log holds now (including every append queued before this call).
-    pub async fn stats(&self) -> Result<ChangeLogStats, ChangeLogError> {
-        self.write(WriteCommand::Stats).await
+    /// What the change log holds, including every write queued before this call.
+    pub fn stats(&self) -> impl std::future::Future<Output = Result<ChangeLogStats, ChangeLogError>> {
+        self.write(WriteCommand::Stats)
     }
 
-    /// Whether `w` is the commit watermark of a stored transaction.
-    pub async fn has_commit(&self, w: Watermark) -> Result<bool, ChangeLogError> {
-        self.write(|r| WriteCommand::HasCommit(w, r)).await
+    /// Whether `w` is the commit watermark of a stored transaction (after every write queued
+    /// before this call).
+    pub fn has_commit(&self, w: Watermark) -> impl std::future::Future<Output = Result<bool, ChangeLogError>> {
+        self.write(|r| WriteCommand::HasCommit(w, r))
     }
 
-    /// Resolves once every append queued before it is durable.
-    pub async fn barrier(&self) -> Result<(), ChangeLogError> {
-        self.write(WriteCommand::Barrier).await
+    /// Resolves once every write queued before this call is durable.
+    pub fn barrier(&self) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
+        self.write(WriteCommand::Barrier)
     }
 
     /// Reads up to `limit` stored changes after `after` (a `(watermark, pos)` position,
     /// exclusive) and at or below `up_to`, in order.
-    pub async fn read(
+    pub fn read(
         &self,
         after: (Watermark, i64),
         up_to: Watermark,
         limit: usize,
-    ) -> Result<Vec<StoredChange>, ChangeLogError> {
+    ) -> impl std::future::Future<Output = Result<Vec<StoredChange>, ChangeLogError>> {
         let (tx, rx) = oneshot::channel();
-        self.reads
-            .send(ReadCommand { after, up_to, limit, reply: tx })
-            .map_err(|_| ChangeLogError::Closed)?;
-        rx.await.map_err(|_| ChangeLogError::Closed)?
+        let queued = self.reads.send(ReadCommand { after, up_to, limit, reply: tx }).is_ok();
+        async move {
+            if !queued {
+                return Err(ChangeLogError::Closed);
+            }
+            rx.await.map_err(|_| ChangeLogError::Closed)?
+        }
     }
 }
 
@@ -543,9 +546,9 @@ mod tests {
     async fn queued_appends_commit_in_order() {
         let dir = tempfile::tempdir().unwrap();
         let log = ChangeLog::open(dir.path()).unwrap();
-        let rx: Vec<_> = (1..=1000).map(|n| log.append_queued(txn(n, 3))).collect();
+        let rx: Vec<_> = (1..=1000).map(|n| log.append(txn(n, 3))).collect();
         for r in rx {
-            r.await.unwrap().unwrap();
+            r.await.unwrap();
         }
         let s = log.stats().await.unwrap();
         assert_eq!(s.rows, 5000);

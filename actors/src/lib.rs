@@ -15,3 +15,5 @@ pub mod litestream;
 pub mod monitor;
 pub mod reservation;
 pub mod watermark;
+pub mod streamer;
+pub mod upstream;

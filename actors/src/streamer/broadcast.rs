@@ -1,0 +1,213 @@
+//! `Broadcast`: the progress of one tracked send, and the consensus rule that releases it
+//! (SPEC §10).
+//!
+//! ### Why flow control, and why consensus
+//! Changes are forwarded pipelined, without waiting. Left at that, a fast upstream fills the
+//! socket buffers of every slower subscriber without bound. So about every 64 KiB one change is
+//! sent *tracked*, and reading from the upstream waits until it has been acked: the upstream is
+//! then read no faster than subscribers process.
+//!
+//! Waiting for *every* subscriber would let one slow or half-dead replica (a new one with a
+//! backlog, a broken TCP connection not yet caught by liveness checks) stall all the others. A
+//! fixed ack timeout is no answer either: some changes (a table-wide rewrite, an index build)
+//! legitimately take long, and a timeout short enough to matter would stop replication
+//! altogether on them. Instead the subscribers set the timeout themselves: once more than half
+//! of them (`floor(n/2)+1`) have finished, the rest get at most `padding` more after the latest
+//! finish. Usually they finish well within it; a minority that is genuinely behind is given a
+//! bounded amount of time at every batch, and catches up eventually because the others wait for
+//! it that long each time. With one subscriber, or one replication-manager and one view-syncer,
+//! the majority is everyone, so this reduces to waiting for all.
+//!
+//! A subscriber to whom the change is filtered, or that fails or closes, counts as finished.
+//! `n` is fixed when the broadcast starts. A negative padding disables early release.
+//!
+//! This type is pure bookkeeping with times passed in; the streamer arms a timer for
+//! [`Broadcast::release_at`], so the release happens when due rather than at a coarse tick.
+
+use std::collections::HashSet;
+
+/// Identifies a subscriber within the streamer.
+pub type SubscriberId = u64;
+
+/// How a broadcast was released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Every subscriber finished.
+    All,
+    /// A majority finished and the padding passed since the latest of them.
+    Consensus,
+}
+
+/// The progress of one tracked send. Times are milliseconds on any monotonic scale.
+#[derive(Debug, Clone)]
+pub struct Broadcast {
+    pending: HashSet<SubscriberId>,
+    completed: Vec<(SubscriberId, f64)>,
+    majority: usize,
+    start_ms: f64,
+    latest_completed_ms: Option<f64>,
+    released: Option<Release>,
+}
+
+impl Broadcast {
+    /// Starts tracking a send to `subscribers` at `now_ms`.
+    pub fn new(subscribers: impl IntoIterator<Item = SubscriberId>, now_ms: f64) -> Broadcast {
+        let pending: HashSet<_> = subscribers.into_iter().collect();
+        let majority = pending.len() / 2 + 1;
+        Broadcast {
+            released: if pending.is_empty() { Some(Release::All) } else { None },
+            pending,
+            completed: Vec::new(),
+            majority,
+            start_ms: now_ms,
+            latest_completed_ms: None,
+        }
+    }
+
+    /// Records that `sub` finished (acked, was filtered, failed or closed). Returns `true` when
+    /// that made every subscriber finished.
+    pub fn mark_completed(&mut self, sub: SubscriberId, now_ms: f64) -> bool {
+        if self.pending.remove(&sub) {
+            self.completed.push((sub, now_ms - self.start_ms));
+            self.latest_completed_ms = Some(now_ms);
+            if self.pending.is_empty() && self.released.is_none() {
+                self.released = Some(Release::All);
+                return true;
+            }
+        }
+        false
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.released.is_some()
+    }
+
+    pub fn released(&self) -> Option<Release> {
+        self.released
+    }
+
+    pub fn majority(&self) -> usize {
+        self.majority
+    }
+
+    pub fn pending(&self) -> impl Iterator<Item = SubscriberId> + '_ {
+        self.pending.iter().copied()
+    }
+
+    pub fn completed(&self) -> &[(SubscriberId, f64)] {
+        &self.completed
+    }
+
+    pub fn elapsed_ms(&self, now_ms: f64) -> f64 {
+        now_ms - self.start_ms
+    }
+
+    /// When the consensus rule will release this broadcast if nothing else finishes: the
+    /// latest finish plus `padding_ms`, once a majority has finished. `None` while below the
+    /// majority, when done, or when padding is negative.
+    pub fn release_at(&self, padding_ms: f64) -> Option<f64> {
+        if self.is_done() || padding_ms < 0.0 || self.completed.len() < self.majority {
+            return None;
+        }
+        self.latest_completed_ms.map(|t| t + padding_ms)
+    }
+
+    /// The consensus rule: `true` if the broadcast was already done or is released now (a
+    /// majority finished and `padding_ms` has passed since the latest finish). A negative
+    /// padding never releases early.
+    pub fn check_progress(&mut self, padding_ms: f64, now_ms: f64) -> bool {
+        if self.is_done() {
+            return true;
+        }
+        if padding_ms < 0.0 || self.completed.len() < self.majority {
+            return false;
+        }
+        match self.latest_completed_ms {
+            Some(t) if now_ms - t >= padding_ms => {
+                self.released = Some(Release::Consensus);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The seed's broadcast tests, translated: sends without and with tracking, and
+    //! `check_progress` below the majority, at the majority before and after the padding.
+    use super::*;
+
+    #[test]
+    fn no_subscribers_is_done_at_once() {
+        let b = Broadcast::new([], 0.0);
+        assert!(b.is_done());
+        assert_eq!(b.released(), Some(Release::All));
+    }
+
+    #[test]
+    fn done_when_all_subscribers_ack() {
+        let mut b = Broadcast::new([1, 2, 3], 0.0);
+        assert!(!b.mark_completed(1, 1.0));
+        assert!(!b.mark_completed(2, 2.0));
+        assert!(!b.is_done());
+        assert!(b.mark_completed(3, 3.0));
+        assert_eq!(b.released(), Some(Release::All));
+        // A late duplicate changes nothing.
+        assert!(!b.mark_completed(3, 4.0));
+    }
+
+    #[test]
+    fn check_progress_below_majority_waits_forever() {
+        // 5 subscribers: majority 3. Two finished = majority minus one.
+        let mut b = Broadcast::new(1..=5, 0.0);
+        assert_eq!(b.majority(), 3);
+        b.mark_completed(1, 10.0);
+        b.mark_completed(2, 20.0);
+        assert!(!b.check_progress(1000.0, 1_000_000.0));
+        assert_eq!(b.release_at(1000.0), None);
+    }
+
+    #[test]
+    fn check_progress_at_majority_waits_for_the_padding_since_the_latest_ack() {
+        let mut b = Broadcast::new(1..=5, 0.0);
+        b.mark_completed(1, 10.0);
+        b.mark_completed(2, 20.0);
+        b.mark_completed(3, 30.0);
+        assert_eq!(b.release_at(1000.0), Some(1030.0));
+        assert!(!b.check_progress(1000.0, 1029.0));
+        assert!(!b.is_done());
+        // Another ack restarts the padding.
+        b.mark_completed(4, 500.0);
+        assert!(!b.check_progress(1000.0, 1030.0));
+        assert!(b.check_progress(1000.0, 1500.0));
+        assert_eq!(b.released(), Some(Release::Consensus));
+        assert_eq!(b.pending().collect::<Vec<_>>(), vec![5]);
+        assert!(b.check_progress(1000.0, 1500.0));
+    }
+
+    #[test]
+    fn negative_padding_waits_for_all() {
+        let mut b = Broadcast::new(1..=3, 0.0);
+        b.mark_completed(1, 1.0);
+        b.mark_completed(2, 2.0);
+        assert!(!b.check_progress(-1.0, 1e12));
+        assert_eq!(b.release_at(-1.0), None);
+        assert!(b.mark_completed(3, 3.0));
+    }
+
+    #[test]
+    fn one_subscriber_is_its_own_majority() {
+        let mut b = Broadcast::new([7], 0.0);
+        assert_eq!(b.majority(), 1);
+        assert!(!b.check_progress(0.0, 1e9));
+        assert!(b.mark_completed(7, 5.0));
+    }
+
+    #[test]
+    fn two_subscribers_need_both() {
+        let mut b = Broadcast::new([1, 2], 0.0);
+        b.mark_completed(1, 1.0);
+        assert!(!b.check_progress(0.0, 1e9));
+    }
+}

@@ -1,0 +1,286 @@
+//! The upstream client: reads the custom change source over a websocket (SPEC §4).
+//!
+//! A task on the actix runtime connects to `--upstream`, resuming from the change log's last
+//! durable watermark, and passes what it reads to the [`Streamer`] in batches (whatever frames
+//! are already available, so that a busy stream costs one message per batch, not per change).
+//! It writes the acks the streamer hands back, in order, each once its transaction is durable.
+//! When the streamer says a tracked send is waiting, it stops reading until the release: the
+//! upstream is read no faster than the subscribers' majority can take.
+//!
+//! Any end of the connection, a protocol violation or an unreadable frame is logged; the task
+//! tells the streamer (which rolls back a transaction in progress) and reconnects with capped
+//! exponential backoff. Nothing of a broken transaction is ever stored.
+
+pub mod protocol;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_http::ws::Item;
+use awc::ws::{Frame, Message as WsMessage};
+use bytes::BytesMut;
+use futures_util::stream::FuturesOrdered;
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use log::{info, warn};
+use tokio::sync::oneshot;
+
+use crate::changelog::{ChangeLog, ChangeLogError};
+use crate::streamer::{Streamer, UpstreamBatch, UpstreamEvent};
+use protocol::{parse_frame, UpstreamMessage};
+
+/// Most messages passed to the streamer in one batch.
+const MAX_BATCH: usize = 512;
+/// Largest frame accepted from the change source.
+const MAX_FRAME: usize = 256 << 20;
+
+/// How the client connects and retries.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// `ws://` or `wss://` URL of the change source.
+    pub url: String,
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl UpstreamConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        UpstreamConfig {
+            url: url.into(),
+            first_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Stops the client when dropped or told to.
+pub struct UpstreamHandle {
+    stop: Option<oneshot::Sender<()>>,
+    done: Option<oneshot::Receiver<()>>,
+}
+
+impl UpstreamHandle {
+    /// Closes the connection and waits for the task to end.
+    pub async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(d) = self.done.take() {
+            let _ = d.await;
+        }
+    }
+}
+
+/// Starts the client on the current actix runtime.
+pub fn start(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>) -> UpstreamHandle {
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let (done_tx, done_rx) = oneshot::channel();
+    actix_rt::spawn(async move {
+        run(cfg, log, streamer, stop_rx).await;
+        let _ = done_tx.send(());
+    });
+    UpstreamHandle { stop: Some(stop_tx), done: Some(done_rx) }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum SessionEnd {
+    #[error("stopped")]
+    Stopped,
+    #[error("change source closed the connection{0}")]
+    Closed(String),
+    #[error("websocket error: {0}")]
+    Ws(String),
+    #[error("protocol violation: {0}")]
+    Violation(String),
+    #[error("{0}")]
+    ChangeLog(#[from] ChangeLogError),
+    #[error("streamer is gone")]
+    StreamerGone,
+}
+
+/// The URL for the next connection: bare for an initial sync, else resuming (SPEC §4).
+fn resume_url(base: &str, log_state: &crate::changelog::ChangeLogStats) -> String {
+    let (Some(rv), Some(last)) = (&log_state.replica_version, &log_state.max_watermark) else {
+        return base.to_string();
+    };
+    match url::Url::parse(base) {
+        Ok(mut u) => {
+            u.query_pairs_mut()
+                .append_pair("lastWatermark", last.as_str())
+                .append_pair("replicaVersion", rv.as_str());
+            u.to_string()
+        }
+        Err(_) => base.to_string(),
+    }
+}
+
+async fn run(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>, mut stop: oneshot::Receiver<()>) {
+    let mut backoff = cfg.first_backoff;
+    loop {
+        let state = match log.stats().await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!("upstream: cannot read the change log ({e}); not connecting");
+                return;
+            }
+        };
+        let url = resume_url(&cfg.url, &state);
+        info!("connecting to change source {url}");
+        let client = awc::Client::builder().max_http_version(awc::http::Version::HTTP_11).finish();
+        let connect = client.ws(url.as_str()).max_frame_size(MAX_FRAME).connect();
+        let end = tokio::select! {
+            _ = &mut stop => SessionEnd::Stopped,
+            res = connect => match res {
+                Err(e) => SessionEnd::Ws(format!("connecting: {e}")),
+                Ok((_, framed)) => {
+                    info!("connected to change source (resuming after watermark={:?})", state.max_watermark.as_ref().map(|w| w.to_string()));
+                    backoff = cfg.first_backoff;
+                    streamer.do_send(UpstreamEvent::Connected);
+                    let end = session(framed, &streamer, &mut stop).await;
+                    streamer.do_send(UpstreamEvent::Disconnected);
+                    end
+                }
+            },
+        };
+        match end {
+            SessionEnd::Stopped => {
+                info!("upstream client stopped");
+                return;
+            }
+            e => warn!("upstream connection ended: {e}; reconnecting in {} ms", backoff.as_millis()),
+        }
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = actix_rt::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(cfg.max_backoff);
+    }
+}
+
+type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, ChangeLogError>>>>;
+
+/// Reassembles fragmented text messages.
+#[derive(Default)]
+struct Fragments(Option<BytesMut>);
+
+impl Fragments {
+    /// Returns a whole text message, `Ok(None)` for a non-text frame to ignore, or an error.
+    fn take(&mut self, frame: Frame) -> Result<Option<String>, SessionEnd> {
+        let text = |b: &[u8]| {
+            String::from_utf8(b.to_vec()).map_err(|_| SessionEnd::Violation("text frame is not UTF-8".into()))
+        };
+        match frame {
+            Frame::Text(b) => text(&b).map(Some),
+            Frame::Continuation(Item::FirstText(b)) => {
+                self.0 = Some(BytesMut::from(&b[..]));
+                Ok(None)
+            }
+            Frame::Continuation(Item::Continue(b)) => {
+                self.0.as_mut().ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?.extend_from_slice(&b);
+                Ok(None)
+            }
+            Frame::Continuation(Item::Last(b)) => {
+                let mut all = self.0.take().ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?;
+                all.extend_from_slice(&b);
+                text(&all).map(Some)
+            }
+            Frame::Binary(_) | Frame::Continuation(Item::FirstBinary(_)) => {
+                Err(SessionEnd::Violation("binary frame".into()))
+            }
+            Frame::Ping(_) | Frame::Pong(_) => Ok(None),
+            Frame::Close(reason) => Err(SessionEnd::Closed(
+                reason.map(|r| format!(" ({:?} {})", r.code, r.description.unwrap_or_default())).unwrap_or_default(),
+            )),
+        }
+    }
+}
+
+async fn session(
+    framed: actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
+    streamer: &Addr<Streamer>,
+    stop: &mut oneshot::Receiver<()>,
+) -> SessionEnd {
+    let (mut sink, mut stream) = framed.split();
+    let mut acks: FuturesOrdered<AckFuture> = FuturesOrdered::new();
+    let mut waiting: VecDeque<UpstreamMessage> = VecDeque::new();
+    let mut release: Option<oneshot::Receiver<()>> = None;
+    let mut fragments = Fragments::default();
+
+    loop {
+        // Hand over what is waiting (read earlier, or left behind by a tracked send).
+        if release.is_none() && !waiting.is_empty() {
+            let batch: Vec<UpstreamMessage> = waiting.drain(..).collect();
+            let n = batch.len();
+            match streamer.send(UpstreamBatch(batch.clone())).await {
+                Err(_) => return SessionEnd::StreamerGone,
+                Ok(Err(v)) => return SessionEnd::Violation(v.0),
+                Ok(Ok(reply)) => {
+                    for ack in reply.acks {
+                        acks.push_back(Box::pin(async move {
+                            if let Some(d) = ack.durable {
+                                d.await?;
+                            }
+                            Ok(ack.frame)
+                        }));
+                    }
+                    if reply.consumed < n {
+                        waiting.extend(batch.into_iter().skip(reply.consumed));
+                    }
+                    release = reply.release;
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = &mut *stop => {
+                let _ = sink.send(WsMessage::Close(Some(awc::ws::CloseCode::Away.into()))).await;
+                return SessionEnd::Stopped;
+            }
+            Some(ack) = acks.next(), if !acks.is_empty() => match ack {
+                Ok(Some(frame)) => {
+                    if let Err(e) = sink.send(WsMessage::Text(frame.into())).await {
+                        return SessionEnd::Ws(e.to_string());
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return SessionEnd::ChangeLog(e),
+            },
+            _ = async { if let Some(r) = release.as_mut() { let _ = r.await; } }, if release.is_some() => {
+                release = None;
+            }
+            frame = stream.next(), if release.is_none() => {
+                let mut next = Some(frame);
+                while let Some(frame) = next.take() {
+                    let frame = match frame {
+                        None => return SessionEnd::Closed(String::new()),
+                        Some(Err(e)) => return SessionEnd::Ws(e.to_string()),
+                        Some(Ok(f)) => f,
+                    };
+                    if let Frame::Ping(p) = &frame {
+                        if let Err(e) = sink.send(WsMessage::Pong(p.clone())).await {
+                            return SessionEnd::Ws(e.to_string());
+                        }
+                    }
+                    match fragments.take(frame) {
+                        Err(e) => return e,
+                        Ok(None) => {}
+                        Ok(Some(text)) => match parse_frame(&text) {
+                            Ok(m) => waiting.push_back(m),
+                            Err(e) => {
+                                // Hand over what came before, so it is not lost, then drop.
+                                let before: Vec<_> = waiting.drain(..).collect();
+                                if !before.is_empty() {
+                                    let _ = streamer.send(UpstreamBatch(before)).await;
+                                }
+                                return SessionEnd::Violation(e.to_string());
+                            }
+                        },
+                    }
+                    if waiting.len() < MAX_BATCH {
+                        next = stream.next().now_or_never();
+                    }
+                }
+            }
+        }
+    }
+}
