@@ -1,1 +1,47 @@
-fn main(){}
+//! The `change-streamer` binary: parse the configuration, start the service, stop it
+//! gracefully on SIGINT or SIGTERM.
+
+use change_streamer::{Config, Service};
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let system = actix_rt::System::new();
+    let result = system.block_on(async move {
+        let service = Service::start(config, change_streamer_actors::clock::Clock::System).await?;
+        wait_for_signal().await;
+        service.stop().await;
+        Ok::<(), change_streamer::server::StartError>(())
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("change-streamer: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => log::info!("SIGINT received"),
+                    _ = term.recv() => log::info!("SIGTERM received"),
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

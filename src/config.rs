@@ -1,0 +1,193 @@
+//! Flags and environment variables (SPEC §2).
+//!
+//! Every flag also reads the environment variable named in its help; a flag given on the command
+//! line wins. Values are checked here, at start, so that a bad one stops the service with a
+//! message naming the flag, before anything is opened or bound.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Streams an upstream database's change log to replicas over websockets, and purges the log
+/// only once litestream has backed it up, no replica is restoring an older backup, and every
+/// connected subscriber has passed it.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "change-streamer", version, about, long_about = None)]
+pub struct Config {
+    /// HTTP and websocket port (0 picks a free one).
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_PORT", default_value_t = 4849)]
+    pub port: u16,
+
+    /// Address to bind.
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_HOST", default_value = "0.0.0.0")]
+    pub host: String,
+
+    /// Directory holding the change log database (created if missing).
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_DATA_DIR", default_value = "./change-streamer-data")]
+    pub data_dir: PathBuf,
+
+    /// ws:// or wss:// URL of the custom change source. Without it the service serves what
+    /// the change log already holds and receives nothing new.
+    #[arg(long, env = "ZERO_UPSTREAM_URL", value_parser = parse_ws_url)]
+    pub upstream: Option<String>,
+
+    /// Litestream backup URL: enables the backup monitor and is sent to restoring replicas.
+    /// Without it nothing is polled or purged and snapshot reservations are refused.
+    #[arg(long, env = "ZERO_LITESTREAM_BACKUP_URL", value_parser = parse_non_empty)]
+    pub litestream_backup_url: Option<String>,
+
+    /// litestream's Prometheus endpoint (http:// or https://).
+    #[arg(
+        long,
+        env = "ZERO_LITESTREAM_METRICS_URL",
+        default_value = "http://localhost:4850/metrics",
+        value_parser = parse_http_url
+    )]
+    pub litestream_metrics_url: String,
+
+    /// Period of the litestream metrics poll, in ms (≥ 1). The first poll comes one period
+    /// after start.
+    #[arg(long, env = "ZERO_BACKUP_CHECK_INTERVAL_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub backup_check_interval_ms: u64,
+
+    /// Starting cleanup delay in ms; raised to --min-cleanup-delay-ms.
+    #[arg(long, env = "ZERO_INITIAL_CLEANUP_DELAY_MS", default_value_t = 0)]
+    pub initial_cleanup_delay_ms: u64,
+
+    /// Floor of the cleanup delay in ms: a backed-up watermark is cleaned up no sooner.
+    #[arg(long, env = "ZERO_MIN_CLEANUP_DELAY_MS", default_value_t = 30_000)]
+    pub min_cleanup_delay_ms: u64,
+
+    /// Wait in ms between a scheduled cleanup and its purge check (and between retries).
+    #[arg(long, env = "ZERO_PURGE_DELAY_MS", default_value_t = 30_000)]
+    pub purge_delay_ms: u64,
+
+    /// Seconds that the subscribers outside a majority get after the latest ack before flow
+    /// control moves on without them; negative waits for every subscriber.
+    #[arg(
+        long,
+        env = "ZERO_CHANGE_STREAMER_FLOW_CONTROL_CONSENSUS_PADDING_SECONDS",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        value_parser = parse_padding
+    )]
+    pub flow_control_consensus_padding_seconds: f64,
+
+    /// Websocket liveness: ping period in ms; a connection silent for a whole period is
+    /// dropped.
+    #[arg(long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub ping_interval_ms: u64,
+}
+
+impl Config {
+    pub fn backup_check_interval(&self) -> Duration {
+        Duration::from_millis(self.backup_check_interval_ms)
+    }
+    pub fn purge_delay(&self) -> Duration {
+        Duration::from_millis(self.purge_delay_ms)
+    }
+    pub fn ping_interval(&self) -> Duration {
+        Duration::from_millis(self.ping_interval_ms)
+    }
+    pub fn padding_ms(&self) -> f64 {
+        self.flow_control_consensus_padding_seconds * 1000.0
+    }
+    /// The cleanup delay the service starts with.
+    pub fn starting_cleanup_delay_ms(&self) -> u64 {
+        self.initial_cleanup_delay_ms.max(self.min_cleanup_delay_ms)
+    }
+}
+
+fn parse_url(s: &str, schemes: &[&str]) -> Result<String, String> {
+    let u = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+    if !schemes.contains(&u.scheme()) {
+        return Err(format!("scheme must be one of {}, not {}://", schemes.join("://, ") + "://", u.scheme()));
+    }
+    if u.host_str().is_none_or(str::is_empty) {
+        return Err("the URL has no host".into());
+    }
+    Ok(s.to_string())
+}
+
+fn parse_ws_url(s: &str) -> Result<String, String> {
+    parse_url(s, &["ws", "wss"])
+}
+
+fn parse_http_url(s: &str) -> Result<String, String> {
+    parse_url(s, &["http", "https"])
+}
+
+fn parse_non_empty(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+fn parse_padding(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a decimal number of seconds"))?;
+    if !v.is_finite() || v.abs() > 1e9 {
+        return Err(format!("{s:?} is not a finite number of seconds"));
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("change-streamer").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_follow_the_spec() {
+        let c = parse(&[]).unwrap();
+        assert_eq!(c.port, 4849);
+        assert_eq!(c.host, "0.0.0.0");
+        assert_eq!(c.litestream_metrics_url, "http://localhost:4850/metrics");
+        assert_eq!(c.backup_check_interval_ms, 60_000);
+        assert_eq!(c.starting_cleanup_delay_ms(), 30_000);
+        assert_eq!(c.purge_delay_ms, 30_000);
+        assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
+        assert_eq!(c.ping_interval_ms, 30_000);
+        assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        for (args, flag) in [
+            (&["--port", "x"][..], "--port"),
+            (&["--upstream", "http://x"][..], "--upstream"),
+            (&["--litestream-metrics-url", "ws://x/metrics"][..], "--litestream-metrics-url"),
+            (&["--backup-check-interval-ms", "0"][..], "--backup-check-interval-ms"),
+            (&["--min-cleanup-delay-ms", "-5"][..], "--min-cleanup-delay-ms"),
+            (&["--flow-control-consensus-padding-seconds", "NaN"][..], "--flow-control-consensus-padding-seconds"),
+            (&["--ping-interval-ms", "soon"][..], "--ping-interval-ms"),
+        ] {
+            let e = parse(args).unwrap_err().to_string();
+            assert!(e.contains(flag), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn accepts_short_floors_and_negative_padding() {
+        let c = parse(&[
+            "--min-cleanup-delay-ms",
+            "10",
+            "--initial-cleanup-delay-ms",
+            "5",
+            "--flow-control-consensus-padding-seconds",
+            "-1",
+            "--upstream",
+            "ws://127.0.0.1:1/changes",
+        ])
+        .unwrap();
+        assert_eq!(c.starting_cleanup_delay_ms(), 10);
+        assert_eq!(c.padding_ms(), -1000.0);
+    }
+}

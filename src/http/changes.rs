@@ -1,0 +1,106 @@
+//! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=`
+//! (SPEC §7): checks the parameters and starts a [`SubscriberSession`].
+
+use std::collections::HashMap;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web_actors::ws;
+use change_streamer_actors::streamer::subscriber::Mode;
+use change_streamer_actors::watermark::Watermark;
+
+use super::{parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL, MIN_PROTOCOL};
+use crate::session::subscriber::{SubscriberSession, SubscriptionParams};
+
+/// Checks the query of a subscription; the error is the close reason.
+pub fn parse_params(protocol: u32, q: &HashMap<String, String>) -> Result<SubscriptionParams, String> {
+    let required = |name: &str| -> Result<String, String> {
+        match q.get(name) {
+            Some(v) if !v.is_empty() => Ok(v.clone()),
+            _ => Err(format!("Missing {name} in subscription request")),
+        }
+    };
+    let id = required("id")?;
+    let replica_version = required("replicaVersion")?;
+    let watermark = required("watermark")?;
+    let watermark = Watermark::parse(&watermark)
+        .map_err(|_| format!("Invalid watermark in subscription request: {watermark:?} is not a LexiVersion"))?;
+    let initial = match q.get("initial").map(String::as_str) {
+        None | Some("") | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(format!("Invalid initial in subscription request: {other:?} (true or false)")),
+    };
+    Ok(SubscriptionParams {
+        protocol,
+        id,
+        task_id: q.get("taskID").filter(|t| !t.is_empty()).cloned(),
+        mode: Mode::parse(q.get("mode").map(String::as_str)),
+        replica_version,
+        watermark,
+        initial,
+    })
+}
+
+pub async fn changes(
+    req: HttpRequest,
+    stream: web::Payload,
+    version: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let Some(v) = parse_version(&version) else {
+        return Ok(HttpResponse::NotFound().body("not found\n"));
+    };
+    if let Some(bad) = require_upgrade(&req) {
+        return Ok(bad);
+    }
+    if !(MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) {
+        return refuse(&req, stream, unsupported_version(v));
+    }
+    let params = match parse_params(v, &query_map(&req)) {
+        Ok(p) => p,
+        Err(reason) => return refuse(&req, stream, reason),
+    };
+    let session = SubscriberSession::new(
+        params,
+        state.streamer.clone(),
+        state.backup.as_ref().map(|b| b.reservations.clone()),
+        state.config.ping_interval(),
+    );
+    ws::start(session, &req, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn parses_a_subscription() {
+        let p = parse_params(
+            6,
+            &q(&[("id", "vs1"), ("taskID", "t1"), ("mode", "backup"), ("replicaVersion", "123"), ("watermark", "0a"), ("initial", "true")]),
+        )
+        .unwrap();
+        assert_eq!(p.mode, Mode::Backup);
+        assert!(p.initial);
+        assert_eq!(p.task_id.as_deref(), Some("t1"));
+        let p = parse_params(6, &q(&[("id", "vs1"), ("taskID", ""), ("replicaVersion", "123"), ("watermark", "0a")])).unwrap();
+        assert_eq!((p.mode, p.initial, p.task_id), (Mode::Serving, false, None));
+    }
+
+    #[test]
+    fn names_the_bad_parameter() {
+        let base = [("id", "vs1"), ("replicaVersion", "123"), ("watermark", "0a")];
+        for missing in ["id", "replicaVersion", "watermark"] {
+            let pairs: Vec<_> = base.iter().copied().filter(|(k, _)| *k != missing).collect();
+            let e = parse_params(6, &q(&pairs)).unwrap_err();
+            assert!(e.contains(missing), "{e}");
+        }
+        let e = parse_params(6, &q(&[("id", "a"), ("replicaVersion", "1"), ("watermark", "0A")])).unwrap_err();
+        assert!(e.contains("watermark"), "{e}");
+        let e = parse_params(6, &q(&[("id", "a"), ("replicaVersion", "1"), ("watermark", "0a"), ("initial", "yes")])).unwrap_err();
+        assert!(e.contains("initial"), "{e}");
+    }
+}

@@ -1,0 +1,117 @@
+//! `SnapshotSession`: the websocket of one snapshot reservation (SPEC §6).
+//!
+//! On start it asks the [`ReservationActor`] for a reservation and relays what it is told:
+//! the status message once, then a close (1000 when replaced or ended by the task's
+//! subscription, 1001 when the service stops, 1011 when the change log has no status to give).
+//! Whatever stops it (client close, liveness, a bad ack, replacement), its `stopped` sends
+//! [`Release`] naming its own session number, which ends the reservation *without* growing
+//! the cleanup delay, and only if this session still holds it.
+//!
+//! [`ReservationActor`]: change_streamer_actors::reservation::ReservationActor
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+use change_streamer_actors::reservation::{Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve};
+use log::{info, warn};
+
+use super::framing::Framing;
+use super::{close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR};
+
+pub struct SnapshotSession {
+    task_id: String,
+    session_id: u64,
+    reservations: Addr<ReservationActor>,
+    ping_interval: Duration,
+    framing: Framing,
+    liveness: Liveness,
+}
+
+impl SnapshotSession {
+    pub fn new(task_id: String, reservations: Addr<ReservationActor>, ping_interval: Duration) -> Self {
+        SnapshotSession {
+            task_id,
+            session_id: super::next_session_id(),
+            reservations,
+            ping_interval,
+            framing: Framing::default(),
+            liveness: Liveness::default(),
+        }
+    }
+}
+
+impl Live for SnapshotSession {
+    fn liveness(&mut self) -> &mut Liveness {
+        &mut self.liveness
+    }
+    fn describe(&self) -> String {
+        format!("snapshot session {} of task {}", self.session_id, self.task_id)
+    }
+}
+
+impl Actor for SnapshotSession {
+    type Context = ws::WebsocketContext<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.liveness.heard();
+        start_liveness(ctx, self.ping_interval);
+        self.reservations.do_send(Reserve {
+            task_id: self.task_id.clone(),
+            session_id: self.session_id,
+            session: ctx.address().recipient(),
+        });
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.reservations.do_send(Release { task_id: self.task_id.clone(), session_id: self.session_id });
+    }
+}
+
+impl Handler<ReservationEvent> for SnapshotSession {
+    type Result = ();
+    fn handle(&mut self, ev: ReservationEvent, ctx: &mut Self::Context) {
+        match ev {
+            ReservationEvent::Status(status) => {
+                let (_, frame) = self.framing.frame(&status.to_message().to_string());
+                ctx.text(frame);
+            }
+            ReservationEvent::Failed(e) => close(ctx, CLOSE_INTERNAL_ERROR, &e),
+            ReservationEvent::Closed(ReservationEnd::Replaced) => {
+                close(ctx, CLOSE_NORMAL, "replaced by a newer reservation of the same task")
+            }
+            ReservationEvent::Closed(ReservationEnd::EndedBySubscription) => {
+                close(ctx, CLOSE_NORMAL, "reservation ended: the task subscribed")
+            }
+            ReservationEvent::Closed(ReservationEnd::Shutdown) => close(ctx, CLOSE_GOING_AWAY, "service stopping"),
+        }
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SnapshotSession {
+    fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+        self.liveness.heard();
+        match msg {
+            Ok(ws::Message::Text(text)) => {
+                if let Err(e) = self.framing.ack(&text) {
+                    warn!("{}: {e}", self.describe());
+                    close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+                }
+            }
+            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+            Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
+            Ok(ws::Message::Close(reason)) => {
+                info!("{}: client closed ({reason:?})", self.describe());
+                ctx.close(reason);
+                ctx.stop();
+            }
+            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => {
+                close(ctx, CLOSE_PROTOCOL_ERROR, "expected a text frame {\"ack\": n}")
+            }
+            Err(e) => {
+                warn!("{}: websocket error: {e}", self.describe());
+                close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+            }
+        }
+    }
+}

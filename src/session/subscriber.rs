@@ -1,0 +1,204 @@
+//! `SubscriberSession`: the websocket of one `/changes` subscription (SPEC §7).
+//!
+//! On start it asks the [`Streamer`] to subscribe it. Refused with error type 1 or 2, it sends
+//! the `error` frame and closes (1000) once that frame is acked, or after one ping interval
+//! without the ack. Accepted, it writes the frames the streamer hands it ([`ToSession`]) and
+//! reports acks that matter back ([`SessionProgress`]): acked commits and tracked frames. An
+//! accepted `initial=true` subscription of a task ends that task's snapshot reservation, the
+//! one kind of end that may grow the cleanup delay. Its `stopped` tells the streamer it is gone,
+//! so it no longer holds back a broadcast or a purge.
+//!
+//! [`Streamer`]: change_streamer_actors::streamer::Streamer
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web_actors::ws;
+use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
+use change_streamer_actors::streamer::subscriber::{Mode, SessionGone, SessionProgress, ToSession};
+use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
+use change_streamer_actors::watermark::Watermark;
+use log::{info, warn};
+
+use super::framing::Framing;
+use super::{close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR};
+
+/// The checked query parameters of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionParams {
+    pub protocol: u32,
+    pub id: String,
+    pub task_id: Option<String>,
+    pub mode: Mode,
+    pub replica_version: String,
+    pub watermark: Watermark,
+    pub initial: bool,
+}
+
+pub struct SubscriberSession {
+    key: u64,
+    params: SubscriptionParams,
+    streamer: Addr<Streamer>,
+    reservations: Option<Addr<ReservationActor>>,
+    ping_interval: Duration,
+    framing: Framing,
+    liveness: Liveness,
+    /// Frames whose ack matters: (id, commit watermark, token).
+    tracked: VecDeque<(u64, Option<Watermark>, Option<u64>)>,
+    /// Set while an error frame waits for its ack before the close.
+    error_frame: Option<u64>,
+}
+
+impl SubscriberSession {
+    pub fn new(
+        params: SubscriptionParams,
+        streamer: Addr<Streamer>,
+        reservations: Option<Addr<ReservationActor>>,
+        ping_interval: Duration,
+    ) -> Self {
+        SubscriberSession {
+            key: super::next_session_id(),
+            params,
+            streamer,
+            reservations,
+            ping_interval,
+            framing: Framing::default(),
+            liveness: Liveness::default(),
+            tracked: VecDeque::new(),
+            error_frame: None,
+        }
+    }
+
+    fn refused(&mut self, e: SubscribeError, ctx: &mut ws::WebsocketContext<Self>) {
+        let Some(error_type) = e.error_type() else {
+            close(ctx, CLOSE_INTERNAL_ERROR, &e.to_string());
+            return;
+        };
+        let msg = serde_json::json!(["error", {"type": error_type, "message": e.to_string()}]);
+        let (id, frame) = self.framing.frame(&msg.to_string());
+        ctx.text(frame);
+        self.error_frame = Some(id);
+        ctx.run_later(self.ping_interval, |_, ctx| {
+            close(ctx, CLOSE_NORMAL, "error sent; no ack");
+        });
+    }
+
+    fn on_ack(&mut self, id: u64, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.error_frame.is_some_and(|e| id >= e) {
+            close(ctx, CLOSE_NORMAL, "error acknowledged");
+            return;
+        }
+        let mut commit = None;
+        let mut tokens = Vec::new();
+        while self.tracked.front().is_some_and(|(t, _, _)| *t <= id) {
+            if let Some((_, c, t)) = self.tracked.pop_front() {
+                if c.is_some() {
+                    commit = c;
+                }
+                tokens.extend(t);
+            }
+        }
+        if commit.is_some() || !tokens.is_empty() {
+            self.streamer.do_send(SessionProgress {
+                subscriber: self.key,
+                acked_messages: id,
+                acked_commit: commit,
+                tokens,
+            });
+        }
+    }
+}
+
+impl Live for SubscriberSession {
+    fn liveness(&mut self) -> &mut Liveness {
+        &mut self.liveness
+    }
+    fn describe(&self) -> String {
+        format!("subscriber {} (session {})", self.params.id, self.key)
+    }
+}
+
+impl Actor for SubscriberSession {
+    type Context = ws::WebsocketContext<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.liveness.heard();
+        start_liveness(ctx, self.ping_interval);
+        let p = &self.params;
+        let subscribe = Subscribe {
+            key: self.key,
+            id: p.id.clone(),
+            mode: p.mode,
+            protocol: p.protocol,
+            replica_version: p.replica_version.clone(),
+            watermark: p.watermark.clone(),
+            session: ctx.address().recipient(),
+        };
+        self.streamer
+            .send(subscribe)
+            .into_actor(self)
+            .map(|res, act, ctx| match res {
+                Err(e) => close(ctx, CLOSE_INTERNAL_ERROR, &format!("streamer unavailable: {e}")),
+                Ok(Err(e)) => act.refused(e, ctx),
+                Ok(Ok(())) => {
+                    if let (true, Some(task), Some(res)) = (act.params.initial, &act.params.task_id, &act.reservations) {
+                        info!("initial subscription of task {task} ends its snapshot reservation");
+                        res.do_send(EndBySubscription { task_id: task.clone() });
+                    }
+                }
+            })
+            .spawn(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.streamer.do_send(SessionGone { subscriber: self.key });
+    }
+}
+
+impl Handler<ToSession> for SubscriberSession {
+    type Result = ();
+    fn handle(&mut self, msg: ToSession, ctx: &mut Self::Context) {
+        match msg {
+            ToSession::Send(frames) => {
+                for f in frames {
+                    let (id, text) = self.framing.frame(&f.message);
+                    if f.commit.is_some() || f.token.is_some() {
+                        self.tracked.push_back((id, f.commit, f.token));
+                    }
+                    ctx.text(text);
+                }
+            }
+            ToSession::Close { code, reason } => close(ctx, code, &reason),
+        }
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SubscriberSession {
+    fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+        self.liveness.heard();
+        match msg {
+            Ok(ws::Message::Text(text)) => match self.framing.ack(&text) {
+                Ok(id) => self.on_ack(id, ctx),
+                Err(e) => {
+                    warn!("{}: {e}", self.describe());
+                    close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+                }
+            },
+            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+            Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
+            Ok(ws::Message::Close(reason)) => {
+                info!("{}: client closed ({reason:?})", self.describe());
+                ctx.close(reason);
+                ctx.stop();
+            }
+            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => {
+                close(ctx, CLOSE_PROTOCOL_ERROR, "expected a text frame {\"ack\": n}")
+            }
+            Err(e) => {
+                warn!("{}: websocket error: {e}", self.describe());
+                close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+            }
+        }
+    }
+}
