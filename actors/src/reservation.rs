@@ -62,9 +62,10 @@ pub struct SnapshotStatus {
 }
 
 impl SnapshotStatus {
-    /// The wire message: `["status", {tag, backupURL, replicaVersion, minWatermark}]`.
-    pub fn to_message(&self) -> serde_json::Value {
-        serde_json::json!(["status", self])
+    /// The wire message, fields in the order above:
+    /// `["status",{"tag":"status","backupURL":…,"replicaVersion":…,"minWatermark":…}]`.
+    pub fn to_message(&self) -> String {
+        serde_json::to_string(&("status", self)).unwrap_or_default()
     }
 }
 

@@ -73,7 +73,7 @@ impl Handler<ReservationEvent> for SnapshotSession {
     fn handle(&mut self, ev: ReservationEvent, ctx: &mut Self::Context) {
         match ev {
             ReservationEvent::Status(status) => {
-                let (_, frame) = self.framing.frame(&status.to_message().to_string());
+                let (_, frame) = self.framing.frame(&status.to_message());
                 ctx.text(frame);
             }
             ReservationEvent::Failed(e) => close(ctx, CLOSE_INTERNAL_ERROR, &e),

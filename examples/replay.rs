@@ -1,0 +1,422 @@
+//! Differential replay: runs one scenario of `../shared/peer/scenarios/` against the real
+//! backup-monitor actors and prints the same JSON lines as the peer's
+//! `backup-monitor-replay.mjs`, so the two can be compared line for line.
+//!
+//! ```sh
+//! cargo run --example replay -- ../shared/peer/scenarios/06-extends-cleanup-delay.json
+//! ```
+//!
+//! The actors are the production ones: [`MonitorActor`] polling a real HTTP endpoint (the
+//! fake litestream of `tests/support`, on an ephemeral loopback port), [`CleanupActor`] and
+//! [`ReservationActor`], all reading an injected manual clock set to each step's `at`. Around
+//! them sit only recorders: the purge side (records `ScheduleCleanup`), each reservation's
+//! session (records what it is told), and the change log (answers the status, or fails, or
+//! holds the answer until `releaseStatus`, as the scenario says). Checks are explicit `check`
+//! steps, as in the seed's tests; the monitor does not poll by itself here.
+//!
+//! Events of one step are printed in the peer's canonical order: cleanups first, then each
+//! reservation's events by reservation number.
+
+#[path = "../tests/support/litestream.rs"]
+mod litestream;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use change_streamer_actors::changelog::{ChangeLogState, GetChangeLogState};
+use change_streamer_actors::cleanup::{CleanupActor, ScheduleCleanup};
+use change_streamer_actors::clock::Clock;
+use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOutcome, Stop};
+use change_streamer_actors::reservation::{
+    CloseAll, EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
+};
+use litestream::{render_page, Answer, FakeLitestream};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+/// One output line, with what orders it within a step.
+struct Event {
+    res: u64,
+    seq: usize,
+    line: String,
+}
+
+#[derive(Default)]
+struct Output {
+    step: i64,
+    at: i64,
+    seq: usize,
+    events: Vec<Event>,
+}
+
+type Out = Rc<RefCell<Output>>;
+
+/// Appends an event; `fields` are (name, JSON text), written in this order after
+/// `event`, `step` and `at`, as the peer writes them.
+fn emit(out: &Out, res: u64, event: &str, fields: &[(&str, String)]) {
+    let mut o = out.borrow_mut();
+    let mut line = format!("{{\"event\":{},\"step\":{},\"at\":{}", json!(event), o.step, o.at);
+    for (k, v) in fields {
+        line.push_str(&format!(",{}:{v}", json!(k)));
+    }
+    line.push('}');
+    let seq = o.seq;
+    o.seq += 1;
+    o.events.push(Event { res, seq, line });
+}
+
+fn flush(out: &Out) {
+    let mut o = out.borrow_mut();
+    let mut events = std::mem::take(&mut o.events);
+    events.sort_by_key(|e| (e.res, e.seq));
+    for e in events {
+        println!("{}", e.line);
+    }
+}
+
+/// The purge side: records each scheduled cleanup.
+struct CleanupRecorder(Out);
+impl Actor for CleanupRecorder {
+    type Context = Context<Self>;
+}
+impl Handler<ScheduleCleanup> for CleanupRecorder {
+    type Result = ();
+    fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
+        emit(&self.0, 0, "cleanup", &[("watermark", json!(m.watermark.as_str()).to_string())]);
+    }
+}
+
+/// A reservation's websocket client: records the status and the end.
+struct SessionRecorder {
+    out: Out,
+    task: String,
+    res: u64,
+    closed: bool,
+}
+impl SessionRecorder {
+    fn closed(&mut self, error: Value) {
+        if !self.closed {
+            self.closed = true;
+            let fields = [("taskID", json!(self.task).to_string()), ("res", self.res.to_string()), ("error", error.to_string())];
+            emit(&self.out, self.res, "closed", &fields);
+        }
+    }
+}
+impl Actor for SessionRecorder {
+    type Context = Context<Self>;
+}
+impl Handler<ReservationEvent> for SessionRecorder {
+    type Result = ();
+    fn handle(&mut self, ev: ReservationEvent, _: &mut Context<Self>) {
+        if self.closed {
+            return;
+        }
+        match ev {
+            ReservationEvent::Status(s) => {
+                let fields = [("taskID", json!(self.task).to_string()), ("res", self.res.to_string()), ("msg", s.to_message())];
+                emit(&self.out, self.res, "status", &fields);
+            }
+            ReservationEvent::Failed(e) => self.closed(json!(e)),
+            ReservationEvent::Closed(_) => self.closed(Value::Null),
+        }
+    }
+}
+/// The client dropped the connection.
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Cancel;
+impl Handler<Cancel> for SessionRecorder {
+    type Result = ();
+    fn handle(&mut self, _: Cancel, _: &mut Context<Self>) {
+        self.closed(Value::Null);
+    }
+}
+
+/// How the fake change log answers the next status request.
+#[derive(Default, Clone)]
+struct Plan {
+    state: Option<ChangeLogState>,
+    error: Option<String>,
+    defer_for: Option<u64>,
+}
+
+struct FakeChangeLog {
+    default: ChangeLogState,
+    next: Plan,
+    deferred: HashMap<u64, oneshot::Sender<()>>,
+}
+impl Actor for FakeChangeLog {
+    type Context = Context<Self>;
+}
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SetPlan(Plan);
+impl Handler<SetPlan> for FakeChangeLog {
+    type Result = ();
+    fn handle(&mut self, p: SetPlan, _: &mut Context<Self>) {
+        self.next = p.0;
+    }
+}
+#[derive(Message)]
+#[rtype(result = "bool")]
+struct ReleaseStatus(u64);
+impl Handler<ReleaseStatus> for FakeChangeLog {
+    type Result = bool;
+    fn handle(&mut self, r: ReleaseStatus, _: &mut Context<Self>) -> bool {
+        self.deferred.remove(&r.0).map(|tx| tx.send(())).is_some()
+    }
+}
+impl Handler<GetChangeLogState> for FakeChangeLog {
+    type Result = ResponseFuture<Result<ChangeLogState, String>>;
+    fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
+        let plan = std::mem::take(&mut self.next);
+        let answer = match plan.error {
+            Some(e) => Err(e),
+            None => Ok(plan.state.unwrap_or_else(|| self.default.clone())),
+        };
+        match plan.defer_for {
+            None => Box::pin(async move { answer }),
+            Some(res) => {
+                let (tx, rx) = oneshot::channel();
+                self.deferred.insert(res, tx);
+                Box::pin(async move {
+                    let _ = rx.await;
+                    answer
+                })
+            }
+        }
+    }
+}
+
+fn parse_time(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_f64().map(|f| f as i64),
+        Value::String(s) => humantime::parse_rfc3339_weak(s.trim_end_matches('Z'))
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as i64),
+        _ => None,
+    }
+}
+
+/// JavaScript's `String(n)` for the sample values the peer generates.
+fn js_number(ms: i64) -> String {
+    let v = ms as f64 / 1000.0;
+    format!("{v}")
+}
+
+fn change_log_state(v: Option<&Value>) -> Option<ChangeLogState> {
+    let v = v?;
+    Some(ChangeLogState {
+        replica_version: v.get("replicaVersion")?.as_str()?.to_string(),
+        min_watermark: v.get("minWatermark")?.as_str()?.to_string(),
+    })
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    actix_rt::time::sleep(Duration::from_millis(5)).await;
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn run(scenario: Value) -> Result<(), String> {
+    let cfg = scenario.get("config").cloned().unwrap_or(json!({}));
+    let initial_delay = cfg.get("initialCleanupDelayMs").and_then(Value::as_i64).unwrap_or(100_000);
+    let start = cfg.get("startTime").map(|v| parse_time(v).ok_or(format!("bad config.startTime: {v}"))).transpose()?.unwrap_or(1_745_452_800_000);
+    let backup_url = cfg.get("backupURL").and_then(Value::as_str).unwrap_or("s3://foo/bar").to_string();
+    let db = cfg.get("db").and_then(Value::as_str).unwrap_or("/tmp/zbugs-sync-replica.db").to_string();
+    let default_state = change_log_state(cfg.get("changeLogState"))
+        .unwrap_or(ChangeLogState { replica_version: "123".into(), min_watermark: "1ab".into() });
+
+    let clock = Clock::manual(start);
+    let out: Out = Rc::new(RefCell::new(Output::default()));
+    let metrics = FakeLitestream::start(Answer { body: "unconfigured".into(), ..Answer::default() }).await;
+    let recorder = CleanupRecorder(out.clone()).start();
+    let cleanup = CleanupActor::new(clock.clone(), initial_delay, 30_000, recorder.recipient()).start();
+    let change_log = FakeChangeLog { default: default_state, next: Plan::default(), deferred: HashMap::new() }.start();
+    let reservations = ReservationActor::new(clock.clone(), backup_url, change_log.clone().recipient(), cleanup.clone()).start();
+    let mut monitor_cfg = MonitorConfig::new(metrics.url(), Duration::from_secs(60));
+    monitor_cfg.poll_automatically = false;
+    let monitor = MonitorActor::new(monitor_cfg, cleanup.clone()).start();
+
+    let mut sessions: Vec<(String, Addr<SessionRecorder>)> = Vec::new();
+    let mut pending: Vec<actix_rt::task::JoinHandle<Result<PollOutcome, MailboxError>>> = Vec::new();
+    let steps = scenario.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
+    for (i, step) in steps.iter().enumerate() {
+        if let Some(at) = step.get("at").and_then(Value::as_i64) {
+            clock.set_ms(start + at);
+        }
+        {
+            let mut o = out.borrow_mut();
+            o.step = i as i64;
+            o.at = clock.now_ms() - start;
+        }
+        let op = step.get("op").and_then(Value::as_str).unwrap_or("");
+        let task = || step.get("taskID").and_then(Value::as_str).unwrap_or("").to_string();
+        let find = |sessions: &Vec<(String, Addr<SessionRecorder>)>| -> Result<(u64, Addr<SessionRecorder>), String> {
+            if let Some(res) = step.get("res").and_then(Value::as_u64) {
+                let (_, a) = sessions.get(res as usize - 1).ok_or(format!("step {i}: no reservation #{res}"))?;
+                return Ok((res, a.clone()));
+            }
+            let t = task();
+            sessions
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, (tt, _))| *tt == t)
+                .map(|(k, (_, a))| (k as u64 + 1, a.clone()))
+                .ok_or(format!("step {i}: no reservation for {t}"))
+        };
+        match op {
+            "metrics" => {
+                let samples: Vec<Value> = match step.get("samples").and_then(Value::as_array) {
+                    Some(s) => s.clone(),
+                    None if step.get("watermark").is_some() || step.get("value").is_some() => vec![step.clone()],
+                    None => vec![],
+                };
+                let rendered: Vec<(Option<String>, String, String)> = samples
+                    .iter()
+                    .map(|s| {
+                        let value = if let Some(v) = s.get("value") {
+                            v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+                        } else if let Some(t) = s.get("backupTime") {
+                            js_number(parse_time(t).unwrap_or(0))
+                        } else {
+                            js_number(clock.now_ms() + s.get("backupTimeOffsetMs").and_then(Value::as_i64).unwrap_or(0))
+                        };
+                        (
+                            s.get("watermark").and_then(Value::as_str).map(str::to_string),
+                            s.get("name").and_then(Value::as_str).unwrap_or("file").to_string(),
+                            value,
+                        )
+                    })
+                    .collect();
+                let refs: Vec<(Option<&str>, &str, String)> =
+                    rendered.iter().map(|(w, n, v)| (w.as_deref(), n.as_str(), v.clone())).collect();
+                let mut body = match step.get("body").and_then(Value::as_str) {
+                    Some(b) => b.to_string(),
+                    None => {
+                        let mut b = render_page(&db, &refs);
+                        if step.get("trailingNewline").and_then(Value::as_bool).unwrap_or(false) {
+                            b.push('\n');
+                        }
+                        b
+                    }
+                };
+                if let Some(a) = step.get("appendBody").and_then(Value::as_str) {
+                    body.push_str(a);
+                }
+                metrics.set(Answer {
+                    status: step.get("status").and_then(Value::as_u64).unwrap_or(200) as u16,
+                    body,
+                    reset: step.get("reset").and_then(Value::as_bool).unwrap_or(false),
+                    hang: step.get("hang").and_then(Value::as_bool).unwrap_or(false),
+                });
+            }
+            "check" => {
+                if step.get("wait").and_then(Value::as_bool) == Some(false) {
+                    let before = metrics.requests();
+                    let m = monitor.clone();
+                    pending.push(actix_rt::spawn(async move { m.send(Check).await }));
+                    metrics.wait_for_request(before, Duration::from_secs(2)).await;
+                } else {
+                    let _ = monitor.send(Check).await;
+                }
+            }
+            "settle" => {
+                for p in pending.drain(..) {
+                    let _ = p.await;
+                }
+            }
+            "releaseMetrics" => metrics.release(),
+            "reserve" => {
+                let res = sessions.len() as u64 + 1;
+                let plan = Plan {
+                    state: change_log_state(step.get("changeLogState")),
+                    error: step.get("changeLogStateError").and_then(Value::as_str).map(str::to_string),
+                    defer_for: step.get("deferStatus").and_then(Value::as_bool).unwrap_or(false).then_some(res),
+                };
+                let _ = change_log.send(SetPlan(plan)).await;
+                let session = SessionRecorder { out: out.clone(), task: task(), res, closed: false }.start();
+                sessions.push((task(), session.clone()));
+                let _ = reservations.send(Reserve { task_id: task(), session_id: res, session: session.recipient() }).await;
+            }
+            "releaseStatus" => {
+                let (res, _) = find(&sessions)?;
+                if !change_log.send(ReleaseStatus(res)).await.unwrap_or(false) {
+                    return Err(format!("step {i}: reservation #{res} has no deferred status"));
+                }
+            }
+            "end" => {
+                if step.get("updateCleanupDelay").and_then(Value::as_bool).unwrap_or(true) {
+                    let _ = reservations.send(EndBySubscription { task_id: task() }).await;
+                } else if let Ok((res, _)) = find(&sessions) {
+                    // Ends the task's reservation without growing the delay, closing its session.
+                    let _ = reservations.send(Release { task_id: task(), session_id: res }).await;
+                    if let Some((_, s)) = sessions.get(res as usize - 1) {
+                        s.do_send(ReservationEvent::Closed(change_streamer_actors::reservation::ReservationEnd::Replaced));
+                    }
+                }
+            }
+            "cancel" => {
+                let (res, session) = find(&sessions)?;
+                let _ = session.send(Cancel).await;
+                let t = sessions[res as usize - 1].0.clone();
+                let _ = reservations.send(Release { task_id: t, session_id: res }).await;
+            }
+            "stop" => {
+                let _ = monitor.send(Stop).await;
+                let _ = reservations.send(CloseAll).await;
+                settle().await;
+                metrics.release();
+            }
+            other => return Err(format!("step {i}: unknown op {other:?}")),
+        }
+        settle().await;
+        flush(&out);
+    }
+    out.borrow_mut().step = steps.len() as i64;
+    for p in pending.drain(..) {
+        let _ = p.await;
+    }
+    settle().await;
+    metrics.release();
+    settle().await;
+    flush(&out);
+    println!("{{\"event\":\"end\",\"at\":{},\"metricsRequests\":{}}}", clock.now_ms() - start, metrics.requests());
+    Ok(())
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).target(env_logger::Target::Stderr).init();
+    let Some(path) = std::env::args().nth(1) else {
+        eprintln!("usage: cargo run --example replay -- SCENARIO.json");
+        std::process::exit(2);
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("replay: {path}: {e}");
+            std::process::exit(2);
+        }
+    };
+    let scenario: Value = match serde_json::from_str(&text) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("replay: {path} is not JSON: {e}");
+            std::process::exit(2);
+        }
+    };
+    let system = actix_rt::System::new();
+    if let Err(e) = system.block_on(run(scenario)) {
+        eprintln!("replay: {e}");
+        std::process::exit(1);
+    }
+}

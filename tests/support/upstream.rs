@@ -1,0 +1,156 @@
+//! A stand-in for the custom change source: a websocket server on an ephemeral loopback port
+//! that records each connection's query and the acks it receives, and sends whatever frames
+//! the test gives it. It serves one connection at a time (the service keeps one).
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
+use actix_web_actors::ws;
+use change_streamer_actors::watermark::Watermark;
+
+#[derive(Default)]
+struct State {
+    queries: Vec<String>,
+    acks: Vec<String>,
+    conn: Option<Addr<Conn>>,
+}
+
+/// The fake change source.
+#[derive(Clone)]
+pub struct FakeUpstream {
+    pub addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    server: actix_web::dev::ServerHandle,
+}
+
+struct Conn {
+    state: Arc<Mutex<State>>,
+}
+
+impl Actor for Conn {
+    type Context = ws::WebsocketContext<Self>;
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+enum Command {
+    Send(Vec<String>),
+    Drop,
+}
+
+impl Handler<Command> for Conn {
+    type Result = ();
+    fn handle(&mut self, c: Command, ctx: &mut Self::Context) {
+        match c {
+            Command::Send(frames) => frames.into_iter().for_each(|f| ctx.text(f)),
+            Command::Drop => ctx.stop(),
+        }
+    }
+}
+
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Conn {
+    fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
+        match msg {
+            Ok(ws::Message::Text(t)) => self.state.lock().unwrap().acks.push(t.to_string()),
+            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+            Ok(ws::Message::Close(_)) | Err(_) => ctx.stop(),
+            _ => {}
+        }
+    }
+}
+
+async fn connect(
+    req: HttpRequest,
+    stream: web::Payload,
+    state: web::Data<Arc<Mutex<State>>>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let state = state.get_ref().clone();
+    let (addr, resp) = ws::WsResponseBuilder::new(Conn { state: state.clone() }, &req, stream).start_with_addr()?;
+    let mut s = state.lock().unwrap();
+    s.queries.push(req.query_string().to_string());
+    s.conn = Some(addr);
+    Ok(resp)
+}
+
+impl FakeUpstream {
+    pub async fn start() -> FakeUpstream {
+        let state = Arc::new(Mutex::new(State::default()));
+        let data = web::Data::new(state.clone());
+        let server = HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(connect)))
+            .workers(1)
+            .disable_signals()
+            .bind("127.0.0.1:0")
+            .expect("bind fake upstream");
+        let addr = server.addrs()[0];
+        let server = server.run();
+        let handle = server.handle();
+        actix_rt::spawn(server);
+        FakeUpstream { addr, state, server: handle }
+    }
+
+    pub fn url(&self) -> String {
+        format!("ws://{}/changes", self.addr)
+    }
+
+    /// Query strings of the connections made so far.
+    pub fn queries(&self) -> Vec<String> {
+        self.state.lock().unwrap().queries.clone()
+    }
+
+    /// Acks received so far (text frames).
+    pub fn acks(&self) -> Vec<String> {
+        self.state.lock().unwrap().acks.clone()
+    }
+
+    /// Waits until at least `n` connections were made.
+    pub async fn wait_connections(&self, n: usize) {
+        wait_until(Duration::from_secs(20), || self.queries().len() >= n).await;
+        // Let the connection's actor start.
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    /// Sends frames on the current connection.
+    pub fn send(&self, frames: Vec<String>) {
+        let conn = self.state.lock().unwrap().conn.clone();
+        conn.expect("no connection").do_send(Command::Send(frames));
+    }
+
+    /// Drops the current connection.
+    pub fn drop_connection(&self) {
+        if let Some(c) = self.state.lock().unwrap().conn.take() {
+            c.do_send(Command::Drop);
+        }
+    }
+
+    pub async fn stop(&self) {
+        self.server.stop(false).await;
+    }
+}
+
+/// Polls `cond` every 10 ms until it holds; panics after `limit`.
+pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + limit;
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "condition not met within {limit:?}");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// An insert change zero's client accepts.
+pub fn insert(id: u64) -> String {
+    format!(r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{id},"v":"row {id}"}}}}"#)
+}
+
+/// The frames of one transaction at watermark `n` with `rows` inserts.
+pub fn txn(n: u64, rows: u64) -> Vec<String> {
+    let w = Watermark::from_u64(n);
+    let mut f = vec![format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{w}"}}]"#)];
+    for i in 0..rows {
+        f.push(format!(r#"["data",{}]"#, insert(n * 1000 + i)));
+    }
+    f.push(format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#));
+    f
+}
