@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod client;
 pub mod litestream;
 pub mod upstream;
 

@@ -1,0 +1,192 @@
+//! End to end: snapshot reservations over real websockets against the real server (SPEC §6,
+//! §5, §11, §12), with a fake change source feeding the change log.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::client::{Seen, TestService, WsClient};
+use support::upstream::{txn, wait_until, FakeUpstream};
+
+const BACKUP: &str = "s3://bucket/replica";
+
+/// A service whose change log holds the initial sync (watermark 100) and one more transaction.
+async fn initialized(extra: &[&str]) -> (TestService, FakeUpstream) {
+    let upstream = FakeUpstream::start().await;
+    let url = upstream.url();
+    let mut args = vec!["--litestream-backup-url", BACKUP, "--upstream", &url];
+    args.extend_from_slice(extra);
+    let svc = TestService::start(&args).await;
+    upstream.wait_connections(1).await;
+    upstream.send(txn(100, 1));
+    upstream.send(txn(101, 2));
+    wait_for_rows(&svc, 7).await;
+    (svc, upstream)
+}
+
+async fn wait_for_rows(svc: &TestService, rows: u64) {
+    for _ in 0..500 {
+        if svc.status().await["changeLog"]["rows"] == json!(rows) {
+            return;
+        }
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("change log never reached {rows} rows: {}", svc.status().await);
+}
+
+#[actix_rt::test]
+async fn status_message_has_backup_url_replica_version_and_min_watermark() {
+    let (svc, _up) = initialized(&[]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    let (id, msg) = c.msg().await;
+    assert_eq!(id, 1);
+    assert_eq!(
+        msg,
+        json!(["status", {"tag": "status", "backupURL": BACKUP, "replicaVersion": "12s", "minWatermark": "12s"}])
+    );
+    c.ack(1).await;
+    let st = svc.status().await;
+    assert_eq!(st["reservations"][0]["taskID"], "t1");
+    assert_eq!(st["backup"]["paused"], true);
+    c.close().await;
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn one_reservation_per_task_and_the_replaced_sockets_late_stop_keeps_the_new_one() {
+    let (svc, _up) = initialized(&[]).await;
+    let mut first = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    first.msg().await;
+    let mut second = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    second.msg().await;
+    let (code, reason) = first.closed().await;
+    assert_eq!(code, 1000, "{reason}");
+    // The first socket is gone; the second still holds the task's reservation.
+    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    let st = svc.status().await;
+    assert_eq!(st["reservations"].as_array().map(Vec::len), Some(1), "{st}");
+    assert_eq!(st["backup"]["paused"], true);
+    second.close().await;
+    wait_until(Duration::from_secs(5), || true).await;
+    for _ in 0..100 {
+        if svc.status().await["reservations"] == json!([]) {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(svc.status().await["backup"]["paused"], false);
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn dropped_reservation_ends_without_extending_the_delay() {
+    let (svc, _up) = initialized(&["--min-cleanup-delay-ms", "10"]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=slow")).await;
+    c.msg().await;
+    actix_rt::time::sleep(Duration::from_millis(300)).await;
+    c.close().await;
+    for _ in 0..100 {
+        if svc.status().await["reservations"] == json!([]) {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    let st = svc.status().await;
+    assert_eq!(st["reservations"], json!([]));
+    assert_eq!(st["backup"]["cleanupDelayMs"], 10, "a dropped reservation must not grow the delay: {st}");
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn bad_requests_are_refused_with_the_specified_answers() {
+    let (svc, _up) = initialized(&[]).await;
+    for (path, want) in [
+        ("/replication/v6/snapshot", "Missing taskID in snapshot request"),
+        ("/replication/v6/snapshot?taskID=", "Missing taskID in snapshot request"),
+        ("/replication/v7/snapshot?taskID=t", "Cannot service client at protocol v7. Supported protocols: [v1 ... v6]"),
+        ("/replication/v0/changes?id=a", "Cannot service client at protocol v0. Supported protocols: [v1 ... v6]"),
+    ] {
+        let mut c = WsClient::connect(&svc.ws(path)).await;
+        assert_eq!(c.closed().await, (1002, want.to_string()), "{path}");
+    }
+    assert_eq!(svc.get("/replication/v6/snapshot?taskID=t").await.0, 400);
+    assert_eq!(svc.get("/replication/v6/changes").await.0, 400);
+    assert_eq!(svc.get("/nope").await.0, 404);
+    assert_eq!(svc.get("/replication/vx/snapshot").await.0, 404);
+    assert_eq!(svc.get("/healthz").await, (200, "ok".to_string()));
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn snapshot_without_a_backup_url_is_refused() {
+    let svc = TestService::start(&[]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    assert_eq!(
+        c.closed().await,
+        (1002, "replication-manager is not configured with a ZERO_LITESTREAM_BACKUP_URL".to_string())
+    );
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn snapshot_before_the_initial_sync_closes_with_1011() {
+    let svc = TestService::start(&["--litestream-backup-url", BACKUP]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    let (code, reason) = c.closed().await;
+    assert_eq!(code, 1011);
+    assert!(reason.contains("not initialized"), "{reason}");
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_bad_ack_closes_with_1002_and_ends_the_reservation_as_a_drop() {
+    let (svc, _up) = initialized(&[]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    c.msg().await;
+    c.send_text(r#"{"ack":2}"#.into()).await;
+    let (code, _) = c.closed().await;
+    assert_eq!(code, 1002);
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t2")).await;
+    c.msg().await;
+    c.send_text("not json".into()).await;
+    assert_eq!(c.closed().await.0, 1002);
+    for _ in 0..100 {
+        if svc.status().await["reservations"] == json!([]) {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(svc.status().await["reservations"], json!([]));
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn liveness_drops_a_silent_client() {
+    let (svc, _up) = initialized(&["--ping-interval-ms", "100"]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    c.msg().await;
+    // This client answers pings (in `next`), so it stays.
+    assert_eq!(c.next(Duration::from_millis(400)).await, None);
+    assert_eq!(svc.status().await["reservations"].as_array().map(Vec::len), Some(1));
+    // A client that reads nothing (and so never pongs) is dropped after about two intervals.
+    let _silent = awc::Client::new().ws(svc.ws("/replication/v6/snapshot?taskID=mute")).connect().await.unwrap();
+    assert_eq!(c.next(Duration::from_millis(600)).await, None);
+    let st = svc.status().await;
+    let tasks: Vec<_> = st["reservations"].as_array().unwrap().iter().map(|r| r["taskID"].clone()).collect();
+    assert_eq!(tasks, vec![json!("t1")], "{st}");
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn service_stop_closes_reservations_with_1001() {
+    let (svc, _up) = initialized(&[]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    c.msg().await;
+    let stopping = actix_rt::spawn(async move { svc.stop().await });
+    match c.next(Duration::from_secs(5)).await {
+        Some(Seen::Closed { code, .. }) => assert_eq!(code, 1001),
+        other => panic!("expected a close, got {other:?}"),
+    }
+    let _ = stopping.await;
+}

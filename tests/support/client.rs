@@ -1,0 +1,164 @@
+//! A websocket client speaking the service's framing (SPEC §5), on awc, plus the service
+//! started in-process on an ephemeral port with a fresh data directory.
+
+use std::time::Duration;
+
+use actix_codec::Framed;
+use awc::ws::{Codec, Frame, Message};
+use awc::BoxedSocket;
+use change_streamer::{Config, Service};
+use change_streamer_actors::clock::Clock;
+use clap::Parser;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+
+/// What a test sees on a socket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Seen {
+    Msg { id: u64, msg: Value },
+    Closed { code: u16, reason: String },
+}
+
+pub struct WsClient {
+    framed: Framed<BoxedSocket, Codec>,
+    pub closed: Option<(u16, String)>,
+}
+
+impl WsClient {
+    pub async fn connect(url: &str) -> WsClient {
+        let (_, framed) = awc::Client::new()
+            .ws(url)
+            .max_frame_size(64 << 20)
+            .connect()
+            .await
+            .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+        WsClient { framed, closed: None }
+    }
+
+    /// The next message or close, answering pings; `None` on timeout.
+    pub async fn next(&mut self, limit: Duration) -> Option<Seen> {
+        if let Some((code, reason)) = &self.closed {
+            return Some(Seen::Closed { code: *code, reason: reason.clone() });
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, self.framed.next()).await {
+                Err(_) => return None,
+                Ok(None) => {
+                    self.closed = Some((1006, String::new()));
+                    return Some(Seen::Closed { code: 1006, reason: String::new() });
+                }
+                Ok(Some(Err(e))) => panic!("websocket error: {e}"),
+                Ok(Some(Ok(f))) => f,
+            };
+            match frame {
+                Frame::Text(t) => {
+                    let v: Value = serde_json::from_slice(&t).expect("frame is JSON");
+                    let id = v["id"].as_u64().expect("frame has an id");
+                    return Some(Seen::Msg { id, msg: v["msg"].clone() });
+                }
+                Frame::Ping(p) => {
+                    let _ = self.framed.send(Message::Pong(p)).await;
+                }
+                Frame::Close(r) => {
+                    let (code, reason) = r.map(|r| (u16::from(r.code), r.description.unwrap_or_default())).unwrap_or((1005, String::new()));
+                    self.closed = Some((code, reason.clone()));
+                    let _ = self.framed.send(Message::Close(None)).await;
+                    return Some(Seen::Closed { code, reason });
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The next message (panics on close or timeout).
+    pub async fn msg(&mut self) -> (u64, Value) {
+        match self.next(Duration::from_secs(10)).await {
+            Some(Seen::Msg { id, msg }) => (id, msg),
+            other => panic!("expected a message, got {other:?}"),
+        }
+    }
+
+    /// Waits for the close (panics on a message or timeout).
+    pub async fn closed(&mut self) -> (u16, String) {
+        match self.next(Duration::from_secs(10)).await {
+            Some(Seen::Closed { code, reason }) => (code, reason),
+            other => panic!("expected a close, got {other:?}"),
+        }
+    }
+
+    pub async fn ack(&mut self, id: u64) {
+        self.send_text(format!(r#"{{"ack":{id}}}"#)).await;
+    }
+
+    pub async fn send_text(&mut self, text: String) {
+        self.framed.send(Message::Text(text.into())).await.expect("send");
+    }
+
+    /// Closes from the client side.
+    pub async fn close(mut self) {
+        let _ = self.framed.send(Message::Close(None)).await;
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            while let Some(Ok(f)) = self.framed.next().await {
+                if matches!(f, Frame::Close(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// The service on 127.0.0.1:0 with `args`, a temporary data dir unless one is given.
+pub struct TestService {
+    pub service: Option<Service>,
+    pub dir: tempfile::TempDir,
+}
+
+impl TestService {
+    pub async fn start(args: &[&str]) -> TestService {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(dir, args).await
+    }
+
+    pub async fn start_in(dir: tempfile::TempDir, args: &[&str]) -> TestService {
+        let data = dir.path().to_string_lossy().to_string();
+        let mut all = vec!["change-streamer", "--host", "127.0.0.1", "--port", "0", "--data-dir", &data];
+        all.extend_from_slice(args);
+        let config = Config::try_parse_from(all).expect("config");
+        let service = Service::start(config, Clock::System).await.expect("start service");
+        TestService { service: Some(service), dir }
+    }
+
+    pub fn base(&self) -> String {
+        format!("127.0.0.1:{}", self.service.as_ref().expect("running").addr().port())
+    }
+
+    pub fn ws(&self, path: &str) -> String {
+        format!("ws://{}{}", self.base(), path)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let mut resp = awc::Client::new()
+            .get(format!("http://{}{}", self.base(), path))
+            .send()
+            .await
+            .expect("http get");
+        let body = resp.body().limit(16 << 20).await.expect("body");
+        (resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned())
+    }
+
+    pub async fn status(&self) -> Value {
+        let (code, body) = self.get("/status").await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).expect("status JSON")
+    }
+
+    /// Stops the service; returns its data directory for a restart.
+    pub async fn stop(mut self) -> tempfile::TempDir {
+        if let Some(s) = self.service.take() {
+            s.stop().await;
+        }
+        self.dir
+    }
+}
