@@ -1,0 +1,215 @@
+//! Actor-level tests of consensus flow control (SPEC §10): the real [`Streamer`] and change
+//! log, fed upstream batches directly, broadcasting to fake subscriber sessions that ack at once
+//! or never. Every change is sent tracked here (a 1-byte flow-control budget), so each batch
+//! waits for its release, and the release time can be measured.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use change_streamer_actors::changelog::ChangeLog;
+use change_streamer_actors::streamer::broadcast::SubscriberId;
+use change_streamer_actors::streamer::subscriber::{Mode, SessionGone, SessionProgress, ToSession};
+use change_streamer_actors::streamer::{GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch};
+use change_streamer_actors::upstream::protocol::UpstreamMessage;
+use change_streamer_actors::watermark::Watermark;
+use tokio::sync::oneshot;
+
+/// A subscriber session that acks everything at once, or nothing (`stalled`).
+struct FakeSession {
+    key: SubscriberId,
+    streamer: Addr<Streamer>,
+    stalled: bool,
+    received: u64,
+    unacked_tokens: Vec<u64>,
+    last_commit: Option<Watermark>,
+}
+
+impl Actor for FakeSession {
+    type Context = Context<Self>;
+}
+
+impl Handler<ToSession> for FakeSession {
+    type Result = ();
+    fn handle(&mut self, msg: ToSession, _: &mut Context<Self>) {
+        if let ToSession::Send(frames) = msg {
+            for f in frames {
+                self.received += 1;
+                self.unacked_tokens.extend(f.token);
+                if f.commit.is_some() {
+                    self.last_commit = f.commit;
+                }
+            }
+            if !self.stalled {
+                self.ack_all();
+            }
+        }
+    }
+}
+
+impl FakeSession {
+    fn ack_all(&mut self) {
+        self.streamer.do_send(SessionProgress {
+            subscriber: self.key,
+            acked_messages: self.received,
+            acked_commit: self.last_commit.take(),
+            tokens: std::mem::take(&mut self.unacked_tokens),
+        });
+    }
+}
+
+#[derive(Message)]
+#[rtype(result = "u64")]
+struct AckNow;
+impl Handler<AckNow> for FakeSession {
+    type Result = u64;
+    fn handle(&mut self, _: AckNow, _: &mut Context<Self>) -> u64 {
+        self.ack_all();
+        self.received
+    }
+}
+
+fn w(n: u64) -> Watermark {
+    Watermark::from_u64(n)
+}
+
+fn begin(n: u64) -> UpstreamMessage {
+    UpstreamMessage::Begin { payload: r#"{"tag":"begin"}"#.into(), commit_watermark: w(n), skip_ack: false }
+}
+fn data(i: u64) -> UpstreamMessage {
+    UpstreamMessage::Data { payload: format!(r#"{{"tag":"insert","i":{i}}}"#) }
+}
+fn commit(n: u64) -> UpstreamMessage {
+    UpstreamMessage::Commit { payload: r#"{"tag":"commit"}"#.into(), watermark: w(n) }
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    streamer: Addr<Streamer>,
+    sessions: Vec<Addr<FakeSession>>,
+}
+
+/// A streamer with an initialized change log (watermark 100) and `stalled.len()` subscribers.
+async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let log = ChangeLog::open(dir.path()).unwrap();
+    let stats = log.stats().await.unwrap();
+    let cfg = StreamerConfig { padding_ms, flow_control_bytes: 1, catchup_batch: 100 };
+    let streamer = Streamer::new(cfg, log, &stats).start();
+    // The initial sync, with no subscriber: nothing to wait for.
+    let reply = streamer.send(UpstreamBatch(vec![begin(100), data(0), commit(100)])).await.unwrap().unwrap();
+    assert_eq!(reply.consumed, 3);
+    assert!(reply.release.is_none());
+    let mut sessions = Vec::new();
+    for (i, &stalled) in stalled.iter().enumerate() {
+        let key = 1000 + i as u64;
+        let s = FakeSession { key, streamer: streamer.clone(), stalled, received: 0, unacked_tokens: vec![], last_commit: None }.start();
+        streamer
+            .send(Subscribe {
+                key,
+                id: format!("sub-{i}"),
+                mode: Mode::Serving,
+                protocol: 6,
+                replica_version: w(100).to_string(),
+                watermark: w(100),
+                session: s.clone().recipient(),
+            })
+            .await
+            .unwrap()
+            .expect("subscribed");
+        sessions.push(s);
+    }
+    // Let every subscriber become live.
+    for _ in 0..100 {
+        let st = streamer.send(GetStreamerState).await.unwrap();
+        if st.subscribers.iter().all(|s| format!("{:?}", s.phase) == "Live") {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    Setup { _dir: dir, streamer, sessions }
+}
+
+/// Sends one message; returns the release receiver of its tracked send, if it waits.
+async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver<()>> {
+    let reply = s.streamer.send(UpstreamBatch(vec![m])).await.unwrap().expect("no violation");
+    assert_eq!(reply.consumed, 1);
+    reply.release
+}
+
+#[actix_rt::test]
+async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
+    let padding = 100.0;
+    let s = setup(padding, &[false, false, false, true, true]).await;
+    let mut latencies = Vec::new();
+    for n in 101..106 {
+        for m in [begin(n), data(n), commit(n)] {
+            let t0 = Instant::now();
+            let release = send_one(&s, m).await.expect("a tracked send waits for the stalled two");
+            release.await.expect("released");
+            latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    // The three fast ones ack within a millisecond or so of the send: the release comes padding
+    // after the third ack, and no later than padding + 50 ms.
+    for l in &latencies {
+        assert!(*l >= padding - 1.0 && *l <= padding + 50.0, "release after {l:.1} ms: {latencies:?}");
+    }
+    let st = s.streamer.send(GetStreamerState).await.unwrap();
+    assert_eq!(st.releases_consensus, 15);
+    // The fast ones got everything; the stalled ones stay pending.
+    for (i, sess) in s.sessions.iter().enumerate().take(3) {
+        assert_eq!(sess.send(AckNow).await.unwrap(), 1 + 15, "subscriber {i}");
+    }
+}
+
+#[actix_rt::test]
+async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
+    let s = setup(0.0, &[true]).await;
+    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut release).await.is_err(),
+        "one subscriber is its own majority: no early release"
+    );
+    s.sessions[0].send(AckNow).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released after the ack").unwrap();
+    let st = s.streamer.send(GetStreamerState).await.unwrap();
+    // Three releases of the initial sync (no subscriber: released at once), then this one.
+    assert_eq!((st.releases_all, st.releases_consensus), (4, 0));
+}
+
+#[actix_rt::test]
+async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
+    let s = setup(0.0, &[true]).await;
+    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    assert!(tokio::time::timeout(Duration::from_millis(200), &mut release).await.is_err());
+    s.streamer.send(SessionGone { subscriber: 1000 }).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released when it left").unwrap();
+}
+
+#[actix_rt::test]
+async fn negative_padding_waits_for_all() {
+    let s = setup(-1000.0, &[false, false, true]).await;
+    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut release).await.is_err(),
+        "negative padding: a majority is not enough"
+    );
+    s.sessions[2].send(AckNow).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released").unwrap();
+}
+
+#[actix_rt::test]
+async fn no_subscribers_means_no_wait() {
+    let s = setup(1000.0, &[]).await;
+    assert!(send_one(&s, begin(101)).await.is_none());
+    assert!(send_one(&s, commit(101)).await.is_none());
+}
+
+#[actix_rt::test]
+async fn two_subscribers_one_stalled_never_release_early() {
+    let s = setup(0.0, &[false, true]).await;
+    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut release).await.is_err(), "majority of 2 is 2");
+    s.sessions[1].send(AckNow).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released").unwrap();
+}
