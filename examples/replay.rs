@@ -58,7 +58,12 @@ type Out = Rc<RefCell<Output>>;
 /// `event`, `step` and `at`, as the peer writes them.
 fn emit(out: &Out, res: u64, event: &str, fields: &[(&str, String)]) {
     let mut o = out.borrow_mut();
-    let mut line = format!("{{\"event\":{},\"step\":{},\"at\":{}", json!(event), o.step, o.at);
+    let mut line = format!(
+        "{{\"event\":{},\"step\":{},\"at\":{}",
+        json!(event),
+        o.step,
+        o.at
+    );
     for (k, v) in fields {
         line.push_str(&format!(",{}:{v}", json!(k)));
     }
@@ -85,7 +90,12 @@ impl Actor for CleanupRecorder {
 impl Handler<ScheduleCleanup> for CleanupRecorder {
     type Result = ();
     fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
-        emit(&self.0, 0, "cleanup", &[("watermark", json!(m.watermark.as_str()).to_string())]);
+        emit(
+            &self.0,
+            0,
+            "cleanup",
+            &[("watermark", json!(m.watermark.as_str()).to_string())],
+        );
     }
 }
 
@@ -100,7 +110,11 @@ impl SessionRecorder {
     fn closed(&mut self, error: Value) {
         if !self.closed {
             self.closed = true;
-            let fields = [("taskID", json!(self.task).to_string()), ("res", self.res.to_string()), ("error", error.to_string())];
+            let fields = [
+                ("taskID", json!(self.task).to_string()),
+                ("res", self.res.to_string()),
+                ("error", error.to_string()),
+            ];
             emit(&self.out, self.res, "closed", &fields);
         }
     }
@@ -116,7 +130,11 @@ impl Handler<ReservationEvent> for SessionRecorder {
         }
         match ev {
             ReservationEvent::Status(s) => {
-                let fields = [("taskID", json!(self.task).to_string()), ("res", self.res.to_string()), ("msg", s.to_message())];
+                let fields = [
+                    ("taskID", json!(self.task).to_string()),
+                    ("res", self.res.to_string()),
+                    ("msg", s.to_message()),
+                ];
                 emit(&self.out, self.res, "status", &fields);
             }
             ReservationEvent::Failed(e) => self.closed(json!(e)),
@@ -228,27 +246,65 @@ async fn settle() {
 
 async fn run(scenario: Value) -> Result<(), String> {
     let cfg = scenario.get("config").cloned().unwrap_or(json!({}));
-    let initial_delay = cfg.get("initialCleanupDelayMs").and_then(Value::as_i64).unwrap_or(100_000);
-    let start = cfg.get("startTime").map(|v| parse_time(v).ok_or(format!("bad config.startTime: {v}"))).transpose()?.unwrap_or(1_745_452_800_000);
-    let backup_url = cfg.get("backupURL").and_then(Value::as_str).unwrap_or("s3://foo/bar").to_string();
-    let db = cfg.get("db").and_then(Value::as_str).unwrap_or("/tmp/zbugs-sync-replica.db").to_string();
-    let default_state = change_log_state(cfg.get("changeLogState"))
-        .unwrap_or(ChangeLogState { replica_version: "123".into(), min_watermark: "1ab".into() });
+    let initial_delay = cfg
+        .get("initialCleanupDelayMs")
+        .and_then(Value::as_i64)
+        .unwrap_or(100_000);
+    let start = cfg
+        .get("startTime")
+        .map(|v| parse_time(v).ok_or(format!("bad config.startTime: {v}")))
+        .transpose()?
+        .unwrap_or(1_745_452_800_000);
+    let backup_url = cfg
+        .get("backupURL")
+        .and_then(Value::as_str)
+        .unwrap_or("s3://foo/bar")
+        .to_string();
+    let db = cfg
+        .get("db")
+        .and_then(Value::as_str)
+        .unwrap_or("/tmp/zbugs-sync-replica.db")
+        .to_string();
+    let default_state = change_log_state(cfg.get("changeLogState")).unwrap_or(ChangeLogState {
+        replica_version: "123".into(),
+        min_watermark: "1ab".into(),
+    });
 
     let clock = Clock::manual(start);
     let out: Out = Rc::new(RefCell::new(Output::default()));
-    let metrics = FakeLitestream::start(Answer { body: "unconfigured".into(), ..Answer::default() }).await;
+    let metrics = FakeLitestream::start(Answer {
+        body: "unconfigured".into(),
+        ..Answer::default()
+    })
+    .await;
     let recorder = CleanupRecorder(out.clone()).start();
-    let cleanup = CleanupActor::new(clock.clone(), initial_delay, 30_000, recorder.recipient()).start();
-    let change_log = FakeChangeLog { default: default_state, next: Plan::default(), deferred: HashMap::new() }.start();
-    let reservations = ReservationActor::new(clock.clone(), backup_url, change_log.clone().recipient(), cleanup.clone()).start();
+    let cleanup =
+        CleanupActor::new(clock.clone(), initial_delay, 30_000, recorder.recipient()).start();
+    let change_log = FakeChangeLog {
+        default: default_state,
+        next: Plan::default(),
+        deferred: HashMap::new(),
+    }
+    .start();
+    let reservations = ReservationActor::new(
+        clock.clone(),
+        backup_url,
+        change_log.clone().recipient(),
+        cleanup.clone(),
+    )
+    .start();
     let mut monitor_cfg = MonitorConfig::new(metrics.url(), Duration::from_secs(60));
     monitor_cfg.poll_automatically = false;
     let monitor = MonitorActor::new(monitor_cfg, cleanup.clone()).start();
 
     let mut sessions: Vec<(String, Addr<SessionRecorder>)> = Vec::new();
-    let mut pending: Vec<actix_rt::task::JoinHandle<Result<PollOutcome, MailboxError>>> = Vec::new();
-    let steps = scenario.get("steps").and_then(Value::as_array).cloned().unwrap_or_default();
+    let mut pending: Vec<actix_rt::task::JoinHandle<Result<PollOutcome, MailboxError>>> =
+        Vec::new();
+    let steps = scenario
+        .get("steps")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     for (i, step) in steps.iter().enumerate() {
         if let Some(at) = step.get("at").and_then(Value::as_i64) {
             clock.set_ms(start + at);
@@ -259,7 +315,12 @@ async fn run(scenario: Value) -> Result<(), String> {
             o.at = clock.now_ms() - start;
         }
         let op = step.get("op").and_then(Value::as_str).unwrap_or("");
-        let task = || step.get("taskID").and_then(Value::as_str).unwrap_or("").to_string();
+        let task = || {
+            step.get("taskID")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
         let find = |sessions: &Vec<(String, Addr<SessionRecorder>)>| -> Result<(u64, Addr<SessionRecorder>), String> {
             if let Some(res) = step.get("res").and_then(Value::as_u64) {
                 let (_, a) = sessions.get(res as usize - 1).ok_or(format!("step {i}: no reservation #{res}"))?;
@@ -278,33 +339,53 @@ async fn run(scenario: Value) -> Result<(), String> {
             "metrics" => {
                 let samples: Vec<Value> = match step.get("samples").and_then(Value::as_array) {
                     Some(s) => s.clone(),
-                    None if step.get("watermark").is_some() || step.get("value").is_some() => vec![step.clone()],
+                    None if step.get("watermark").is_some() || step.get("value").is_some() => {
+                        vec![step.clone()]
+                    }
                     None => vec![],
                 };
                 let rendered: Vec<(Option<String>, String, String)> = samples
                     .iter()
                     .map(|s| {
                         let value = if let Some(v) = s.get("value") {
-                            v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+                            v.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| v.to_string())
                         } else if let Some(t) = s.get("backupTime") {
                             js_number(parse_time(t).unwrap_or(0))
                         } else {
-                            js_number(clock.now_ms() + s.get("backupTimeOffsetMs").and_then(Value::as_i64).unwrap_or(0))
+                            js_number(
+                                clock.now_ms()
+                                    + s.get("backupTimeOffsetMs")
+                                        .and_then(Value::as_i64)
+                                        .unwrap_or(0),
+                            )
                         };
                         (
-                            s.get("watermark").and_then(Value::as_str).map(str::to_string),
-                            s.get("name").and_then(Value::as_str).unwrap_or("file").to_string(),
+                            s.get("watermark")
+                                .and_then(Value::as_str)
+                                .map(str::to_string),
+                            s.get("name")
+                                .and_then(Value::as_str)
+                                .unwrap_or("file")
+                                .to_string(),
                             value,
                         )
                     })
                     .collect();
-                let refs: Vec<(Option<&str>, &str, String)> =
-                    rendered.iter().map(|(w, n, v)| (w.as_deref(), n.as_str(), v.clone())).collect();
+                let refs: Vec<(Option<&str>, &str, String)> = rendered
+                    .iter()
+                    .map(|(w, n, v)| (w.as_deref(), n.as_str(), v.clone()))
+                    .collect();
                 let mut body = match step.get("body").and_then(Value::as_str) {
                     Some(b) => b.to_string(),
                     None => {
                         let mut b = render_page(&db, &refs);
-                        if step.get("trailingNewline").and_then(Value::as_bool).unwrap_or(false) {
+                        if step
+                            .get("trailingNewline")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false)
+                        {
                             b.push('\n');
                         }
                         b
@@ -325,7 +406,9 @@ async fn run(scenario: Value) -> Result<(), String> {
                     let before = metrics.requests();
                     let m = monitor.clone();
                     pending.push(actix_rt::spawn(async move { m.send(Check).await }));
-                    metrics.wait_for_request(before, Duration::from_secs(2)).await;
+                    metrics
+                        .wait_for_request(before, Duration::from_secs(2))
+                        .await;
                 } else {
                     let _ = monitor.send(Check).await;
                 }
@@ -340,28 +423,62 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let res = sessions.len() as u64 + 1;
                 let plan = Plan {
                     state: change_log_state(step.get("changeLogState")),
-                    error: step.get("changeLogStateError").and_then(Value::as_str).map(str::to_string),
-                    defer_for: step.get("deferStatus").and_then(Value::as_bool).unwrap_or(false).then_some(res),
+                    error: step
+                        .get("changeLogStateError")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    defer_for: step
+                        .get("deferStatus")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                        .then_some(res),
                 };
                 let _ = change_log.send(SetPlan(plan)).await;
-                let session = SessionRecorder { out: out.clone(), task: task(), res, closed: false }.start();
+                let session = SessionRecorder {
+                    out: out.clone(),
+                    task: task(),
+                    res,
+                    closed: false,
+                }
+                .start();
                 sessions.push((task(), session.clone()));
-                let _ = reservations.send(Reserve { task_id: task(), session_id: res, session: session.recipient() }).await;
+                let _ = reservations
+                    .send(Reserve {
+                        task_id: task(),
+                        session_id: res,
+                        session: session.recipient(),
+                    })
+                    .await;
             }
             "releaseStatus" => {
                 let (res, _) = find(&sessions)?;
                 if !change_log.send(ReleaseStatus(res)).await.unwrap_or(false) {
-                    return Err(format!("step {i}: reservation #{res} has no deferred status"));
+                    return Err(format!(
+                        "step {i}: reservation #{res} has no deferred status"
+                    ));
                 }
             }
             "end" => {
-                if step.get("updateCleanupDelay").and_then(Value::as_bool).unwrap_or(true) {
-                    let _ = reservations.send(EndBySubscription { task_id: task() }).await;
+                if step
+                    .get("updateCleanupDelay")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true)
+                {
+                    let _ = reservations
+                        .send(EndBySubscription { task_id: task() })
+                        .await;
                 } else if let Ok((res, _)) = find(&sessions) {
                     // Ends the task's reservation without growing the delay, closing its session.
-                    let _ = reservations.send(Release { task_id: task(), session_id: res }).await;
+                    let _ = reservations
+                        .send(Release {
+                            task_id: task(),
+                            session_id: res,
+                        })
+                        .await;
                     if let Some((_, s)) = sessions.get(res as usize - 1) {
-                        s.do_send(ReservationEvent::Closed(change_streamer_actors::reservation::ReservationEnd::Replaced));
+                        s.do_send(ReservationEvent::Closed(
+                            change_streamer_actors::reservation::ReservationEnd::Replaced,
+                        ));
                     }
                 }
             }
@@ -369,7 +486,12 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let (res, session) = find(&sessions)?;
                 let _ = session.send(Cancel).await;
                 let t = sessions[res as usize - 1].0.clone();
-                let _ = reservations.send(Release { task_id: t, session_id: res }).await;
+                let _ = reservations
+                    .send(Release {
+                        task_id: t,
+                        session_id: res,
+                    })
+                    .await;
             }
             "stop" => {
                 let _ = monitor.send(Stop).await;
@@ -390,12 +512,18 @@ async fn run(scenario: Value) -> Result<(), String> {
     metrics.release();
     settle().await;
     flush(&out);
-    println!("{{\"event\":\"end\",\"at\":{},\"metricsRequests\":{}}}", clock.now_ms() - start, metrics.requests());
+    println!(
+        "{{\"event\":\"end\",\"at\":{},\"metricsRequests\":{}}}",
+        clock.now_ms() - start,
+        metrics.requests()
+    );
     Ok(())
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off")).target(env_logger::Target::Stderr).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("off"))
+        .target(env_logger::Target::Stderr)
+        .init();
     let Some(path) = std::env::args().nth(1) else {
         eprintln!("usage: cargo run --example replay -- SCENARIO.json");
         std::process::exit(2);

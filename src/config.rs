@@ -16,7 +16,7 @@ use clap::Parser;
 #[command(name = "change-streamer", version, about, long_about = None)]
 pub struct Config {
     /// HTTP and websocket port (0 picks a free one).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_PORT", default_value_t = 4849)]
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_PORT", default_value_t = 4849, allow_negative_numbers = true)]
     pub port: u16,
 
     /// Address to bind.
@@ -24,7 +24,11 @@ pub struct Config {
     pub host: String,
 
     /// Directory holding the change log database (created if missing).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_DATA_DIR", default_value = "./change-streamer-data")]
+    #[arg(
+        long,
+        env = "ZERO_CHANGE_STREAMER_DATA_DIR",
+        default_value = "./change-streamer-data"
+    )]
     pub data_dir: PathBuf,
 
     /// ws:// or wss:// URL of the custom change source. Without it the service serves what
@@ -48,20 +52,20 @@ pub struct Config {
 
     /// Period of the litestream metrics poll, in ms (≥ 1). The first poll comes one period
     /// after start.
-    #[arg(long, env = "ZERO_BACKUP_CHECK_INTERVAL_MS", default_value_t = 60_000,
+    #[arg(long, env = "ZERO_BACKUP_CHECK_INTERVAL_MS", default_value_t = 60_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub backup_check_interval_ms: u64,
 
     /// Starting cleanup delay in ms; raised to --min-cleanup-delay-ms.
-    #[arg(long, env = "ZERO_INITIAL_CLEANUP_DELAY_MS", default_value_t = 0)]
+    #[arg(long, env = "ZERO_INITIAL_CLEANUP_DELAY_MS", default_value_t = 0, allow_negative_numbers = true)]
     pub initial_cleanup_delay_ms: u64,
 
     /// Floor of the cleanup delay in ms: a backed-up watermark is cleaned up no sooner.
-    #[arg(long, env = "ZERO_MIN_CLEANUP_DELAY_MS", default_value_t = 30_000)]
+    #[arg(long, env = "ZERO_MIN_CLEANUP_DELAY_MS", default_value_t = 30_000, allow_negative_numbers = true)]
     pub min_cleanup_delay_ms: u64,
 
     /// Wait in ms between a scheduled cleanup and its purge check (and between retries).
-    #[arg(long, env = "ZERO_PURGE_DELAY_MS", default_value_t = 30_000)]
+    #[arg(long, env = "ZERO_PURGE_DELAY_MS", default_value_t = 30_000, allow_negative_numbers = true)]
     pub purge_delay_ms: u64,
 
     /// Seconds that the subscribers outside a majority get after the latest ack before flow
@@ -77,7 +81,7 @@ pub struct Config {
 
     /// Websocket liveness: ping period in ms; a connection silent for a whole period is
     /// dropped.
-    #[arg(long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000,
+    #[arg(long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub ping_interval_ms: u64,
 }
@@ -104,7 +108,11 @@ impl Config {
 fn parse_url(s: &str, schemes: &[&str]) -> Result<String, String> {
     let u = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
     if !schemes.contains(&u.scheme()) {
-        return Err(format!("scheme must be one of {}, not {}://", schemes.join("://, ") + "://", u.scheme()));
+        return Err(format!(
+            "scheme must be one of {}, not {}://",
+            schemes.join("://, ") + "://",
+            u.scheme()
+        ));
     }
     if u.host_str().is_none_or(str::is_empty) {
         return Err("the URL has no host".into());
@@ -129,7 +137,10 @@ fn parse_non_empty(s: &str) -> Result<String, String> {
 }
 
 fn parse_padding(s: &str) -> Result<f64, String> {
-    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a decimal number of seconds"))?;
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a decimal number of seconds"))?;
     if !v.is_finite() || v.abs() > 1e9 {
         return Err(format!("{s:?} is not a finite number of seconds"));
     }
@@ -163,10 +174,22 @@ mod tests {
         for (args, flag) in [
             (&["--port", "x"][..], "--port"),
             (&["--upstream", "http://x"][..], "--upstream"),
-            (&["--litestream-metrics-url", "ws://x/metrics"][..], "--litestream-metrics-url"),
-            (&["--backup-check-interval-ms", "0"][..], "--backup-check-interval-ms"),
-            (&["--min-cleanup-delay-ms", "-5"][..], "--min-cleanup-delay-ms"),
-            (&["--flow-control-consensus-padding-seconds", "NaN"][..], "--flow-control-consensus-padding-seconds"),
+            (
+                &["--litestream-metrics-url", "ws://x/metrics"][..],
+                "--litestream-metrics-url",
+            ),
+            (
+                &["--backup-check-interval-ms", "0"][..],
+                "--backup-check-interval-ms",
+            ),
+            (
+                &["--min-cleanup-delay-ms", "-5"][..],
+                "--min-cleanup-delay-ms",
+            ),
+            (
+                &["--flow-control-consensus-padding-seconds", "NaN"][..],
+                "--flow-control-consensus-padding-seconds",
+            ),
             (&["--ping-interval-ms", "soon"][..], "--ping-interval-ms"),
         ] {
             let e = parse(args).unwrap_err().to_string();

@@ -31,7 +31,10 @@ pub enum StartError {
     #[error(transparent)]
     ChangeLog(#[from] ChangeLogError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
 }
 
 /// A running service.
@@ -50,7 +53,10 @@ impl Service {
         let log = ChangeLog::open(&config.data_dir)?;
         let stats = log.stats().await?;
 
-        let streamer_cfg = StreamerConfig { padding_ms: config.padding_ms(), ..StreamerConfig::default() };
+        let streamer_cfg = StreamerConfig {
+            padding_ms: config.padding_ms(),
+            ..StreamerConfig::default()
+        };
         let streamer = Streamer::new(streamer_cfg, log.clone(), &stats).start();
         let purger = Purger::new(streamer.clone().recipient(), config.purge_delay()).start();
 
@@ -67,43 +73,80 @@ impl Service {
                     purger.clone().recipient(),
                 )
                 .start();
-                let reservations =
-                    ReservationActor::new(clock.clone(), url.clone(), streamer.clone().recipient(), cleanup.clone()).start();
-                let monitor = MonitorActor::new(
-                    MonitorConfig::new(config.litestream_metrics_url.clone(), config.backup_check_interval()),
+                let reservations = ReservationActor::new(
+                    clock.clone(),
+                    url.clone(),
+                    streamer.clone().recipient(),
                     cleanup.clone(),
                 )
                 .start();
-                Some(BackupActors { reservations, cleanup, monitor })
+                let monitor = MonitorActor::new(
+                    MonitorConfig::new(
+                        config.litestream_metrics_url.clone(),
+                        config.backup_check_interval(),
+                    ),
+                    cleanup.clone(),
+                )
+                .start();
+                Some(BackupActors {
+                    reservations,
+                    cleanup,
+                    monitor,
+                })
             }
         };
 
-        let state = AppState { config: config.clone(), streamer: streamer.clone(), purger, log: log.clone(), backup };
+        let state = AppState {
+            config: config.clone(),
+            streamer: streamer.clone(),
+            purger,
+            log: log.clone(),
+            backup,
+        };
         let app_state = web::Data::new(state.clone());
         let bind = (config.host.clone(), config.port);
-        let server = HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
-            .workers(2)
-            .shutdown_timeout(5)
-            .disable_signals()
-            .bind(bind.clone())
-            .map_err(|source| StartError::Bind { addr: format!("{}:{}", bind.0, bind.1), source })?;
-        let addr = server.addrs().first().copied().ok_or_else(|| StartError::Bind {
-            addr: format!("{}:{}", bind.0, bind.1),
-            source: std::io::Error::other("no address bound"),
-        })?;
+        let server =
+            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
+                .workers(2)
+                .shutdown_timeout(5)
+                .disable_signals()
+                .bind(bind.clone())
+                .map_err(|source| StartError::Bind {
+                    addr: format!("{}:{}", bind.0, bind.1),
+                    source,
+                })?;
+        let addr = server
+            .addrs()
+            .first()
+            .copied()
+            .ok_or_else(|| StartError::Bind {
+                addr: format!("{}:{}", bind.0, bind.1),
+                source: std::io::Error::other("no address bound"),
+            })?;
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
-        info!("change-streamer listening on {addr} (change log {})", log.path().display());
+        info!(
+            "change-streamer listening on {addr} (change log {})",
+            log.path().display()
+        );
 
-        let upstream = config
-            .upstream
-            .as_ref()
-            .map(|url| upstream::start(UpstreamConfig::new(url.clone()), log.clone(), streamer.clone()));
+        let upstream = config.upstream.as_ref().map(|url| {
+            upstream::start(
+                UpstreamConfig::new(url.clone()),
+                log.clone(),
+                streamer.clone(),
+            )
+        });
         if upstream.is_none() {
             warn!("no --upstream: serving the stored change log only; nothing new will arrive");
         }
-        Ok(Service { addr, state, server: handle, upstream })
+        Ok(Service {
+            addr,
+            state,
+            server: handle,
+            upstream,
+        })
     }
 
     /// The address the HTTP server listens on.

@@ -18,7 +18,11 @@ fn w(n: u64) -> String {
 }
 
 fn changes_url(svc: &TestService, id: &str, watermark: u64, extra: &str) -> String {
-    svc.ws(&format!("/replication/v6/changes?id={id}&replicaVersion={}&watermark={}{extra}", w(100), w(watermark)))
+    svc.ws(&format!(
+        "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}{extra}",
+        w(100),
+        w(watermark)
+    ))
 }
 
 async fn wait_status(svc: &TestService, what: &str, mut cond: impl FnMut(&Value) -> bool) -> Value {
@@ -49,7 +53,11 @@ async fn read_txns(c: &mut WsClient, last: u64) -> Vec<u64> {
             Some("data") => assert!(open.is_some(), "data outside a transaction: {msg}"),
             Some("commit") => {
                 let wm = msg[2]["watermark"].as_str().unwrap().to_string();
-                assert_eq!(open.take().as_deref(), Some(wm.as_str()), "commit without its begin");
+                assert_eq!(
+                    open.take().as_deref(),
+                    Some(wm.as_str()),
+                    "commit without its begin"
+                );
                 let n = Watermark::parse(&wm).unwrap().to_u64().unwrap();
                 txns.push(n);
                 if n >= last {
@@ -80,7 +88,10 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
     for n in 100..110 {
         up.send(txn(n, 3));
     }
-    wait_status(&svc, "10 transactions stored", |s| s["changeLog"]["maxWatermark"] == json!(w(109))).await;
+    wait_status(&svc, "10 transactions stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(109))
+    })
+    .await;
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 104, "")).await;
     let (_, first) = c.msg().await;
     assert_eq!(first, json!(["status", {"tag": "status"}]));
@@ -92,7 +103,13 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
     assert_eq!(read_txns(&mut c, 114).await, (110..115).collect::<Vec<_>>());
     // The upstream was acked for every durable commit.
     let acks = up.acks();
-    assert!(acks.contains(&format!(r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#, w(114))), "{acks:?}");
+    assert!(
+        acks.contains(&format!(
+            r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+            w(114)
+        )),
+        "{acks:?}"
+    );
     let st = svc.status().await;
     assert_eq!(st["subscribers"][0]["id"], "r1");
     c.close().await;
@@ -127,7 +144,11 @@ async fn no_gap_and_no_duplicate_while_subscribers_join_and_leave() {
             let max = Watermark::parse(max).unwrap().to_u64().unwrap();
             let from = max.saturating_sub(next(50)).max(first);
             let url = changes_url(&svc, &format!("r{}", readers.len()), from, "");
-            let until = if next(2) == 0 { (from + 1 + next(300)).min(last) } else { last };
+            let until = if next(2) == 0 {
+                (from + 1 + next(300)).min(last)
+            } else {
+                last
+            };
             readers.push(actix_rt::spawn(async move {
                 let mut c = WsClient::connect(&url).await;
                 let got = read_txns(&mut c, until).await;
@@ -149,7 +170,10 @@ async fn no_gap_and_no_duplicate_while_subscribers_join_and_leave() {
 async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| s["replicaVersion"] == json!(w(100))).await;
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
     let (id, _) = c.msg().await; // status
     c.ack(id).await;
@@ -169,8 +193,14 @@ async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
     assert_eq!(rollback, json!(["rollback", {"tag": "rollback"}]));
     // Nothing of it was stored; the service reconnects resuming after 100 and gets 101 again.
     up.wait_connections(2).await;
-    assert_eq!(up.queries()[1], format!("lastWatermark={}&replicaVersion={}", w(100), w(100)));
-    assert_eq!(svc.status().await["changeLog"]["maxWatermark"], json!(w(100)));
+    assert_eq!(
+        up.queries()[1],
+        format!("lastWatermark={}&replicaVersion={}", w(100), w(100))
+    );
+    assert_eq!(
+        svc.status().await["changeLog"]["maxWatermark"],
+        json!(w(100))
+    );
     up.send(txn(101, 2));
     assert_eq!(read_txns(&mut c, 101).await, vec![101]);
     svc.stop().await;
@@ -180,10 +210,18 @@ async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
 async fn wrong_replica_version_is_error_type_1_then_closed_after_its_ack() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| s["replicaVersion"] == json!(w(100))).await;
-    let mut c = WsClient::connect(&svc.ws("/replication/v6/changes?id=r&replicaVersion=999&watermark=00")).await;
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
+    let mut c =
+        WsClient::connect(&svc.ws("/replication/v6/changes?id=r&replicaVersion=999&watermark=00"))
+            .await;
     let (id, msg) = c.msg().await;
-    assert_eq!(msg, json!(["error", {"type": 1, "message": format!("current replica version is {} (requested 999)", w(100))}]));
+    assert_eq!(
+        msg,
+        json!(["error", {"type": 1, "message": format!("current replica version is {} (requested 999)", w(100))}])
+    );
     c.ack(id).await;
     assert_eq!(c.closed().await.0, 1000);
     svc.stop().await;
@@ -194,11 +232,17 @@ async fn unservable_watermarks_are_error_type_2() {
     let (svc, up) = service_with_upstream(&["--ping-interval-ms", "300"]).await;
     up.send(txn(100, 1));
     up.send(txn(102, 1));
-    wait_status(&svc, "stored", |s| s["changeLog"]["maxWatermark"] == json!(w(102))).await;
+    wait_status(&svc, "stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(102))
+    })
+    .await;
     // Inside the stored range but not a stored commit.
     let mut c = WsClient::connect(&changes_url(&svc, "r", 101, "")).await;
     let (_, msg) = c.msg().await;
-    assert_eq!(msg, json!(["error", {"type": 2, "message": format!("earliest supported watermark is {} (requested {})", w(100), w(101))}]));
+    assert_eq!(
+        msg,
+        json!(["error", {"type": 2, "message": format!("earliest supported watermark is {} (requested {})", w(100), w(101))}])
+    );
     // Not acked: closed after one ping interval.
     assert_eq!(c.closed().await.0, 1000);
     // Older than the oldest stored transaction.
@@ -212,10 +256,19 @@ async fn bad_subscription_parameters_close_with_1002_naming_them() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
     for (path, name) in [
-        ("/replication/v6/changes?replicaVersion=1&watermark=00", "id"),
-        ("/replication/v6/changes?id=a&watermark=00", "replicaVersion"),
+        (
+            "/replication/v6/changes?replicaVersion=1&watermark=00",
+            "id",
+        ),
+        (
+            "/replication/v6/changes?id=a&watermark=00",
+            "replicaVersion",
+        ),
         ("/replication/v6/changes?id=a&replicaVersion=1", "watermark"),
-        ("/replication/v6/changes?id=a&replicaVersion=1&watermark=ZZ", "watermark"),
+        (
+            "/replication/v6/changes?id=a&replicaVersion=1&watermark=ZZ",
+            "watermark",
+        ),
     ] {
         let mut c = WsClient::connect(&svc.ws(path)).await;
         let (code, reason) = c.closed().await;
@@ -227,20 +280,41 @@ async fn bad_subscription_parameters_close_with_1002_naming_them() {
 
 #[actix_rt::test]
 async fn initial_subscription_ends_the_reservation_and_grows_the_delay() {
-    let (svc, up) = service_with_upstream(&["--litestream-backup-url", "s3://b/r", "--min-cleanup-delay-ms", "50"]).await;
+    let (svc, up) = service_with_upstream(&[
+        "--litestream-backup-url",
+        "s3://b/r",
+        "--min-cleanup-delay-ms",
+        "50",
+    ])
+    .await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| s["replicaVersion"] == json!(w(100))).await;
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
     let mut res = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=task-1")).await;
     let (id, _) = res.msg().await;
     res.ack(id).await;
     // "Restore" for a while: longer than the 50 ms delay.
     assert_eq!(res.next(Duration::from_millis(400)).await, None);
-    let mut sub = WsClient::connect(&changes_url(&svc, "r1", 100, "&taskID=task-1&initial=true&mode=backup")).await;
+    let mut sub = WsClient::connect(&changes_url(
+        &svc,
+        "r1",
+        100,
+        "&taskID=task-1&initial=true&mode=backup",
+    ))
+    .await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
     assert_eq!(res.closed().await.0, 1000);
-    let st = wait_status(&svc, "reservation ended", |s| s["reservations"] == json!([])).await;
+    let st = wait_status(&svc, "reservation ended", |s| {
+        s["reservations"] == json!([])
+    })
+    .await;
     let delay = st["backup"]["cleanupDelayMs"].as_i64().unwrap();
-    assert!(delay >= 400, "delay should have grown to the restore time: {st}");
+    assert!(
+        delay >= 400,
+        "delay should have grown to the restore time: {st}"
+    );
     assert_eq!(st["subscribers"][0]["mode"], "backup");
     svc.stop().await;
 }
@@ -265,7 +339,10 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     for n in 100..105 {
         up.send(txn(n, 2));
     }
-    wait_status(&svc, "stored", |s| s["changeLog"]["maxWatermark"] == json!(w(104))).await;
+    wait_status(&svc, "stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(104))
+    })
+    .await;
     // A subscriber that has not acked beyond 101.
     let mut lag = WsClient::connect(&changes_url(&svc, "lagging", 100, "")).await;
     let (id, _) = lag.msg().await;
@@ -281,17 +358,26 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     }
     assert!(acked_through > 0);
     // litestream reports everything up to 104 backed up long ago.
-    lite.set_body(render_page("/db", &[(Some(w(104).as_str()), "s3", "1.0".into())]));
+    lite.set_body(render_page(
+        "/db",
+        &[(Some(w(104).as_str()), "s3", "1.0".into())],
+    ));
     let st = wait_status(&svc, "cleanup scheduled and blocked", |s| {
         s["backup"]["lastScheduledWatermark"] == json!(w(104)) && s["purge"]["waiting"].is_string()
     })
     .await;
     assert_eq!(st["purge"]["rowsPurged"], 0);
-    assert!(st["purge"]["waiting"].as_str().unwrap().contains("lagging"), "{st}");
+    assert!(
+        st["purge"]["waiting"].as_str().unwrap().contains("lagging"),
+        "{st}"
+    );
     // Now it catches up and acks everything: the purge goes through, keeping the newest txn.
     let got = read_txns(&mut lag, 104).await;
     assert_eq!(got, vec![102, 103, 104]);
-    let st = wait_status(&svc, "purged", |s| s["purge"]["rowsPurged"].as_u64() > Some(0)).await;
+    let st = wait_status(&svc, "purged", |s| {
+        s["purge"]["rowsPurged"].as_u64() > Some(0)
+    })
+    .await;
     assert_eq!(st["changeLog"]["minWatermark"], json!(w(104)));
     assert_eq!(st["changeLog"]["rows"], 4);
     assert_eq!(st["purge"]["lastPurgedBefore"], json!(w(104)));
@@ -302,7 +388,10 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     let mut r = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t9")).await;
     assert_eq!(r.msg().await.1[1]["minWatermark"], json!(w(104)));
     let (_, metrics) = svc.get("/metrics").await;
-    assert!(metrics.contains("change_streamer_changes_purged_total 16"), "{metrics}");
+    assert!(
+        metrics.contains("change_streamer_changes_purged_total 16"),
+        "{metrics}"
+    );
     svc.stop().await;
 }
 
@@ -311,14 +400,20 @@ async fn restart_keeps_the_change_log_and_resumes_upstream() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
     up.send(txn(101, 4));
-    wait_status(&svc, "stored", |s| s["changeLog"]["maxWatermark"] == json!(w(101))).await;
+    wait_status(&svc, "stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(101))
+    })
+    .await;
     let dir = svc.stop().await;
     up.drop_connection();
     let url = up.url();
     let svc = TestService::start_in(dir, &["--upstream", &url]).await;
     up.wait_connections(2).await;
     assert_eq!(up.queries()[0], "");
-    assert_eq!(up.queries()[1], format!("lastWatermark={}&replicaVersion={}", w(101), w(100)));
+    assert_eq!(
+        up.queries()[1],
+        format!("lastWatermark={}&replicaVersion={}", w(101), w(100))
+    );
     let st = svc.status().await;
     assert_eq!(st["replicaVersion"], json!(w(100)));
     assert_eq!(st["changeLog"]["rows"], 9);
@@ -335,11 +430,20 @@ async fn restart_keeps_the_change_log_and_resumes_upstream() {
 async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| s["replicaVersion"] == json!(w(100))).await;
-    up.send(vec![format!(r#"["data",{}]"#, support::upstream::insert(1))]);
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
+    up.send(vec![format!(
+        r#"["data",{}]"#,
+        support::upstream::insert(1)
+    )]);
     up.wait_connections(2).await;
     let mut bad = txn(101, 1);
-    bad[2] = format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{}"}}]"#, w(999));
+    bad[2] = format!(
+        r#"["commit",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+        w(999)
+    );
     up.send(bad);
     up.wait_connections(3).await;
     let st = svc.status().await;
@@ -352,8 +456,15 @@ async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
 async fn protocol_v4_does_not_receive_update_table_metadata() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| s["replicaVersion"] == json!(w(100))).await;
-    let url4 = svc.ws(&format!("/replication/v4/changes?id=old&replicaVersion={}&watermark={}", w(100), w(100)));
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
+    let url4 = svc.ws(&format!(
+        "/replication/v4/changes?id=old&replicaVersion={}&watermark={}",
+        w(100),
+        w(100)
+    ));
     let mut v4 = WsClient::connect(&url4).await;
     let mut v6 = WsClient::connect(&changes_url(&svc, "new", 100, "")).await;
     for c in [&mut v4, &mut v6] {

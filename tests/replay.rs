@@ -21,13 +21,25 @@ fn scenarios() -> Vec<PathBuf> {
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
         .collect();
     files.sort();
-    assert!(files.len() >= 8, "expected the eight shared scenarios in {}", dir.display());
+    assert!(
+        files.len() >= 8,
+        "expected the eight shared scenarios in {}",
+        dir.display()
+    );
     files
 }
 
 fn ours(scenario: &PathBuf) -> String {
-    let out = Command::new(support::example_bin("replay")).arg(scenario).output().expect("run replay");
-    assert!(out.status.success(), "replay {} failed: {}", scenario.display(), String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(support::example_bin("replay"))
+        .arg(scenario)
+        .output()
+        .expect("run replay");
+    assert!(
+        out.status.success(),
+        "replay {} failed: {}",
+        scenario.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).expect("utf-8")
 }
 
@@ -35,10 +47,14 @@ fn ours(scenario: &PathBuf) -> String {
 fn every_shared_scenario_matches_the_recorded_original() {
     let mut failures = Vec::new();
     for s in scenarios() {
-        let expected = std::fs::read_to_string(s.with_extension("expected.jsonl")).expect("expected output");
+        let expected =
+            std::fs::read_to_string(s.with_extension("expected.jsonl")).expect("expected output");
         let got = ours(&s);
         if got.trim_end() != expected.trim_end() {
-            failures.push(format!("{}:\n--- expected\n{expected}\n--- ours\n{got}", s.display()));
+            failures.push(format!(
+                "{}:\n--- expected\n{expected}\n--- ours\n{got}",
+                s.display()
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -46,7 +62,9 @@ fn every_shared_scenario_matches_the_recorded_original() {
 
 #[test]
 fn every_shared_scenario_matches_the_live_original() {
-    let Some((_tmp, peer)) = support::installed_peer() else { return };
+    let Some((_tmp, peer)) = support::installed_peer() else {
+        return;
+    };
     for s in scenarios() {
         let out = Command::new("node")
             .arg("backup-monitor-replay.mjs")
@@ -54,7 +72,12 @@ fn every_shared_scenario_matches_the_live_original() {
             .current_dir(&peer)
             .output()
             .expect("run the peer");
-        assert!(out.status.success(), "peer failed on {}: {}", s.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "peer failed on {}: {}",
+            s.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         let theirs = String::from_utf8(out.stdout).expect("utf-8");
         assert_eq!(ours(&s).trim_end(), theirs.trim_end(), "{}", s.display());
     }

@@ -32,7 +32,10 @@ async fn wait_for_rows(svc: &TestService, rows: u64) {
         }
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("change log never reached {rows} rows: {}", svc.status().await);
+    panic!(
+        "change log never reached {rows} rows: {}",
+        svc.status().await
+    );
 }
 
 #[actix_rt::test]
@@ -94,7 +97,10 @@ async fn dropped_reservation_ends_without_extending_the_delay() {
     }
     let st = svc.status().await;
     assert_eq!(st["reservations"], json!([]));
-    assert_eq!(st["backup"]["cleanupDelayMs"], 10, "a dropped reservation must not grow the delay: {st}");
+    assert_eq!(
+        st["backup"]["cleanupDelayMs"], 10,
+        "a dropped reservation must not grow the delay: {st}"
+    );
     svc.stop().await;
 }
 
@@ -102,10 +108,22 @@ async fn dropped_reservation_ends_without_extending_the_delay() {
 async fn bad_requests_are_refused_with_the_specified_answers() {
     let (svc, _up) = initialized(&[]).await;
     for (path, want) in [
-        ("/replication/v6/snapshot", "Missing taskID in snapshot request"),
-        ("/replication/v6/snapshot?taskID=", "Missing taskID in snapshot request"),
-        ("/replication/v7/snapshot?taskID=t", "Cannot service client at protocol v7. Supported protocols: [v1 ... v6]"),
-        ("/replication/v0/changes?id=a", "Cannot service client at protocol v0. Supported protocols: [v1 ... v6]"),
+        (
+            "/replication/v6/snapshot",
+            "Missing taskID in snapshot request",
+        ),
+        (
+            "/replication/v6/snapshot?taskID=",
+            "Missing taskID in snapshot request",
+        ),
+        (
+            "/replication/v7/snapshot?taskID=t",
+            "Cannot service client at protocol v7. Supported protocols: [v1 ... v6]",
+        ),
+        (
+            "/replication/v0/changes?id=a",
+            "Cannot service client at protocol v0. Supported protocols: [v1 ... v6]",
+        ),
     ] {
         let mut c = WsClient::connect(&svc.ws(path)).await;
         assert_eq!(c.closed().await, (1002, want.to_string()), "{path}");
@@ -124,7 +142,10 @@ async fn snapshot_without_a_backup_url_is_refused() {
     let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
     assert_eq!(
         c.closed().await,
-        (1002, "replication-manager is not configured with a ZERO_LITESTREAM_BACKUP_URL".to_string())
+        (
+            1002,
+            "replication-manager is not configured with a ZERO_LITESTREAM_BACKUP_URL".to_string()
+        )
     );
     svc.stop().await;
 }
@@ -168,12 +189,24 @@ async fn liveness_drops_a_silent_client() {
     c.msg().await;
     // This client answers pings (in `next`), so it stays.
     assert_eq!(c.next(Duration::from_millis(400)).await, None);
-    assert_eq!(svc.status().await["reservations"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        svc.status().await["reservations"].as_array().map(Vec::len),
+        Some(1)
+    );
     // A client that reads nothing (and so never pongs) is dropped after about two intervals.
-    let _silent = awc::Client::new().ws(svc.ws("/replication/v6/snapshot?taskID=mute")).connect().await.unwrap();
+    let _silent = awc::Client::new()
+        .ws(svc.ws("/replication/v6/snapshot?taskID=mute"))
+        .connect()
+        .await
+        .unwrap();
     assert_eq!(c.next(Duration::from_millis(600)).await, None);
     let st = svc.status().await;
-    let tasks: Vec<_> = st["reservations"].as_array().unwrap().iter().map(|r| r["taskID"].clone()).collect();
+    let tasks: Vec<_> = st["reservations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["taskID"].clone())
+        .collect();
     assert_eq!(tasks, vec![json!("t1")], "{st}");
     svc.stop().await;
 }

@@ -37,7 +37,10 @@ const MAX_GROUP: usize = 512;
 #[derive(Debug, thiserror::Error)]
 pub enum ChangeLogError {
     #[error("change log at {path}: {source}")]
-    Open { path: PathBuf, source: Box<dyn std::error::Error + Send + Sync> },
+    Open {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("change log: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("change log write failed: {0}")]
@@ -170,7 +173,9 @@ pub struct ChangeLog {
 
 impl std::fmt::Debug for ChangeLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChangeLog").field("path", &self.path).finish()
+        f.debug_struct("ChangeLog")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -229,7 +234,11 @@ impl ChangeLog {
             .name("change-log-reader".into())
             .spawn(move || run_reader(reader, rrx))
             .map_err(|e| open_err(Box::new(e)))?;
-        Ok(ChangeLog { writes, reads, path })
+        Ok(ChangeLog {
+            writes,
+            reads,
+            path,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -255,24 +264,35 @@ impl ChangeLog {
     /// Stores a whole transaction; the future resolves once it is durable. The write is
     /// queued by the call itself, so calls are stored in call order. The first transaction of
     /// an empty change log sets the replicaVersion.
-    pub fn append(&self, txn: Transaction) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
+    pub fn append(
+        &self,
+        txn: Transaction,
+    ) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
         self.write(|r| WriteCommand::Append(txn, r))
     }
 
     /// Deletes every row below `before`, except the newest stored transaction. Answers the
     /// number of rows deleted. Queued by the call.
-    pub fn purge(&self, before: Watermark) -> impl std::future::Future<Output = Result<u64, ChangeLogError>> {
+    pub fn purge(
+        &self,
+        before: Watermark,
+    ) -> impl std::future::Future<Output = Result<u64, ChangeLogError>> {
         self.write(|r| WriteCommand::Purge(before, r))
     }
 
     /// What the change log holds, including every write queued before this call.
-    pub fn stats(&self) -> impl std::future::Future<Output = Result<ChangeLogStats, ChangeLogError>> {
+    pub fn stats(
+        &self,
+    ) -> impl std::future::Future<Output = Result<ChangeLogStats, ChangeLogError>> {
         self.write(WriteCommand::Stats)
     }
 
     /// Whether `w` is the commit watermark of a stored transaction (after every write queued
     /// before this call).
-    pub fn has_commit(&self, w: Watermark) -> impl std::future::Future<Output = Result<bool, ChangeLogError>> {
+    pub fn has_commit(
+        &self,
+        w: Watermark,
+    ) -> impl std::future::Future<Output = Result<bool, ChangeLogError>> {
         self.write(|r| WriteCommand::HasCommit(w, r))
     }
 
@@ -290,7 +310,15 @@ impl ChangeLog {
         limit: usize,
     ) -> impl std::future::Future<Output = Result<Vec<StoredChange>, ChangeLogError>> {
         let (tx, rx) = oneshot::channel();
-        let queued = self.reads.send(ReadCommand { after, up_to, limit, reply: tx }).is_ok();
+        let queued = self
+            .reads
+            .send(ReadCommand {
+                after,
+                up_to,
+                limit,
+                reply: tx,
+            })
+            .is_ok();
         async move {
             if !queued {
                 return Err(ChangeLogError::Closed);
@@ -301,7 +329,8 @@ impl ChangeLog {
 }
 
 fn watermark_col(s: Option<String>) -> Result<Option<Watermark>, ChangeLogError> {
-    s.map(|s| Watermark::parse(&s).map_err(|_| ChangeLogError::Corrupt(s))).transpose()
+    s.map(|s| Watermark::parse(&s).map_err(|_| ChangeLogError::Corrupt(s)))
+        .transpose()
 }
 
 struct Writer {
@@ -386,7 +415,12 @@ impl Writer {
                 )?;
                 for (txn, _) in &group {
                     for (pos, (kind, json)) in txn.changes.iter().enumerate() {
-                        insert.execute(params![txn.watermark.as_str(), pos as i64, kind.as_str(), json])?;
+                        insert.execute(params![
+                            txn.watermark.as_str(),
+                            pos as i64,
+                            kind.as_str(),
+                            json
+                        ])?;
                     }
                     let s = &mut self.stats;
                     if s.replica_version.is_none() {
@@ -435,7 +469,10 @@ impl Writer {
         // The newest stored transaction always stays, so the log never forgets where it is.
         let bound = if *before > max { max } else { before.clone() };
         let tx = self.conn.transaction()?;
-        let n = tx.execute("DELETE FROM change_log WHERE watermark < ?1", params![bound.as_str()])?;
+        let n = tx.execute(
+            "DELETE FROM change_log WHERE watermark < ?1",
+            params![bound.as_str()],
+        )?;
         let min: Option<String> =
             tx.query_row("SELECT MIN(watermark) FROM change_log", [], |r| r.get(0))?;
         tx.commit()?;
@@ -472,15 +509,32 @@ fn read_range(conn: &Connection, cmd: &ReadCommand) -> Result<Vec<StoredChange>,
          ORDER BY watermark, pos LIMIT ?4",
     )?;
     let rows = stmt.query_map(
-        params![cmd.after.0.as_str(), cmd.after.1, cmd.up_to.as_str(), cmd.limit as i64],
-        |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?, r.get::<_, String>(2)?, r.get::<_, String>(3)?)),
+        params![
+            cmd.after.0.as_str(),
+            cmd.after.1,
+            cmd.up_to.as_str(),
+            cmd.limit as i64
+        ],
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+            ))
+        },
     )?;
     let mut out = Vec::with_capacity(cmd.limit.min(4096));
     for row in rows {
         let (w, pos, kind, json) = row?;
         let watermark = Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w.clone()))?;
         let kind = ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?;
-        out.push(StoredChange { watermark, pos, kind, json });
+        out.push(StoredChange {
+            watermark,
+            pos,
+            kind,
+            json,
+        });
     }
     Ok(out)
 }
@@ -492,10 +546,16 @@ mod tests {
     fn txn(n: u64, rows: usize) -> Transaction {
         let mut changes = vec![(ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string())];
         for i in 0..rows {
-            changes.push((ChangeKind::Data, format!(r#"{{"tag":"insert","n":{n},"i":{i}}}"#)));
+            changes.push((
+                ChangeKind::Data,
+                format!(r#"{{"tag":"insert","n":{n},"i":{i}}}"#),
+            ));
         }
         changes.push((ChangeKind::Commit, r#"{"tag":"commit"}"#.to_string()));
-        Transaction { watermark: Watermark::from_u64(n), changes }
+        Transaction {
+            watermark: Watermark::from_u64(n),
+            changes,
+        }
     }
 
     #[actix_rt::test]
@@ -510,7 +570,11 @@ mod tests {
             assert_eq!(s.replica_version, Some(Watermark::from_u64(100)));
             assert_eq!(s.rows, 7);
             let all = log
-                .read((Watermark::from_u64(100), i64::MAX), Watermark::from_u64(101), 100)
+                .read(
+                    (Watermark::from_u64(100), i64::MAX),
+                    Watermark::from_u64(101),
+                    100,
+                )
                 .await
                 .unwrap();
             assert_eq!(all.len(), 3);

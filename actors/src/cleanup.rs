@@ -129,7 +129,10 @@ impl CleanupActor {
     /// already recorded; its first sighting's backup time is the one that counts.
     fn record(&mut self, samples: Vec<BackupSample>) {
         for s in samples {
-            if self.last_scheduled.as_ref().is_some_and(|l| s.watermark <= *l)
+            if self
+                .last_scheduled
+                .as_ref()
+                .is_some_and(|l| s.watermark <= *l)
                 || self.watermarks.contains_key(&s.watermark)
             {
                 continue;
@@ -142,7 +145,10 @@ impl CleanupActor {
             );
             self.watermarks.insert(
                 s.watermark,
-                Recorded { replica: s.replica, backed_up_at_ms: s.backed_up_at_ms },
+                Recorded {
+                    replica: s.replica,
+                    backed_up_at_ms: s.backed_up_at_ms,
+                },
             );
         }
     }
@@ -171,7 +177,13 @@ impl CleanupActor {
         self.watermarks.remove(&due);
         self.last_scheduled = Some(due.clone());
         self.scheduled_total += 1;
-        if self.target.try_send(ScheduleCleanup { watermark: due.clone() }).is_err() {
+        if self
+            .target
+            .try_send(ScheduleCleanup {
+                watermark: due.clone(),
+            })
+            .is_err()
+        {
             // The purger's mailbox is unbounded, so this only happens when it has stopped.
             warn!("cleanup to watermark={due} could not be handed to the purger: it is gone");
         }
@@ -226,7 +238,10 @@ impl Handler<ReservationClosed> for CleanupActor {
             info!("snapshot initialized by {} in {held} ms", msg.task_id);
             if held > self.cleanup_delay_ms {
                 self.cleanup_delay_ms = held;
-                info!("increased cleanup delay to {held} ms (task {})", msg.task_id);
+                info!(
+                    "increased cleanup delay to {held} ms (task {})",
+                    msg.task_id
+                );
             }
         }
     }

@@ -14,6 +14,6 @@ pub mod clock;
 pub mod litestream;
 pub mod monitor;
 pub mod reservation;
-pub mod watermark;
 pub mod streamer;
 pub mod upstream;
+pub mod watermark;

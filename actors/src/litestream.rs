@@ -62,14 +62,19 @@ pub fn parse_progress_page(body: &str) -> Result<ProgressPage, PageError> {
 
     let mut page = ProgressPage::default();
     let mut seen_progress = 0usize;
-    for s in scrape.samples.iter().filter(|s| s.metric == PROGRESS_METRIC) {
+    for s in scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == PROGRESS_METRIC)
+    {
         seen_progress += 1;
         let value = match s.value {
             prometheus_parse::Value::Gauge(v)
             | prometheus_parse::Value::Untyped(v)
             | prometheus_parse::Value::Counter(v) => v,
             _ => {
-                page.invalid.push(format!("{PROGRESS_METRIC} sample is not a plain value"));
+                page.invalid
+                    .push(format!("{PROGRESS_METRIC} sample is not a plain value"));
                 continue;
             }
         };
@@ -77,7 +82,8 @@ pub fn parse_progress_page(body: &str) -> Result<ProgressPage, PageError> {
         let label = s.labels.get("watermark");
         let watermark = match label.map(Watermark::parse) {
             None => {
-                page.invalid.push(format!("no watermark label (replica {replica:?})"));
+                page.invalid
+                    .push(format!("no watermark label (replica {replica:?})"));
                 continue;
             }
             Some(Err(e)) => {
@@ -111,7 +117,8 @@ pub fn parse_progress_page(body: &str) -> Result<ProgressPage, PageError> {
         })
         .count();
     for _ in seen_progress..progress_lines {
-        page.invalid.push(format!("{PROGRESS_METRIC} sample with an unreadable value"));
+        page.invalid
+            .push(format!("{PROGRESS_METRIC} sample with an unreadable value"));
     }
     Ok(page)
 }
@@ -121,7 +128,10 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> String {
-        let path = format!("{}/../../shared/fixtures/{name}", env!("CARGO_MANIFEST_DIR"));
+        let path = format!(
+            "{}/../../shared/fixtures/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
@@ -149,7 +159,10 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            vec![("618p0bw8", "file", 1_745_456_500_000), ("618ocqq8", "s3", 1_745_456_444_765)]
+            vec![
+                ("618p0bw8", "file", 1_745_456_500_000),
+                ("618ocqq8", "s3", 1_745_456_444_765)
+            ]
         );
     }
 

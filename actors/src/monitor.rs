@@ -143,8 +143,17 @@ impl MonitorActor {
                 .map_err(|e| FetchError::Body(e.to_string()))?;
             let text = String::from_utf8_lossy(&body).into_owned();
             if !resp.status().is_success() {
-                let first_line = text.lines().next().unwrap_or("").chars().take(200).collect();
-                return Err(FetchError::Status { status: resp.status().as_u16(), body: first_line });
+                let first_line = text
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .chars()
+                    .take(200)
+                    .collect();
+                return Err(FetchError::Status {
+                    status: resp.status().as_u16(),
+                    body: first_line,
+                });
             }
             Ok(parse_progress_page(&text)?)
         };
@@ -158,8 +167,10 @@ impl MonitorActor {
                     act.stats.invalid_watermarks_total += page.invalid.len() as u64;
                     act.stats.last_poll_ok = Some(true);
                     debug!("metrics poll read {} sample(s)", page.samples.len());
-                    let outcome =
-                        PollOutcome::Read { samples: page.samples.len(), invalid: page.invalid.len() };
+                    let outcome = PollOutcome::Read {
+                        samples: page.samples.len(),
+                        invalid: page.invalid.len(),
+                    };
                     (page.samples, outcome)
                 }
                 Err(e) => {
@@ -169,12 +180,15 @@ impl MonitorActor {
                     (Vec::new(), PollOutcome::Failed(e.to_string()))
                 }
             };
-            act.cleanup.send(PollResult { samples }).into_actor(act).map(move |_, act, _| {
-                act.in_flight = None;
-                for w in act.waiters.drain(..) {
-                    let _ = w.send(outcome.clone());
-                }
-            })
+            act.cleanup
+                .send(PollResult { samples })
+                .into_actor(act)
+                .map(move |_, act, _| {
+                    act.in_flight = None;
+                    for w in act.waiters.drain(..) {
+                        let _ = w.send(outcome.clone());
+                    }
+                })
         }));
         self.in_flight = Some(handle);
     }
@@ -213,7 +227,10 @@ impl Handler<Stop> for MonitorActor {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         self.stopping = true;
         if let Some(h) = self.in_flight.take() {
-            log::info!("aborting the metrics request in flight to {}", self.cfg.metrics_url);
+            log::info!(
+                "aborting the metrics request in flight to {}",
+                self.cfg.metrics_url
+            );
             ctx.cancel_future(h);
         }
         self.waiters.clear();

@@ -137,7 +137,13 @@ impl ReservationActor {
         change_log: Recipient<GetChangeLogState>,
         cleanup: Addr<CleanupActor>,
     ) -> Self {
-        ReservationActor { clock, backup_url, change_log, cleanup, reservations: HashMap::new() }
+        ReservationActor {
+            clock,
+            backup_url,
+            change_log,
+            cleanup,
+            reservations: HashMap::new(),
+        }
     }
 
     /// Removes the reservation of `task_id` if `session_id` (when given) still holds it.
@@ -166,18 +172,30 @@ impl Handler<Reserve> for ReservationActor {
     type Result = ();
 
     fn handle(&mut self, msg: Reserve, ctx: &mut Context<Self>) {
-        let Reserve { task_id, session_id, session } = msg;
+        let Reserve {
+            task_id,
+            session_id,
+            session,
+        } = msg;
         if let Some(old) = self.remove(&task_id, None) {
             info!("reservation of task {task_id} replaced by a newer one (session {} -> {session_id})", old.session_id);
-            old.session.do_send(ReservationEvent::Closed(ReservationEnd::Replaced));
+            old.session
+                .do_send(ReservationEvent::Closed(ReservationEnd::Replaced));
             self.closed(&task_id, None);
         }
         info!("snapshot reservation opened by task {task_id} (session {session_id})");
         self.reservations.insert(
             task_id.clone(),
-            Reservation { session_id, started_ms: self.clock.now_ms(), session, status_sent: false },
+            Reservation {
+                session_id,
+                started_ms: self.clock.now_ms(),
+                session,
+                status_sent: false,
+            },
         );
-        self.cleanup.do_send(ReservationOpened { task_id: task_id.clone() });
+        self.cleanup.do_send(ReservationOpened {
+            task_id: task_id.clone(),
+        });
 
         // The session is registered before the status is known, so that it can start pinging at
         // once; the status follows when the change log answers.
@@ -199,12 +217,13 @@ impl Handler<Reserve> for ReservationActor {
                 match state {
                     Ok(s) => {
                         res.status_sent = true;
-                        res.session.do_send(ReservationEvent::Status(SnapshotStatus {
-                            tag: "status",
-                            backup_url: act.backup_url.clone(),
-                            replica_version: s.replica_version,
-                            min_watermark: s.min_watermark,
-                        }));
+                        res.session
+                            .do_send(ReservationEvent::Status(SnapshotStatus {
+                                tag: "status",
+                                backup_url: act.backup_url.clone(),
+                                replica_version: s.replica_version,
+                                min_watermark: s.min_watermark,
+                            }));
                     }
                     Err(e) => {
                         warn!("failing snapshot reservation of task {task_id}: {e}");
@@ -236,8 +255,13 @@ impl Handler<EndBySubscription> for ReservationActor {
     fn handle(&mut self, msg: EndBySubscription, _: &mut Context<Self>) -> Option<i64> {
         let res = self.remove(&msg.task_id, None)?;
         let held = self.clock.now_ms() - res.started_ms;
-        info!("snapshot reservation of task {} ended by its subscription after {held} ms", msg.task_id);
-        res.session.do_send(ReservationEvent::Closed(ReservationEnd::EndedBySubscription));
+        info!(
+            "snapshot reservation of task {} ended by its subscription after {held} ms",
+            msg.task_id
+        );
+        res.session.do_send(ReservationEvent::Closed(
+            ReservationEnd::EndedBySubscription,
+        ));
         self.closed(&msg.task_id, Some(held));
         Some(held)
     }
@@ -248,7 +272,8 @@ impl Handler<CloseAll> for ReservationActor {
     fn handle(&mut self, _: CloseAll, _: &mut Context<Self>) {
         for (task_id, res) in std::mem::take(&mut self.reservations) {
             info!("closing snapshot reservation of task {task_id}: service stopping");
-            res.session.do_send(ReservationEvent::Closed(ReservationEnd::Shutdown));
+            res.session
+                .do_send(ReservationEvent::Closed(ReservationEnd::Shutdown));
             self.closed(&task_id, None);
         }
     }

@@ -70,7 +70,11 @@ impl Watermark {
             }
         }
         let prefix = (digits.len() - 1) as u8;
-        digits.push(if prefix < 10 { b'0' + prefix } else { b'a' + prefix - 10 });
+        digits.push(if prefix < 10 {
+            b'0' + prefix
+        } else {
+            b'a' + prefix - 10
+        });
         digits.reverse();
         // Only ASCII digits and letters were pushed.
         Watermark(Arc::from(String::from_utf8_lossy(&digits).as_ref()))
@@ -112,7 +116,9 @@ mod tests {
 
     #[test]
     fn accepts_lexi_versions() {
-        for s in ["00", "0a", "0z", "110", "618ocqq8", "618p0bw8", "123", "1ab"] {
+        for s in [
+            "00", "0a", "0z", "110", "618ocqq8", "618p0bw8", "123", "1ab",
+        ] {
             assert!(Watermark::parse(s).is_ok(), "{s}");
         }
     }

@@ -13,9 +13,12 @@ use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLogState, GetChangeLogState};
 use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, ScheduleCleanup};
 use change_streamer_actors::clock::Clock;
-use change_streamer_actors::monitor::{Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop};
+use change_streamer_actors::monitor::{
+    Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop,
+};
 use change_streamer_actors::reservation::{
-    EndBySubscription, ListReservations, Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve,
+    EndBySubscription, ListReservations, Release, ReservationActor, ReservationEnd,
+    ReservationEvent, Reserve,
 };
 use litestream::{render_page, Answer, FakeLitestream};
 
@@ -73,7 +76,10 @@ impl Actor for Log {
 impl Handler<GetChangeLogState> for Log {
     type Result = Result<ChangeLogState, String>;
     fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
-        Ok(ChangeLogState { replica_version: "123".into(), min_watermark: "1ab".into() })
+        Ok(ChangeLogState {
+            replica_version: "123".into(),
+            min_watermark: "1ab".into(),
+        })
     }
 }
 
@@ -95,14 +101,32 @@ impl Harness {
         let clock = Clock::manual(START);
         let metrics = FakeLitestream::start(Answer::default()).await;
         let purge = Purge::default().start();
-        let cleanup = CleanupActor::new(clock.clone(), initial_delay_ms, 30_000, purge.clone().recipient()).start();
-        let reservations =
-            ReservationActor::new(clock.clone(), "s3://foo/bar".into(), Log.start().recipient(), cleanup.clone()).start();
+        let cleanup = CleanupActor::new(
+            clock.clone(),
+            initial_delay_ms,
+            30_000,
+            purge.clone().recipient(),
+        )
+        .start();
+        let reservations = ReservationActor::new(
+            clock.clone(),
+            "s3://foo/bar".into(),
+            Log.start().recipient(),
+            cleanup.clone(),
+        )
+        .start();
         let mut cfg = MonitorConfig::new(metrics.url(), Duration::from_secs(60));
         cfg.poll_automatically = false;
         cfg.timeout = timeout;
         let monitor = MonitorActor::new(cfg, cleanup.clone()).start();
-        Harness { clock, metrics, purge, cleanup, reservations, monitor }
+        Harness {
+            clock,
+            metrics,
+            purge,
+            cleanup,
+            reservations,
+            monitor,
+        }
     }
 
     fn at(&self, ms: i64) {
@@ -112,7 +136,8 @@ impl Harness {
     /// litestream reports `watermark` backed up at `offset_ms` from now.
     fn backed_up(&self, watermark: &str, offset_ms: i64) {
         let v = format!("{}", (self.clock.now_ms() + offset_ms) as f64 / 1000.0);
-        self.metrics.set_body(render_page("/db", &[(Some(watermark), "file", v)]));
+        self.metrics
+            .set_body(render_page("/db", &[(Some(watermark), "file", v)]));
     }
 
     async fn check(&self) -> PollOutcome {
@@ -126,14 +151,22 @@ impl Harness {
     async fn reserve(&self, task: &str, session_id: u64) -> Addr<Session> {
         let s = Session::default().start();
         self.reservations
-            .send(Reserve { task_id: task.into(), session_id, session: s.clone().recipient() })
+            .send(Reserve {
+                task_id: task.into(),
+                session_id,
+                session: s.clone().recipient(),
+            })
             .await
             .unwrap();
         s
     }
 
     async fn delay(&self) -> i64 {
-        self.cleanup.send(GetCleanupState).await.unwrap().cleanup_delay_ms
+        self.cleanup
+            .send(GetCleanupState)
+            .await
+            .unwrap()
+            .cleanup_delay_ms
     }
 }
 
@@ -149,8 +182,17 @@ async fn events(s: &Addr<Session>) -> Vec<ReservationEvent> {
 async fn schedules_overdue_cleanup() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_746_057_600_000); // 2025-05-01
-    h.metrics.set_body(render_page("/db", &[(Some("618ocqq8"), "file", "1.74545644476593e+09".into())]));
-    assert_eq!(h.check().await, PollOutcome::Read { samples: 1, invalid: 0 });
+    h.metrics.set_body(render_page(
+        "/db",
+        &[(Some("618ocqq8"), "file", "1.74545644476593e+09".into())],
+    ));
+    assert_eq!(
+        h.check().await,
+        PollOutcome::Read {
+            samples: 1,
+            invalid: 0
+        }
+    );
     assert_eq!(h.scheduled().await, vec!["618ocqq8"]);
 }
 
@@ -167,7 +209,11 @@ async fn schedules_new_cleanup_at_exactly_the_delay_and_not_1ms_before() {
     assert_eq!(h.scheduled().await, vec!["618p0bw8"]);
     h.at(100_001);
     h.check().await;
-    assert_eq!(h.scheduled().await, Vec::<String>::new(), "scheduled once only");
+    assert_eq!(
+        h.scheduled().await,
+        Vec::<String>::new(),
+        "scheduled once only"
+    );
 }
 
 #[actix_rt::test]
@@ -186,7 +232,13 @@ async fn drops_obsolete_watermarks() {
     h.at(300_000);
     h.check().await;
     assert_eq!(h.scheduled().await, Vec::<String>::new());
-    assert!(h.cleanup.send(GetCleanupState).await.unwrap().pending_watermarks.is_empty());
+    assert!(h
+        .cleanup
+        .send(GetCleanupState)
+        .await
+        .unwrap()
+        .pending_watermarks
+        .is_empty());
 }
 
 #[actix_rt::test]
@@ -195,16 +247,33 @@ async fn only_keeps_one_reservation_per_id() {
     let a = h.reserve("foo-bar", 1).await;
     let b1 = h.reserve("bar-foo", 2).await;
     let b2 = h.reserve("bar-foo", 3).await;
-    assert!(matches!(events(&a).await.as_slice(), [ReservationEvent::Status(_)]));
+    assert!(matches!(
+        events(&a).await.as_slice(),
+        [ReservationEvent::Status(_)]
+    ));
     let e = events(&b1).await;
-    assert_eq!(e.last(), Some(&ReservationEvent::Closed(ReservationEnd::Replaced)), "{e:?}");
+    assert_eq!(
+        e.last(),
+        Some(&ReservationEvent::Closed(ReservationEnd::Replaced)),
+        "{e:?}"
+    );
     match events(&b2).await.as_slice() {
         [ReservationEvent::Status(s)] => {
-            assert_eq!(s.to_message(), r#"["status",{"tag":"status","backupURL":"s3://foo/bar","replicaVersion":"123","minWatermark":"1ab"}]"#)
+            assert_eq!(
+                s.to_message(),
+                r#"["status",{"tag":"status","backupURL":"s3://foo/bar","replicaVersion":"123","minWatermark":"1ab"}]"#
+            )
         }
         other => panic!("{other:?}"),
     }
-    let tasks: Vec<_> = h.reservations.send(ListReservations).await.unwrap().into_iter().map(|r| r.task_id).collect();
+    let tasks: Vec<_> = h
+        .reservations
+        .send(ListReservations)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task_id)
+        .collect();
     assert_eq!(tasks, vec!["bar-foo", "foo-bar"]);
 }
 
@@ -214,11 +283,31 @@ async fn replaced_reservations_late_stop_does_not_end_the_newer_one() {
     h.reserve("t", 1).await;
     h.reserve("t", 2).await;
     // Session 1 stops after being replaced: it names itself, so session 2 keeps the task.
-    h.reservations.send(Release { task_id: "t".into(), session_id: 1 }).await.unwrap();
-    assert_eq!(h.reservations.send(ListReservations).await.unwrap().len(), 1);
+    h.reservations
+        .send(Release {
+            task_id: "t".into(),
+            session_id: 1,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        h.reservations.send(ListReservations).await.unwrap().len(),
+        1
+    );
     assert!(h.cleanup.send(GetCleanupState).await.unwrap().paused);
-    h.reservations.send(Release { task_id: "t".into(), session_id: 2 }).await.unwrap();
-    assert!(h.reservations.send(ListReservations).await.unwrap().is_empty());
+    h.reservations
+        .send(Release {
+            task_id: "t".into(),
+            session_id: 2,
+        })
+        .await
+        .unwrap();
+    assert!(h
+        .reservations
+        .send(ListReservations)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(!h.cleanup.send(GetCleanupState).await.unwrap().paused);
 }
 
@@ -230,12 +319,33 @@ async fn pauses_cleanup_during_reservation() {
     let s = h.reserve("foo-bar", 1).await;
     h.at(100_000);
     h.check().await;
-    assert_eq!(h.scheduled().await, Vec::<String>::new(), "paused while reserved");
-    assert_eq!(h.reservations.send(EndBySubscription { task_id: "foo-bar".into() }).await.unwrap(), Some(100_000));
-    assert_eq!(events(&s).await.last(), Some(&ReservationEvent::Closed(ReservationEnd::EndedBySubscription)));
+    assert_eq!(
+        h.scheduled().await,
+        Vec::<String>::new(),
+        "paused while reserved"
+    );
+    assert_eq!(
+        h.reservations
+            .send(EndBySubscription {
+                task_id: "foo-bar".into()
+            })
+            .await
+            .unwrap(),
+        Some(100_000)
+    );
+    assert_eq!(
+        events(&s).await.last(),
+        Some(&ReservationEvent::Closed(
+            ReservationEnd::EndedBySubscription
+        ))
+    );
     h.check().await;
     assert_eq!(h.scheduled().await, vec!["618p0bw8"]);
-    assert_eq!(h.delay().await, 100_000, "held exactly the delay: not raised");
+    assert_eq!(
+        h.delay().await,
+        100_000,
+        "held exactly the delay: not raised"
+    );
 }
 
 #[actix_rt::test]
@@ -246,7 +356,12 @@ async fn extends_cleanup_delay_due_to_reservation() {
     h.backed_up("618p0bw8", 0);
     h.check().await;
     h.at(125_000);
-    h.reservations.send(EndBySubscription { task_id: "boo-far".into() }).await.unwrap();
+    h.reservations
+        .send(EndBySubscription {
+            task_id: "boo-far".into(),
+        })
+        .await
+        .unwrap();
     assert_eq!(h.delay().await, 125_000);
     for at in [125_000, 150_000, 174_999] {
         h.at(at);
@@ -267,7 +382,13 @@ async fn does_not_extend_cleanup_delay_on_prematurely_terminated_reservation() {
     h.check().await;
     h.at(125_000);
     // The client drops the connection: its session's stop releases it.
-    h.reservations.send(Release { task_id: "boo-far".into(), session_id: 1 }).await.unwrap();
+    h.reservations
+        .send(Release {
+            task_id: "boo-far".into(),
+            session_id: 1,
+        })
+        .await
+        .unwrap();
     assert_eq!(h.delay().await, 100_000);
     h.at(149_999);
     h.check().await;
@@ -276,7 +397,15 @@ async fn does_not_extend_cleanup_delay_on_prematurely_terminated_reservation() {
     h.check().await;
     assert_eq!(h.scheduled().await, vec!["618p0bw8"]);
     // Ending it afterwards is a no-op.
-    assert_eq!(h.reservations.send(EndBySubscription { task_id: "boo-far".into() }).await.unwrap(), None);
+    assert_eq!(
+        h.reservations
+            .send(EndBySubscription {
+                task_id: "boo-far".into()
+            })
+            .await
+            .unwrap(),
+        None
+    );
     assert_eq!(h.delay().await, 100_000);
 }
 
@@ -285,7 +414,10 @@ async fn aborts_inflight_fetch_on_stop() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_746_057_600_000);
     h.metrics.set(Answer {
-        body: render_page("/db", &[(Some("618ocqq8"), "file", "1.74545644476593e+09".into())]),
+        body: render_page(
+            "/db",
+            &[(Some("618ocqq8"), "file", "1.74545644476593e+09".into())],
+        ),
         hang: true,
         ..Answer::default()
     });
@@ -296,21 +428,50 @@ async fn aborts_inflight_fetch_on_stop() {
     h.monitor.send(Stop).await.unwrap();
     h.metrics.release();
     let outcome = check.await.unwrap();
-    assert!(matches!(outcome, Ok(PollOutcome::Aborted) | Err(_)), "{outcome:?}");
+    assert!(
+        matches!(outcome, Ok(PollOutcome::Aborted) | Err(_)),
+        "{outcome:?}"
+    );
     assert_eq!(h.scheduled().await, Vec::<String>::new());
-    assert!(h.cleanup.send(GetCleanupState).await.unwrap().pending_watermarks.is_empty());
+    assert!(h
+        .cleanup
+        .send(GetCleanupState)
+        .await
+        .unwrap()
+        .pending_watermarks
+        .is_empty());
 }
 
 #[actix_rt::test]
 async fn records_watermarks_from_two_replicas() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_745_456_500_000);
-    let body = std::fs::read_to_string(format!("{}/../../shared/fixtures/litestream-two-replicas.txt", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let body = std::fs::read_to_string(format!(
+        "{}/../../shared/fixtures/litestream-two-replicas.txt",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     h.metrics.set_body(body);
-    assert_eq!(h.check().await, PollOutcome::Read { samples: 2, invalid: 0 });
+    assert_eq!(
+        h.check().await,
+        PollOutcome::Read {
+            samples: 2,
+            invalid: 0
+        }
+    );
     let st = h.cleanup.send(GetCleanupState).await.unwrap();
-    let got: Vec<_> = st.pending_watermarks.iter().map(|p| (p.watermark.to_string(), p.replica.clone())).collect();
-    assert_eq!(got, vec![("618ocqq8".to_string(), "s3".to_string()), ("618p0bw8".to_string(), "file".to_string())]);
+    let got: Vec<_> = st
+        .pending_watermarks
+        .iter()
+        .map(|p| (p.watermark.to_string(), p.replica.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("618ocqq8".to_string(), "s3".to_string()),
+            ("618p0bw8".to_string(), "file".to_string())
+        ]
+    );
     // 618ocqq8 was backed up at ...444.765 s, 618p0bw8 at ...500 s: 100 s later only the first is due.
     h.clock.set_ms(1_745_456_444_765 + 100_000);
     h.check().await;
@@ -324,12 +485,25 @@ async fn records_watermarks_from_two_replicas() {
 async fn ignores_and_counts_invalid_watermarks() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_746_057_600_000);
-    let body = std::fs::read_to_string(format!("{}/../../shared/fixtures/litestream-bad-watermarks.txt", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let body = std::fs::read_to_string(format!(
+        "{}/../../shared/fixtures/litestream-bad-watermarks.txt",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
     h.metrics.set_body(body);
-    assert_eq!(h.check().await, PollOutcome::Read { samples: 0, invalid: 6 });
+    assert_eq!(
+        h.check().await,
+        PollOutcome::Read {
+            samples: 0,
+            invalid: 6
+        }
+    );
     assert_eq!(h.scheduled().await, Vec::<String>::new());
     let stats = h.monitor.send(GetMonitorStats).await.unwrap();
-    assert_eq!((stats.invalid_watermarks_total, stats.poll_errors_total), (6, 0));
+    assert_eq!(
+        (stats.invalid_watermarks_total, stats.poll_errors_total),
+        (6, 0)
+    );
 }
 
 /// A failed poll is a counted error and an empty observation, and scheduling still runs on
@@ -350,23 +524,56 @@ async fn failed_poll_still_schedules(answer: Answer, timeout: Duration) {
 
 #[actix_rt::test]
 async fn metrics_endpoint_returning_500_is_a_poll_error() {
-    failed_poll_still_schedules(Answer { status: 500, body: "boom".into(), ..Answer::default() }, Duration::from_secs(10)).await;
+    failed_poll_still_schedules(
+        Answer {
+            status: 500,
+            body: "boom".into(),
+            ..Answer::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[actix_rt::test]
 async fn metrics_endpoint_returning_garbage_is_a_poll_error() {
-    let garbage = std::fs::read_to_string(format!("{}/../../shared/fixtures/litestream-garbage.txt", env!("CARGO_MANIFEST_DIR"))).unwrap();
-    failed_poll_still_schedules(Answer { body: garbage, ..Answer::default() }, Duration::from_secs(10)).await;
+    let garbage = std::fs::read_to_string(format!(
+        "{}/../../shared/fixtures/litestream-garbage.txt",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    failed_poll_still_schedules(
+        Answer {
+            body: garbage,
+            ..Answer::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[actix_rt::test]
 async fn metrics_endpoint_that_hangs_up_is_a_poll_error() {
-    failed_poll_still_schedules(Answer { reset: true, ..Answer::default() }, Duration::from_secs(10)).await;
+    failed_poll_still_schedules(
+        Answer {
+            reset: true,
+            ..Answer::default()
+        },
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 #[actix_rt::test]
 async fn metrics_endpoint_too_slow_is_a_poll_error() {
-    failed_poll_still_schedules(Answer { hang: true, ..Answer::default() }, Duration::from_millis(200)).await;
+    failed_poll_still_schedules(
+        Answer {
+            hang: true,
+            ..Answer::default()
+        },
+        Duration::from_millis(200),
+    )
+    .await;
 }
 
 #[actix_rt::test]
@@ -378,8 +585,18 @@ async fn metrics_endpoint_down_is_a_poll_error() {
     let mut cfg = MonitorConfig::new("http://127.0.0.1:9/metrics", Duration::from_secs(60));
     cfg.poll_automatically = false;
     let monitor = MonitorActor::new(cfg, cleanup).start();
-    assert!(matches!(monitor.send(Check).await.unwrap(), PollOutcome::Failed(_)));
-    assert_eq!(monitor.send(GetMonitorStats).await.unwrap().poll_errors_total, 1);
+    assert!(matches!(
+        monitor.send(Check).await.unwrap(),
+        PollOutcome::Failed(_)
+    ));
+    assert_eq!(
+        monitor
+            .send(GetMonitorStats)
+            .await
+            .unwrap()
+            .poll_errors_total,
+        1
+    );
 }
 
 #[actix_rt::test]
@@ -388,9 +605,17 @@ async fn polls_by_itself_every_interval() {
     let metrics = FakeLitestream::start(Answer::default()).await;
     let purge = Purge::default().start();
     let cleanup = CleanupActor::new(clock, 0, 30_000, purge.recipient()).start();
-    let monitor = MonitorActor::new(MonitorConfig::new(metrics.url(), Duration::from_millis(50)), cleanup).start();
+    let monitor = MonitorActor::new(
+        MonitorConfig::new(metrics.url(), Duration::from_millis(50)),
+        cleanup,
+    )
+    .start();
     actix_rt::time::sleep(Duration::from_millis(30)).await;
-    assert_eq!(metrics.requests(), 0, "the first poll comes one interval after start");
+    assert_eq!(
+        metrics.requests(),
+        0,
+        "the first poll comes one interval after start"
+    );
     actix_rt::time::sleep(Duration::from_millis(200)).await;
     assert!(metrics.requests() >= 2);
     monitor.send(Stop).await.unwrap();

@@ -9,7 +9,9 @@ use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::streamer::broadcast::SubscriberId;
 use change_streamer_actors::streamer::subscriber::{Mode, SessionGone, SessionProgress, ToSession};
-use change_streamer_actors::streamer::{GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch};
+use change_streamer_actors::streamer::{
+    GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
+};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use tokio::sync::oneshot;
@@ -73,13 +75,22 @@ fn w(n: u64) -> Watermark {
 }
 
 fn begin(n: u64) -> UpstreamMessage {
-    UpstreamMessage::Begin { payload: r#"{"tag":"begin"}"#.into(), commit_watermark: w(n), skip_ack: false }
+    UpstreamMessage::Begin {
+        payload: r#"{"tag":"begin"}"#.into(),
+        commit_watermark: w(n),
+        skip_ack: false,
+    }
 }
 fn data(i: u64) -> UpstreamMessage {
-    UpstreamMessage::Data { payload: format!(r#"{{"tag":"insert","i":{i}}}"#) }
+    UpstreamMessage::Data {
+        payload: format!(r#"{{"tag":"insert","i":{i}}}"#),
+    }
 }
 fn commit(n: u64) -> UpstreamMessage {
-    UpstreamMessage::Commit { payload: r#"{"tag":"commit"}"#.into(), watermark: w(n) }
+    UpstreamMessage::Commit {
+        payload: r#"{"tag":"commit"}"#.into(),
+        watermark: w(n),
+    }
 }
 
 struct Setup {
@@ -93,16 +104,32 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
     let stats = log.stats().await.unwrap();
-    let cfg = StreamerConfig { padding_ms, flow_control_bytes: 1, catchup_batch: 100 };
+    let cfg = StreamerConfig {
+        padding_ms,
+        flow_control_bytes: 1,
+        catchup_batch: 100,
+    };
     let streamer = Streamer::new(cfg, log, &stats).start();
     // The initial sync, with no subscriber: nothing to wait for.
-    let reply = streamer.send(UpstreamBatch(vec![begin(100), data(0), commit(100)])).await.unwrap().unwrap();
+    let reply = streamer
+        .send(UpstreamBatch(vec![begin(100), data(0), commit(100)]))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(reply.consumed, 3);
     assert!(reply.release.is_none());
     let mut sessions = Vec::new();
     for (i, &stalled) in stalled.iter().enumerate() {
         let key = 1000 + i as u64;
-        let s = FakeSession { key, streamer: streamer.clone(), stalled, received: 0, unacked_tokens: vec![], last_commit: None }.start();
+        let s = FakeSession {
+            key,
+            streamer: streamer.clone(),
+            stalled,
+            received: 0,
+            unacked_tokens: vec![],
+            last_commit: None,
+        }
+        .start();
         streamer
             .send(Subscribe {
                 key,
@@ -121,17 +148,30 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
     // Let every subscriber become live.
     for _ in 0..100 {
         let st = streamer.send(GetStreamerState).await.unwrap();
-        if st.subscribers.iter().all(|s| format!("{:?}", s.phase) == "Live") {
+        if st
+            .subscribers
+            .iter()
+            .all(|s| format!("{:?}", s.phase) == "Live")
+        {
             break;
         }
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
-    Setup { _dir: dir, streamer, sessions }
+    Setup {
+        _dir: dir,
+        streamer,
+        sessions,
+    }
 }
 
 /// Sends one message; returns the release receiver of its tracked send, if it waits.
 async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver<()>> {
-    let reply = s.streamer.send(UpstreamBatch(vec![m])).await.unwrap().expect("no violation");
+    let reply = s
+        .streamer
+        .send(UpstreamBatch(vec![m]))
+        .await
+        .unwrap()
+        .expect("no violation");
     assert_eq!(reply.consumed, 1);
     reply.release
 }
@@ -144,7 +184,9 @@ async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
     for n in 101..106 {
         for m in [begin(n), data(n), commit(n)] {
             let t0 = Instant::now();
-            let release = send_one(&s, m).await.expect("a tracked send waits for the stalled two");
+            let release = send_one(&s, m)
+                .await
+                .expect("a tracked send waits for the stalled two");
             release.await.expect("released");
             latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
@@ -152,7 +194,10 @@ async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
     // The three fast ones ack within a millisecond or so of the send: the release comes padding
     // after the third ack, and no later than padding + 50 ms.
     for l in &latencies {
-        assert!(*l >= padding - 1.0 && *l <= padding + 50.0, "release after {l:.1} ms: {latencies:?}");
+        assert!(
+            *l >= padding - 1.0 && *l <= padding + 50.0,
+            "release after {l:.1} ms: {latencies:?}"
+        );
     }
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     assert_eq!(st.releases_consensus, 15);
@@ -167,11 +212,16 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut release).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(300), &mut release)
+            .await
+            .is_err(),
         "one subscriber is its own majority: no early release"
     );
     s.sessions[0].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released after the ack").unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release)
+        .await
+        .expect("released after the ack")
+        .unwrap();
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     // Three releases of the initial sync (no subscriber: released at once), then this one.
     assert_eq!((st.releases_all, st.releases_consensus), (4, 0));
@@ -181,9 +231,19 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
 async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(tokio::time::timeout(Duration::from_millis(200), &mut release).await.is_err());
-    s.streamer.send(SessionGone { subscriber: 1000 }).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released when it left").unwrap();
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut release)
+            .await
+            .is_err()
+    );
+    s.streamer
+        .send(SessionGone { subscriber: 1000 })
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release)
+        .await
+        .expect("released when it left")
+        .unwrap();
 }
 
 #[actix_rt::test]
@@ -191,11 +251,16 @@ async fn negative_padding_waits_for_all() {
     let s = setup(-1000.0, &[false, false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     assert!(
-        tokio::time::timeout(Duration::from_millis(500), &mut release).await.is_err(),
+        tokio::time::timeout(Duration::from_millis(500), &mut release)
+            .await
+            .is_err(),
         "negative padding: a majority is not enough"
     );
     s.sessions[2].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released").unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release)
+        .await
+        .expect("released")
+        .unwrap();
 }
 
 #[actix_rt::test]
@@ -209,7 +274,15 @@ async fn no_subscribers_means_no_wait() {
 async fn two_subscribers_one_stalled_never_release_early() {
     let s = setup(0.0, &[false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(tokio::time::timeout(Duration::from_millis(300), &mut release).await.is_err(), "majority of 2 is 2");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut release)
+            .await
+            .is_err(),
+        "majority of 2 is 2"
+    );
     s.sessions[1].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release).await.expect("released").unwrap();
+    tokio::time::timeout(Duration::from_secs(1), release)
+        .await
+        .expect("released")
+        .unwrap();
 }

@@ -8,11 +8,17 @@ use actix_web_actors::ws;
 use change_streamer_actors::streamer::subscriber::Mode;
 use change_streamer_actors::watermark::Watermark;
 
-use super::{parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL, MIN_PROTOCOL};
+use super::{
+    parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL,
+    MIN_PROTOCOL,
+};
 use crate::session::subscriber::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
-pub fn parse_params(protocol: u32, q: &HashMap<String, String>) -> Result<SubscriptionParams, String> {
+pub fn parse_params(
+    protocol: u32,
+    q: &HashMap<String, String>,
+) -> Result<SubscriptionParams, String> {
     let required = |name: &str| -> Result<String, String> {
         match q.get(name) {
             Some(v) if !v.is_empty() => Ok(v.clone()),
@@ -22,12 +28,17 @@ pub fn parse_params(protocol: u32, q: &HashMap<String, String>) -> Result<Subscr
     let id = required("id")?;
     let replica_version = required("replicaVersion")?;
     let watermark = required("watermark")?;
-    let watermark = Watermark::parse(&watermark)
-        .map_err(|_| format!("Invalid watermark in subscription request: {watermark:?} is not a LexiVersion"))?;
+    let watermark = Watermark::parse(&watermark).map_err(|_| {
+        format!("Invalid watermark in subscription request: {watermark:?} is not a LexiVersion")
+    })?;
     let initial = match q.get("initial").map(String::as_str) {
         None | Some("") | Some("false") => false,
         Some("true") => true,
-        Some(other) => return Err(format!("Invalid initial in subscription request: {other:?} (true or false)")),
+        Some(other) => {
+            return Err(format!(
+                "Invalid initial in subscription request: {other:?} (true or false)"
+            ))
+        }
     };
     Ok(SubscriptionParams {
         protocol,
@@ -73,34 +84,74 @@ mod tests {
     use super::*;
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
     fn parses_a_subscription() {
         let p = parse_params(
             6,
-            &q(&[("id", "vs1"), ("taskID", "t1"), ("mode", "backup"), ("replicaVersion", "123"), ("watermark", "0a"), ("initial", "true")]),
+            &q(&[
+                ("id", "vs1"),
+                ("taskID", "t1"),
+                ("mode", "backup"),
+                ("replicaVersion", "123"),
+                ("watermark", "0a"),
+                ("initial", "true"),
+            ]),
         )
         .unwrap();
         assert_eq!(p.mode, Mode::Backup);
         assert!(p.initial);
         assert_eq!(p.task_id.as_deref(), Some("t1"));
-        let p = parse_params(6, &q(&[("id", "vs1"), ("taskID", ""), ("replicaVersion", "123"), ("watermark", "0a")])).unwrap();
+        let p = parse_params(
+            6,
+            &q(&[
+                ("id", "vs1"),
+                ("taskID", ""),
+                ("replicaVersion", "123"),
+                ("watermark", "0a"),
+            ]),
+        )
+        .unwrap();
         assert_eq!((p.mode, p.initial, p.task_id), (Mode::Serving, false, None));
     }
 
     #[test]
     fn names_the_bad_parameter() {
-        let base = [("id", "vs1"), ("replicaVersion", "123"), ("watermark", "0a")];
+        let base = [
+            ("id", "vs1"),
+            ("replicaVersion", "123"),
+            ("watermark", "0a"),
+        ];
         for missing in ["id", "replicaVersion", "watermark"] {
-            let pairs: Vec<_> = base.iter().copied().filter(|(k, _)| *k != missing).collect();
+            let pairs: Vec<_> = base
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect();
             let e = parse_params(6, &q(&pairs)).unwrap_err();
             assert!(e.contains(missing), "{e}");
         }
-        let e = parse_params(6, &q(&[("id", "a"), ("replicaVersion", "1"), ("watermark", "0A")])).unwrap_err();
+        let e = parse_params(
+            6,
+            &q(&[("id", "a"), ("replicaVersion", "1"), ("watermark", "0A")]),
+        )
+        .unwrap_err();
         assert!(e.contains("watermark"), "{e}");
-        let e = parse_params(6, &q(&[("id", "a"), ("replicaVersion", "1"), ("watermark", "0a"), ("initial", "yes")])).unwrap_err();
+        let e = parse_params(
+            6,
+            &q(&[
+                ("id", "a"),
+                ("replicaVersion", "1"),
+                ("watermark", "0a"),
+                ("initial", "yes"),
+            ]),
+        )
+        .unwrap_err();
         assert!(e.contains("initial"), "{e}");
     }
 }

@@ -50,16 +50,24 @@ pub struct BackupActors {
 
 /// Registers every route.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/replication/{version}/snapshot", web::get().to(snapshot::snapshot))
-        .route("/replication/{version}/changes", web::get().to(changes::changes))
-        .route("/healthz", web::get().to(status::healthz))
-        .route("/metrics", web::get().to(status::metrics))
-        .route("/status", web::get().to(status::status))
-        .default_service(web::to(not_found));
+    cfg.route(
+        "/replication/{version}/snapshot",
+        web::get().to(snapshot::snapshot),
+    )
+    .route(
+        "/replication/{version}/changes",
+        web::get().to(changes::changes),
+    )
+    .route("/healthz", web::get().to(status::healthz))
+    .route("/metrics", web::get().to(status::metrics))
+    .route("/status", web::get().to(status::status))
+    .default_service(web::to(not_found));
 }
 
 async fn not_found() -> HttpResponse {
-    HttpResponse::NotFound().content_type("text/plain").body("not found\n")
+    HttpResponse::NotFound()
+        .content_type("text/plain")
+        .body("not found\n")
 }
 
 /// `v6` → 6; anything else is not one of our paths.
@@ -112,7 +120,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Refusal {
 }
 
 /// Upgrades, then closes with 1002 and `reason`.
-pub fn refuse(req: &HttpRequest, stream: web::Payload, reason: String) -> Result<HttpResponse, actix_web::Error> {
+pub fn refuse(
+    req: &HttpRequest,
+    stream: web::Payload,
+    reason: String,
+) -> Result<HttpResponse, actix_web::Error> {
     log::info!("refusing {} {}: {reason}", req.path(), req.query_string());
     ws::start(Refusal { reason }, req, stream)
 }

@@ -4,7 +4,10 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 
-use super::{parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL, MIN_PROTOCOL};
+use super::{
+    parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL,
+    MIN_PROTOCOL,
+};
 use crate::session::snapshot::SnapshotSession;
 
 pub async fn snapshot(
@@ -33,6 +36,10 @@ pub async fn snapshot(
             "replication-manager is not configured with a ZERO_LITESTREAM_BACKUP_URL".into(),
         );
     };
-    let session = SnapshotSession::new(task_id, backup.reservations.clone(), state.config.ping_interval());
+    let session = SnapshotSession::new(
+        task_id,
+        backup.reservations.clone(),
+        state.config.ping_interval(),
+    );
     ws::start(session, &req, stream)
 }

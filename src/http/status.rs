@@ -62,7 +62,9 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
 }
 
 fn unavailable(e: Unavailable) -> HttpResponse {
-    HttpResponse::ServiceUnavailable().content_type("text/plain").body(format!("{e}\n"))
+    HttpResponse::ServiceUnavailable()
+        .content_type("text/plain")
+        .body(format!("{e}\n"))
 }
 
 pub async fn status(state: web::Data<AppState>) -> HttpResponse {
@@ -135,20 +137,38 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> String {
         }
     };
     let c = o.cleanup.as_ref();
-    let delay_ms = c.map(|c| c.cleanup_delay_ms).unwrap_or(state.config.starting_cleanup_delay_ms() as i64);
-    metric("change_streamer_reservations", "gauge", "Open snapshot reservations.", &[("", o.reservations.len() as f64)]);
-    metric("change_streamer_cleanup_delay_seconds", "gauge", "Current cleanup delay.", &[("", delay_ms as f64 / 1000.0)]);
+    let delay_ms = c
+        .map(|c| c.cleanup_delay_ms)
+        .unwrap_or(state.config.starting_cleanup_delay_ms() as i64);
+    metric(
+        "change_streamer_reservations",
+        "gauge",
+        "Open snapshot reservations.",
+        &[("", o.reservations.len() as f64)],
+    );
+    metric(
+        "change_streamer_cleanup_delay_seconds",
+        "gauge",
+        "Current cleanup delay.",
+        &[("", delay_ms as f64 / 1000.0)],
+    );
     metric(
         "change_streamer_backup_watermarks_pending",
         "gauge",
         "Backed-up watermarks recorded and not yet scheduled for cleanup.",
-        &[("", c.map(|c| c.pending_watermarks.len()).unwrap_or(0) as f64)],
+        &[(
+            "",
+            c.map(|c| c.pending_watermarks.len()).unwrap_or(0) as f64,
+        )],
     );
     metric(
         "change_streamer_cleanups_scheduled_total",
         "counter",
         "Cleanups scheduled by the backup monitor.",
-        &[("", c.map(|c| c.cleanups_scheduled_total).unwrap_or(0) as f64)],
+        &[(
+            "",
+            c.map(|c| c.cleanups_scheduled_total).unwrap_or(0) as f64,
+        )],
     );
     metric(
         "change_streamer_litestream_poll_errors_total",
@@ -168,10 +188,30 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> String {
         "litestream progress samples ignored for an invalid watermark or time.",
         &[("", o.monitor.invalid_watermarks_total as f64)],
     );
-    metric("change_streamer_changes_stored_total", "counter", "Changes stored in the change log since start.", &[("", o.log.changes_stored_total as f64)]);
-    metric("change_streamer_changes_purged_total", "counter", "Changes purged from the change log since start.", &[("", o.log.changes_purged_total as f64)]);
-    metric("change_streamer_change_log_rows", "gauge", "Rows in the change log.", &[("", o.log.rows as f64)]);
-    metric("change_streamer_subscribers", "gauge", "Connected subscribers.", &[("", o.streamer.subscribers.len() as f64)]);
+    metric(
+        "change_streamer_changes_stored_total",
+        "counter",
+        "Changes stored in the change log since start.",
+        &[("", o.log.changes_stored_total as f64)],
+    );
+    metric(
+        "change_streamer_changes_purged_total",
+        "counter",
+        "Changes purged from the change log since start.",
+        &[("", o.log.changes_purged_total as f64)],
+    );
+    metric(
+        "change_streamer_change_log_rows",
+        "gauge",
+        "Rows in the change log.",
+        &[("", o.log.rows as f64)],
+    );
+    metric(
+        "change_streamer_subscribers",
+        "gauge",
+        "Connected subscribers.",
+        &[("", o.streamer.subscribers.len() as f64)],
+    );
     metric(
         "change_streamer_flow_control_releases_total",
         "counter",
@@ -185,8 +225,20 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> String {
         "change_streamer_upstream_connected",
         "gauge",
         "1 while connected to the change source.",
-        &[("", if o.streamer.upstream_connected { 1.0 } else { 0.0 })],
+        &[(
+            "",
+            if o.streamer.upstream_connected {
+                1.0
+            } else {
+                0.0
+            },
+        )],
     );
-    metric("change_streamer_purges_total", "counter", "Purges carried out.", &[("", o.purge.purges as f64)]);
+    metric(
+        "change_streamer_purges_total",
+        "counter",
+        "Purges carried out.",
+        &[("", o.purge.purges as f64)],
+    );
     out
 }

@@ -48,10 +48,16 @@ impl Framing {
     pub fn ack(&mut self, text: &str) -> Result<u64, FramingError> {
         let Ack { ack } = serde_json::from_str(text).map_err(|_| FramingError::NotAnAck)?;
         if ack > self.last_sent {
-            return Err(FramingError::NotSent { got: ack, last_sent: self.last_sent });
+            return Err(FramingError::NotSent {
+                got: ack,
+                last_sent: self.last_sent,
+            });
         }
         if ack != self.last_acked + 1 {
-            return Err(FramingError::OutOfOrder { got: ack, expected: self.last_acked + 1 });
+            return Err(FramingError::OutOfOrder {
+                got: ack,
+                expected: self.last_acked + 1,
+            });
         }
         self.last_acked = ack;
         Ok(ack)
@@ -73,7 +79,13 @@ mod tests {
     #[test]
     fn numbers_frames_and_accepts_acks_in_order() {
         let mut f = Framing::default();
-        assert_eq!(f.frame(r#"["status",{"tag":"status"}]"#), (1, r#"{"msg":["status",{"tag":"status"}],"id":1}"#.to_string()));
+        assert_eq!(
+            f.frame(r#"["status",{"tag":"status"}]"#),
+            (
+                1,
+                r#"{"msg":["status",{"tag":"status"}],"id":1}"#.to_string()
+            )
+        );
         assert_eq!(f.frame("[]").0, 2);
         assert_eq!(f.ack(r#"{"ack":1}"#), Ok(1));
         assert_eq!(f.ack(r#"{"ack": 2}"#), Ok(2));
@@ -84,11 +96,29 @@ mod tests {
         let mut f = Framing::default();
         f.frame("[]");
         f.frame("[]");
-        assert_eq!(f.ack(r#"{"ack":2}"#), Err(FramingError::OutOfOrder { got: 2, expected: 1 }));
-        assert_eq!(f.ack(r#"{"ack":3}"#), Err(FramingError::NotSent { got: 3, last_sent: 2 }));
+        assert_eq!(
+            f.ack(r#"{"ack":2}"#),
+            Err(FramingError::OutOfOrder {
+                got: 2,
+                expected: 1
+            })
+        );
+        assert_eq!(
+            f.ack(r#"{"ack":3}"#),
+            Err(FramingError::NotSent {
+                got: 3,
+                last_sent: 2
+            })
+        );
         assert_eq!(f.ack("ack 1"), Err(FramingError::NotAnAck));
         assert_eq!(f.ack(r#"{"ack":1,"x":2}"#), Err(FramingError::NotAnAck));
         assert_eq!(f.ack(r#"{"ack":1}"#), Ok(1));
-        assert_eq!(f.ack(r#"{"ack":1}"#), Err(FramingError::OutOfOrder { got: 1, expected: 2 }));
+        assert_eq!(
+            f.ack(r#"{"ack":1}"#),
+            Err(FramingError::OutOfOrder {
+                got: 1,
+                expected: 2
+            })
+        );
     }
 }

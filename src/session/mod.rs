@@ -77,7 +77,11 @@ pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Dura
     // The connection just opened: that counts as hearing from it.
     ctx.run_interval(interval, move |act, ctx| {
         if !std::mem::take(&mut act.liveness().heard) {
-            info!("{}: no pong or message for {} ms; dropping the connection", act.describe(), interval.as_millis());
+            info!(
+                "{}: no pong or message for {} ms; dropping the connection",
+                act.describe(),
+                interval.as_millis()
+            );
             ctx.stop();
             return;
         }

@@ -13,11 +13,16 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
-use change_streamer_actors::reservation::{Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve};
+use change_streamer_actors::reservation::{
+    Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve,
+};
 use log::{info, warn};
 
 use super::framing::Framing;
-use super::{close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR};
+use super::{
+    close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+};
 
 pub struct SnapshotSession {
     task_id: String,
@@ -29,7 +34,11 @@ pub struct SnapshotSession {
 }
 
 impl SnapshotSession {
-    pub fn new(task_id: String, reservations: Addr<ReservationActor>, ping_interval: Duration) -> Self {
+    pub fn new(
+        task_id: String,
+        reservations: Addr<ReservationActor>,
+        ping_interval: Duration,
+    ) -> Self {
         SnapshotSession {
             task_id,
             session_id: super::next_session_id(),
@@ -46,7 +55,10 @@ impl Live for SnapshotSession {
         &mut self.liveness
     }
     fn describe(&self) -> String {
-        format!("snapshot session {} of task {}", self.session_id, self.task_id)
+        format!(
+            "snapshot session {} of task {}",
+            self.session_id, self.task_id
+        )
     }
 }
 
@@ -64,7 +76,10 @@ impl Actor for SnapshotSession {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.reservations.do_send(Release { task_id: self.task_id.clone(), session_id: self.session_id });
+        self.reservations.do_send(Release {
+            task_id: self.task_id.clone(),
+            session_id: self.session_id,
+        });
     }
 }
 
@@ -77,13 +92,17 @@ impl Handler<ReservationEvent> for SnapshotSession {
                 ctx.text(frame);
             }
             ReservationEvent::Failed(e) => close(ctx, CLOSE_INTERNAL_ERROR, &e),
-            ReservationEvent::Closed(ReservationEnd::Replaced) => {
-                close(ctx, CLOSE_NORMAL, "replaced by a newer reservation of the same task")
-            }
+            ReservationEvent::Closed(ReservationEnd::Replaced) => close(
+                ctx,
+                CLOSE_NORMAL,
+                "replaced by a newer reservation of the same task",
+            ),
             ReservationEvent::Closed(ReservationEnd::EndedBySubscription) => {
                 close(ctx, CLOSE_NORMAL, "reservation ended: the task subscribed")
             }
-            ReservationEvent::Closed(ReservationEnd::Shutdown) => close(ctx, CLOSE_GOING_AWAY, "service stopping"),
+            ReservationEvent::Closed(ReservationEnd::Shutdown) => {
+                close(ctx, CLOSE_GOING_AWAY, "service stopping")
+            }
         }
     }
 }
@@ -105,9 +124,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SnapshotSession {
                 ctx.close(reason);
                 ctx.stop();
             }
-            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => {
-                close(ctx, CLOSE_PROTOCOL_ERROR, "expected a text frame {\"ack\": n}")
-            }
+            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
+                ctx,
+                CLOSE_PROTOCOL_ERROR,
+                "expected a text frame {\"ack\": n}",
+            ),
             Err(e) => {
                 warn!("{}: websocket error: {e}", self.describe());
                 close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());

@@ -22,7 +22,9 @@ use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
 
 use super::framing::Framing;
-use super::{close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR};
+use super::{
+    close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR,
+};
 
 /// The checked query parameters of a subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,12 +141,20 @@ impl Actor for SubscriberSession {
             .send(subscribe)
             .into_actor(self)
             .map(|res, act, ctx| match res {
-                Err(e) => close(ctx, CLOSE_INTERNAL_ERROR, &format!("streamer unavailable: {e}")),
+                Err(e) => close(
+                    ctx,
+                    CLOSE_INTERNAL_ERROR,
+                    &format!("streamer unavailable: {e}"),
+                ),
                 Ok(Err(e)) => act.refused(e, ctx),
                 Ok(Ok(())) => {
-                    if let (true, Some(task), Some(res)) = (act.params.initial, &act.params.task_id, &act.reservations) {
+                    if let (true, Some(task), Some(res)) =
+                        (act.params.initial, &act.params.task_id, &act.reservations)
+                    {
                         info!("initial subscription of task {task} ends its snapshot reservation");
-                        res.do_send(EndBySubscription { task_id: task.clone() });
+                        res.do_send(EndBySubscription {
+                            task_id: task.clone(),
+                        });
                     }
                 }
             })
@@ -152,7 +162,9 @@ impl Actor for SubscriberSession {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.streamer.do_send(SessionGone { subscriber: self.key });
+        self.streamer.do_send(SessionGone {
+            subscriber: self.key,
+        });
     }
 }
 
@@ -192,9 +204,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SubscriberSession
                 ctx.close(reason);
                 ctx.stop();
             }
-            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => {
-                close(ctx, CLOSE_PROTOCOL_ERROR, "expected a text frame {\"ack\": n}")
-            }
+            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
+                ctx,
+                CLOSE_PROTOCOL_ERROR,
+                "expected a text frame {\"ack\": n}",
+            ),
             Err(e) => {
                 warn!("{}: websocket error: {e}", self.describe());
                 close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());

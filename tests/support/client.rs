@@ -32,13 +32,19 @@ impl WsClient {
             .connect()
             .await
             .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-        WsClient { framed, closed: None }
+        WsClient {
+            framed,
+            closed: None,
+        }
     }
 
     /// The next message or close, answering pings; `None` on timeout.
     pub async fn next(&mut self, limit: Duration) -> Option<Seen> {
         if let Some((code, reason)) = &self.closed {
-            return Some(Seen::Closed { code: *code, reason: reason.clone() });
+            return Some(Seen::Closed {
+                code: *code,
+                reason: reason.clone(),
+            });
         }
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -46,7 +52,10 @@ impl WsClient {
                 Err(_) => return None,
                 Ok(None) => {
                     self.closed = Some((1006, String::new()));
-                    return Some(Seen::Closed { code: 1006, reason: String::new() });
+                    return Some(Seen::Closed {
+                        code: 1006,
+                        reason: String::new(),
+                    });
                 }
                 Ok(Some(Err(e))) => panic!("websocket error: {e}"),
                 Ok(Some(Ok(f))) => f,
@@ -55,13 +64,18 @@ impl WsClient {
                 Frame::Text(t) => {
                     let v: Value = serde_json::from_slice(&t).expect("frame is JSON");
                     let id = v["id"].as_u64().expect("frame has an id");
-                    return Some(Seen::Msg { id, msg: v["msg"].clone() });
+                    return Some(Seen::Msg {
+                        id,
+                        msg: v["msg"].clone(),
+                    });
                 }
                 Frame::Ping(p) => {
                     let _ = self.framed.send(Message::Pong(p)).await;
                 }
                 Frame::Close(r) => {
-                    let (code, reason) = r.map(|r| (u16::from(r.code), r.description.unwrap_or_default())).unwrap_or((1005, String::new()));
+                    let (code, reason) = r
+                        .map(|r| (u16::from(r.code), r.description.unwrap_or_default()))
+                        .unwrap_or((1005, String::new()));
                     self.closed = Some((code, reason.clone()));
                     let _ = self.framed.send(Message::Close(None)).await;
                     return Some(Seen::Closed { code, reason });
@@ -92,7 +106,10 @@ impl WsClient {
     }
 
     pub async fn send_text(&mut self, text: String) {
-        self.framed.send(Message::Text(text.into())).await.expect("send");
+        self.framed
+            .send(Message::Text(text.into()))
+            .await
+            .expect("send");
     }
 
     /// Closes from the client side.
@@ -123,15 +140,31 @@ impl TestService {
 
     pub async fn start_in(dir: tempfile::TempDir, args: &[&str]) -> TestService {
         let data = dir.path().to_string_lossy().to_string();
-        let mut all = vec!["change-streamer", "--host", "127.0.0.1", "--port", "0", "--data-dir", &data];
+        let mut all = vec![
+            "change-streamer",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--data-dir",
+            &data,
+        ];
         all.extend_from_slice(args);
         let config = Config::try_parse_from(all).expect("config");
-        let service = Service::start(config, Clock::System).await.expect("start service");
-        TestService { service: Some(service), dir }
+        let service = Service::start(config, Clock::System)
+            .await
+            .expect("start service");
+        TestService {
+            service: Some(service),
+            dir,
+        }
     }
 
     pub fn base(&self) -> String {
-        format!("127.0.0.1:{}", self.service.as_ref().expect("running").addr().port())
+        format!(
+            "127.0.0.1:{}",
+            self.service.as_ref().expect("running").addr().port()
+        )
     }
 
     pub fn ws(&self, path: &str) -> String {
@@ -145,7 +178,10 @@ impl TestService {
             .await
             .expect("http get");
         let body = resp.body().limit(16 << 20).await.expect("body");
-        (resp.status().as_u16(), String::from_utf8_lossy(&body).into_owned())
+        (
+            resp.status().as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+        )
     }
 
     pub async fn status(&self) -> Value {

@@ -24,7 +24,12 @@ pub struct Answer {
 
 impl Default for Answer {
     fn default() -> Self {
-        Answer { status: 200, body: String::new(), reset: false, hang: false }
+        Answer {
+            status: 200,
+            body: String::new(),
+            reset: false,
+            hang: false,
+        }
     }
 }
 
@@ -46,9 +51,14 @@ pub struct FakeLitestream {
 impl FakeLitestream {
     /// Starts listening on 127.0.0.1 with `answer`. Must run inside a tokio/actix runtime.
     pub async fn start(answer: Answer) -> FakeLitestream {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind fake litestream");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind fake litestream");
         let addr = listener.local_addr().expect("local addr");
-        let shared = Arc::new(Shared { answer: Mutex::new(answer), ..Default::default() });
+        let shared = Arc::new(Shared {
+            answer: Mutex::new(answer),
+            ..Default::default()
+        });
         let s = shared.clone();
         tokio::task::spawn_local(async move {
             while let Ok((conn, _)) = listener.accept().await {
@@ -68,7 +78,10 @@ impl FakeLitestream {
     }
 
     pub fn set_body(&self, body: impl Into<String>) {
-        self.set(Answer { body: body.into(), ..Answer::default() });
+        self.set(Answer {
+            body: body.into(),
+            ..Answer::default()
+        });
     }
 
     pub fn requests(&self) -> u64 {
@@ -135,7 +148,8 @@ pub fn render_page(db: &str, samples: &[(Option<&str>, &str, String)]) -> String
         "# HELP litestream_db_size The current size of the real DB".to_string(),
         "# TYPE litestream_db_size gauge".to_string(),
         format!("litestream_db_size{{db=\"{db}\"}} 3.183935488e+09"),
-        "# HELP litestream_replica_progress The last replicated watermark and time of replication".to_string(),
+        "# HELP litestream_replica_progress The last replicated watermark and time of replication"
+            .to_string(),
         "# TYPE litestream_replica_progress gauge".to_string(),
     ];
     for (watermark, name, value) in samples {
@@ -143,11 +157,20 @@ pub fn render_page(db: &str, samples: &[(Option<&str>, &str, String)]) -> String
         if let Some(w) = watermark {
             labels.push(format!("watermark=\"{w}\""));
         }
-        lines.push(format!("litestream_replica_progress{{{}}} {value}", labels.join(",")));
+        lines.push(format!(
+            "litestream_replica_progress{{{}}} {value}",
+            labels.join(",")
+        ));
     }
-    lines.push("# HELP litestream_replica_validation_total The number of validations performed".into());
+    lines.push(
+        "# HELP litestream_replica_validation_total The number of validations performed".into(),
+    );
     lines.push("# TYPE litestream_replica_validation_total counter".into());
-    lines.push(format!("litestream_replica_validation_total{{db=\"{db}\",name=\"file\",status=\"error\"}} 0"));
-    lines.push(format!("litestream_replica_validation_total{{db=\"{db}\",name=\"file\",status=\"ok\"}} 0"));
+    lines.push(format!(
+        "litestream_replica_validation_total{{db=\"{db}\",name=\"file\",status=\"error\"}} 0"
+    ));
+    lines.push(format!(
+        "litestream_replica_validation_total{{db=\"{db}\",name=\"file\",status=\"ok\"}} 0"
+    ));
     lines.join("\n")
 }

@@ -15,7 +15,9 @@ pub fn shared_dir() -> PathBuf {
     if let Ok(p) = std::env::var("CHANGE_STREAMER_SHARED") {
         return PathBuf::from(p);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("shared")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("shared")
 }
 
 /// A built example binary (cargo builds examples for `cargo test`).
@@ -23,7 +25,11 @@ pub fn example_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current exe");
     let dir = exe.parent().and_then(Path::parent).expect("target dir");
     let bin = dir.join("examples").join(name);
-    assert!(bin.exists(), "{} is not built; run `cargo test` (which builds examples)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is not built; run `cargo test` (which builds examples)",
+        bin.display()
+    );
     bin
 }
 
@@ -43,8 +49,16 @@ pub fn installed_peer() -> Option<(tempfile::TempDir, PathBuf)> {
         .status()
         .expect("cp");
     assert!(status.success(), "copying the peer failed");
-    let _ = Command::new("chmod").arg("-R").arg("u+w").arg(&dest).status();
-    let out = Command::new("bash").arg("setup.sh").current_dir(&dest).output().expect("run setup.sh");
+    let _ = Command::new("chmod")
+        .arg("-R")
+        .arg("u+w")
+        .arg(&dest)
+        .status();
+    let out = Command::new("bash")
+        .arg("setup.sh")
+        .current_dir(&dest)
+        .output()
+        .expect("run setup.sh");
     assert!(
         out.status.success(),
         "peer setup.sh failed:\n{}\n{}",

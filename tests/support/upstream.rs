@@ -68,7 +68,14 @@ async fn connect(
     state: web::Data<Arc<Mutex<State>>>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let state = state.get_ref().clone();
-    let (addr, resp) = ws::WsResponseBuilder::new(Conn { state: state.clone() }, &req, stream).start_with_addr()?;
+    let (addr, resp) = ws::WsResponseBuilder::new(
+        Conn {
+            state: state.clone(),
+        },
+        &req,
+        stream,
+    )
+    .start_with_addr()?;
     let mut s = state.lock().unwrap();
     s.queries.push(req.query_string().to_string());
     s.conn = Some(addr);
@@ -79,16 +86,24 @@ impl FakeUpstream {
     pub async fn start() -> FakeUpstream {
         let state = Arc::new(Mutex::new(State::default()));
         let data = web::Data::new(state.clone());
-        let server = HttpServer::new(move || App::new().app_data(data.clone()).default_service(web::to(connect)))
-            .workers(1)
-            .disable_signals()
-            .bind("127.0.0.1:0")
-            .expect("bind fake upstream");
+        let server = HttpServer::new(move || {
+            App::new()
+                .app_data(data.clone())
+                .default_service(web::to(connect))
+        })
+        .workers(1)
+        .disable_signals()
+        .bind("127.0.0.1:0")
+        .expect("bind fake upstream");
         let addr = server.addrs()[0];
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
-        FakeUpstream { addr, state, server: handle }
+        FakeUpstream {
+            addr,
+            state,
+            server: handle,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -134,23 +149,32 @@ impl FakeUpstream {
 pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + limit;
     while !cond() {
-        assert!(std::time::Instant::now() < deadline, "condition not met within {limit:?}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 /// An insert change zero's client accepts.
 pub fn insert(id: u64) -> String {
-    format!(r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{id},"v":"row {id}"}}}}"#)
+    format!(
+        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{id},"v":"row {id}"}}}}"#
+    )
 }
 
 /// The frames of one transaction at watermark `n` with `rows` inserts.
 pub fn txn(n: u64, rows: u64) -> Vec<String> {
     let w = Watermark::from_u64(n);
-    let mut f = vec![format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{w}"}}]"#)];
+    let mut f = vec![format!(
+        r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{w}"}}]"#
+    )];
     for i in 0..rows {
         f.push(format!(r#"["data",{}]"#, insert(n * 1000 + i)));
     }
-    f.push(format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#));
+    f.push(format!(
+        r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#
+    ));
     f
 }

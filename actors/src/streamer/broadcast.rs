@@ -55,7 +55,11 @@ impl Broadcast {
         let pending: HashSet<_> = subscribers.into_iter().collect();
         let majority = pending.len() / 2 + 1;
         Broadcast {
-            released: if pending.is_empty() { Some(Release::All) } else { None },
+            released: if pending.is_empty() {
+                Some(Release::All)
+            } else {
+                None
+            },
             pending,
             completed: Vec::new(),
             majority,

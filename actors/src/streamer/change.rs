@@ -94,14 +94,23 @@ mod tests {
             &*Change::new(Kind::Commit, w.clone(), r#"{"tag":"commit"}"#).message,
             r#"["commit",{"tag":"commit"},{"watermark":"0a"}]"#
         );
-        let d = Change::new(Kind::Data, w, r#"{"tag":"insert","n":12345678901234567890}"#);
-        assert_eq!(&*d.message, r#"["data",{"tag":"insert","n":12345678901234567890}]"#);
+        let d = Change::new(
+            Kind::Data,
+            w,
+            r#"{"tag":"insert","n":12345678901234567890}"#,
+        );
+        assert_eq!(
+            &*d.message,
+            r#"["data",{"tag":"insert","n":12345678901234567890}]"#
+        );
         assert!(!d.needs_v5);
     }
 
     #[test]
     fn spots_update_table_metadata() {
         assert!(is_v5_only(r#"{"tag":"update-table-metadata","table":{}}"#));
-        assert!(!is_v5_only(r#"{"tag":"insert","new":{"s":"update-table-metadata"}}"#));
+        assert!(!is_v5_only(
+            r#"{"tag":"insert","new":{"s":"update-table-metadata"}}"#
+        ));
     }
 }

@@ -65,7 +65,11 @@ pub struct StreamerConfig {
 
 impl Default for StreamerConfig {
     fn default() -> Self {
-        StreamerConfig { padding_ms: 1000.0, flow_control_bytes: 64 * 1024, catchup_batch: 2000 }
+        StreamerConfig {
+            padding_ms: 1000.0,
+            flow_control_bytes: 64 * 1024,
+            catchup_batch: 2000,
+        }
     }
 }
 
@@ -94,12 +98,16 @@ pub struct UpstreamAck {
 
 impl std::fmt::Debug for UpstreamAck {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamAck").field("durable", &self.durable.is_some()).field("frame", &self.frame).finish()
+        f.debug_struct("UpstreamAck")
+            .field("durable", &self.durable.is_some())
+            .field("frame", &self.frame)
+            .finish()
     }
 }
 
 /// The durability of an appended transaction.
-pub type DurableFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ChangeLogError>> + Send>>;
+pub type DurableFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ChangeLogError>> + Send>>;
 
 impl UpstreamAck {
     pub fn commit_frame(w: &Watermark) -> String {
@@ -176,7 +184,10 @@ pub struct PurgeIfSafe {
 pub enum PurgeAnswer {
     Purged(u64),
     NoSubscribers,
-    Blocked { subscriber: String, acked: Watermark },
+    Blocked {
+        subscriber: String,
+        acked: Watermark,
+    },
     Failed(String),
 }
 
@@ -279,10 +290,15 @@ impl Streamer {
 
     /// Forwards one change to the active subscribers, tracked if the flow-control budget is
     /// spent. Returns the release receiver when the upstream must wait.
-    fn forward(&mut self, ctx: &mut Context<Self>, change: Change) -> Option<oneshot::Receiver<()>> {
+    fn forward(
+        &mut self,
+        ctx: &mut Context<Self>,
+        change: Change,
+    ) -> Option<oneshot::Receiver<()>> {
         let change = Arc::new(change);
         self.bytes_since_tracked += change.payload_len;
-        let tracked = self.bytes_since_tracked >= self.cfg.flow_control_bytes && self.current.is_none();
+        let tracked =
+            self.bytes_since_tracked >= self.cfg.flow_control_bytes && self.current.is_none();
         if !tracked {
             for sub in self.subscribers.values_mut() {
                 sub.send_live(&change, None);
@@ -293,8 +309,12 @@ impl Streamer {
         self.tracked_sends += 1;
         let token = self.token();
         let now = self.now_ms();
-        let active: Vec<SubscriberId> =
-            self.subscribers.values().filter(|s| s.is_active()).map(|s| s.key).collect();
+        let active: Vec<SubscriberId> = self
+            .subscribers
+            .values()
+            .filter(|s| s.is_active())
+            .map(|s| s.key)
+            .collect();
         let mut broadcast = Broadcast::new(active.iter().copied(), now);
         for sub in self.subscribers.values_mut() {
             if sub.send_live(&change, Some(token)) != Delivery::Sent && sub.is_active() {
@@ -327,7 +347,9 @@ impl Streamer {
     fn arm_release_timer(&mut self, ctx: &mut Context<Self>) {
         let padding = self.cfg.padding_ms;
         let now = self.now_ms();
-        let Some(cur) = self.current.as_mut() else { return };
+        let Some(cur) = self.current.as_mut() else {
+            return;
+        };
         if let Some(t) = cur.timer.take() {
             ctx.cancel_future(t);
         }
@@ -340,7 +362,9 @@ impl Streamer {
     fn check_release(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         let padding = self.cfg.padding_ms;
-        let Some(cur) = self.current.as_mut() else { return };
+        let Some(cur) = self.current.as_mut() else {
+            return;
+        };
         if cur.broadcast.check_progress(padding, now) {
             self.finish_broadcast();
         } else {
@@ -349,7 +373,9 @@ impl Streamer {
     }
 
     fn finish_broadcast(&mut self) {
-        let Some(cur) = self.current.take() else { return };
+        let Some(cur) = self.current.take() else {
+            return;
+        };
         let now = self.now_ms();
         match cur.broadcast.released() {
             Some(Release::Consensus) => {
@@ -358,7 +384,14 @@ impl Streamer {
                     .broadcast
                     .pending()
                     .filter_map(|k| self.subscribers.get(&k))
-                    .map(|s| format!("{} (pending {}, {:.0}/s)", s.id, s.pending(), s.process_rate()))
+                    .map(|s| {
+                        format!(
+                            "{} (pending {}, {:.0}/s)",
+                            s.id,
+                            s.pending(),
+                            s.process_rate()
+                        )
+                    })
                     .collect();
                 info!(
                     "flow control: watermark={} released by consensus of {} after {:.1} ms; still pending: {}",
@@ -381,9 +414,16 @@ impl Streamer {
     }
 
     /// A subscriber finished the current broadcast (acked, closed).
-    fn broadcast_completed(&mut self, ctx: &mut Context<Self>, key: SubscriberId, token: Option<u64>) {
+    fn broadcast_completed(
+        &mut self,
+        ctx: &mut Context<Self>,
+        key: SubscriberId,
+        token: Option<u64>,
+    ) {
         let now = self.now_ms();
-        let Some(cur) = self.current.as_mut() else { return };
+        let Some(cur) = self.current.as_mut() else {
+            return;
+        };
         if token.is_some_and(|t| t != cur.token) {
             return;
         }
@@ -396,8 +436,12 @@ impl Streamer {
 
     /// Activates subscribers queued behind a transaction that has just ended.
     fn activate_queued(&mut self, ctx: &mut Context<Self>) {
-        let queued: Vec<SubscriberId> =
-            self.subscribers.values().filter(|s| s.phase == Phase::Queued).map(|s| s.key).collect();
+        let queued: Vec<SubscriberId> = self
+            .subscribers
+            .values()
+            .filter(|s| s.phase == Phase::Queued)
+            .map(|s| s.key)
+            .collect();
         for key in queued {
             self.activate(ctx, key);
         }
@@ -407,44 +451,75 @@ impl Streamer {
     /// forwarded so far, then live.
     fn activate(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
         let last_commit = self.last_commit.clone();
-        let Some(sub) = self.subscribers.get_mut(&key) else { return };
+        let Some(sub) = self.subscribers.get_mut(&key) else {
+            return;
+        };
         if sub.protocol >= 2 {
             sub.send_frame(Arc::from(STATUS_FRAME));
         }
         match last_commit {
             Some(up_to) if up_to > sub.watermark => {
                 sub.phase = Phase::CatchingUp;
-                info!("subscriber {} catching up from watermark={} to {up_to}", sub.id, sub.watermark);
+                info!(
+                    "subscriber {} catching up from watermark={} to {up_to}",
+                    sub.id, sub.watermark
+                );
                 let after = (sub.watermark.clone(), i64::MAX);
                 sub.flush();
-                self.catchup.insert(key, Catchup { after, up_to, waiting_token: None });
+                self.catchup.insert(
+                    key,
+                    Catchup {
+                        after,
+                        up_to,
+                        waiting_token: None,
+                    },
+                );
                 // Everything up to `up_to` was queued on the change log before this point.
                 let barrier = self.log.barrier();
-                ctx.spawn(barrier.into_actor(self).map(move |res, act, ctx| match res {
-                    Ok(()) => act.read_catchup(ctx, key),
-                    Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
-                }));
+                ctx.spawn(
+                    barrier
+                        .into_actor(self)
+                        .map(move |res, act, ctx| match res {
+                            Ok(()) => act.read_catchup(ctx, key),
+                            Err(e) => {
+                                act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}"))
+                            }
+                        }),
+                );
             }
             _ => {
                 sub.phase = Phase::Live;
-                info!("subscriber {} is live from watermark={}", sub.id, sub.watermark);
+                info!(
+                    "subscriber {} is live from watermark={}",
+                    sub.id, sub.watermark
+                );
                 sub.flush();
             }
         }
     }
 
     fn read_catchup(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
-        let Some(c) = self.catchup.get(&key) else { return };
-        let read = self.log.read(c.after.clone(), c.up_to.clone(), self.cfg.catchup_batch);
+        let Some(c) = self.catchup.get(&key) else {
+            return;
+        };
+        let read = self
+            .log
+            .read(c.after.clone(), c.up_to.clone(), self.cfg.catchup_batch);
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, key, rows),
             Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
         }));
     }
 
-    fn send_catchup(&mut self, ctx: &mut Context<Self>, key: SubscriberId, rows: Vec<crate::changelog::StoredChange>) {
+    fn send_catchup(
+        &mut self,
+        ctx: &mut Context<Self>,
+        key: SubscriberId,
+        rows: Vec<crate::changelog::StoredChange>,
+    ) {
         let token = self.token();
-        let (Some(sub), Some(c)) = (self.subscribers.get_mut(&key), self.catchup.get_mut(&key)) else {
+        let (Some(sub), Some(c)) = (self.subscribers.get_mut(&key), self.catchup.get_mut(&key))
+        else {
             return;
         };
         if rows.is_empty() {
@@ -455,7 +530,12 @@ impl Streamer {
                 sub.send(change, None);
             }
             sub.phase = Phase::Live;
-            info!("subscriber {} caught up to watermark={}; {} live change(s) from its backlog", sub.id, sub.watermark, backlog.len());
+            info!(
+                "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
+                sub.id,
+                sub.watermark,
+                backlog.len()
+            );
             sub.flush();
             return;
         }
@@ -490,7 +570,10 @@ impl Streamer {
     fn drop_subscriber(&mut self, key: SubscriberId, code: u16, reason: &str) {
         if let Some(sub) = self.subscribers.get(&key) {
             warn!("dropping subscriber {}: {reason}", sub.id);
-            sub.session.do_send(ToSession::Close { code, reason: reason.to_string() });
+            sub.session.do_send(ToSession::Close {
+                code,
+                reason: reason.to_string(),
+            });
         }
     }
 
@@ -499,8 +582,15 @@ impl Streamer {
     fn abort_txn(&mut self, ctx: &mut Context<Self>) {
         if let Some(txn) = self.txn.take() {
             if !txn.replay {
-                info!("rolling back transaction watermark={} (upstream interrupted)", txn.watermark);
-                let rollback = Arc::new(Change::new(Kind::Rollback, txn.watermark, r#"{"tag":"rollback"}"#));
+                info!(
+                    "rolling back transaction watermark={} (upstream interrupted)",
+                    txn.watermark
+                );
+                let rollback = Arc::new(Change::new(
+                    Kind::Rollback,
+                    txn.watermark,
+                    r#"{"tag":"rollback"}"#,
+                ));
                 for sub in self.subscribers.values_mut() {
                     sub.send_live(&rollback, None);
                 }
@@ -518,24 +608,39 @@ impl Streamer {
         acks: &mut Vec<UpstreamAck>,
     ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
         match msg {
-            UpstreamMessage::Begin { payload, commit_watermark, skip_ack } => {
+            UpstreamMessage::Begin {
+                payload,
+                commit_watermark,
+                skip_ack,
+            } => {
                 if let Some(t) = &self.txn {
                     return Err(ProtocolViolation(format!(
                         "begin of watermark={commit_watermark} inside transaction watermark={}",
                         t.watermark
                     )));
                 }
-                let replay = self.last_commit.as_ref().is_some_and(|l| commit_watermark <= *l);
+                let replay = self
+                    .last_commit
+                    .as_ref()
+                    .is_some_and(|l| commit_watermark <= *l);
                 if replay {
                     info!("skipping replayed transaction watermark={commit_watermark} (already stored)");
                 }
                 let mut changes = Vec::new();
                 let mut release = None;
                 if !replay {
-                    release = self.forward(ctx, Change::new(Kind::Begin, commit_watermark.clone(), &payload));
+                    release = self.forward(
+                        ctx,
+                        Change::new(Kind::Begin, commit_watermark.clone(), &payload),
+                    );
                     changes.push((ChangeKind::Begin, payload));
                 }
-                self.txn = Some(Txn { watermark: commit_watermark, skip_ack, replay, changes });
+                self.txn = Some(Txn {
+                    watermark: commit_watermark,
+                    skip_ack,
+                    replay,
+                    changes,
+                });
                 Ok(release)
             }
             UpstreamMessage::Data { payload } => {
@@ -552,7 +657,9 @@ impl Streamer {
             }
             UpstreamMessage::Commit { payload, watermark } => {
                 let Some(t) = self.txn.as_ref() else {
-                    return Err(ProtocolViolation(format!("commit of watermark={watermark} outside a transaction")));
+                    return Err(ProtocolViolation(format!(
+                        "commit of watermark={watermark} outside a transaction"
+                    )));
                 };
                 if t.watermark != watermark {
                     return Err(ProtocolViolation(format!(
@@ -560,22 +667,31 @@ impl Streamer {
                         t.watermark
                     )));
                 }
-                let Some(mut t) = self.txn.take() else { return Ok(None) };
+                let Some(mut t) = self.txn.take() else {
+                    return Ok(None);
+                };
                 if t.replay {
                     if !t.skip_ack {
-                        acks.push(UpstreamAck { durable: None, frame: Some(UpstreamAck::commit_frame(&watermark)) });
+                        acks.push(UpstreamAck {
+                            durable: None,
+                            frame: Some(UpstreamAck::commit_frame(&watermark)),
+                        });
                     }
                     self.activate_queued(ctx);
                     return Ok(None);
                 }
-                let release = self.forward(ctx, Change::new(Kind::Commit, watermark.clone(), &payload));
+                let release =
+                    self.forward(ctx, Change::new(Kind::Commit, watermark.clone(), &payload));
                 t.changes.push((ChangeKind::Commit, payload));
                 if self.replica_version.is_none() {
                     info!("initial sync committed: replicaVersion={watermark}");
                     self.replica_version = Some(watermark.clone());
                 }
                 self.last_commit = Some(watermark.clone());
-                let durable = self.log.append(Transaction { watermark: watermark.clone(), changes: t.changes });
+                let durable = self.log.append(Transaction {
+                    watermark: watermark.clone(),
+                    changes: t.changes,
+                });
                 acks.push(UpstreamAck {
                     durable: Some(Box::pin(durable)),
                     frame: (!t.skip_ack).then(|| UpstreamAck::commit_frame(&watermark)),
@@ -597,7 +713,10 @@ impl Streamer {
             }
             UpstreamMessage::Status { ack, watermark } => {
                 if ack {
-                    acks.push(UpstreamAck { durable: None, frame: Some(UpstreamAck::status_frame(&watermark)) });
+                    acks.push(UpstreamAck {
+                        durable: None,
+                        frame: Some(UpstreamAck::status_frame(&watermark)),
+                    });
                 }
                 Ok(None)
             }
@@ -671,7 +790,15 @@ impl Handler<Subscribe> for Streamer {
     type Result = ResponseActFuture<Self, Result<(), SubscribeError>>;
 
     fn handle(&mut self, msg: Subscribe, _: &mut Context<Self>) -> Self::Result {
-        let Subscribe { key, id, mode, protocol, replica_version, watermark, session } = msg;
+        let Subscribe {
+            key,
+            id,
+            mode,
+            protocol,
+            replica_version,
+            watermark,
+            session,
+        } = msg;
         // Registered at once (as validating) so that a purge decided from now on respects it.
         self.subscribers.insert(
             key,
@@ -728,10 +855,16 @@ impl Handler<Subscribe> for Streamer {
 impl Handler<SessionProgress> for Streamer {
     type Result = ();
     fn handle(&mut self, p: SessionProgress, ctx: &mut Context<Self>) {
-        let Some(sub) = self.subscribers.get_mut(&p.subscriber) else { return };
+        let Some(sub) = self.subscribers.get_mut(&p.subscriber) else {
+            return;
+        };
         sub.progress(p.acked_messages, p.acked_commit);
         for token in p.tokens {
-            if self.catchup.get(&p.subscriber).is_some_and(|c| c.waiting_token == Some(token)) {
+            if self
+                .catchup
+                .get(&p.subscriber)
+                .is_some_and(|c| c.waiting_token == Some(token))
+            {
                 if let Some(c) = self.catchup.get_mut(&p.subscriber) {
                     c.waiting_token = None;
                 }
@@ -747,7 +880,10 @@ impl Handler<SessionGone> for Streamer {
     type Result = ();
     fn handle(&mut self, g: SessionGone, ctx: &mut Context<Self>) {
         if let Some(sub) = self.subscribers.remove(&g.subscriber) {
-            info!("subscriber {} left at acked watermark={}", sub.id, sub.acked);
+            info!(
+                "subscriber {} left at acked watermark={}",
+                sub.id, sub.acked
+            );
         }
         self.catchup.remove(&g.subscriber);
         self.broadcast_completed(ctx, g.subscriber, None);
@@ -761,7 +897,10 @@ impl Handler<PurgeIfSafe> for Streamer {
             return Box::pin(async { PurgeAnswer::NoSubscribers });
         }
         if let Some(lagging) = self.subscribers.values().find(|s| s.acked < msg.watermark) {
-            let answer = PurgeAnswer::Blocked { subscriber: lagging.id.clone(), acked: lagging.acked.clone() };
+            let answer = PurgeAnswer::Blocked {
+                subscriber: lagging.id.clone(),
+                acked: lagging.acked.clone(),
+            };
             return Box::pin(async move { answer });
         }
         let purge = self.log.purge(msg.watermark);
@@ -786,7 +925,10 @@ impl Handler<CloseAllSubscribers> for Streamer {
     type Result = ();
     fn handle(&mut self, _: CloseAllSubscribers, _: &mut Context<Self>) {
         for sub in self.subscribers.values() {
-            sub.session.do_send(ToSession::Close { code: 1001, reason: "service stopping".into() });
+            sub.session.do_send(ToSession::Close {
+                code: 1001,
+                reason: "service stopping".into(),
+            });
         }
     }
 }

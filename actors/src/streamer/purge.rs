@@ -74,7 +74,11 @@ impl Purger {
     }
 
     fn check(&mut self, ctx: &mut Context<Self>) {
-        let Some((w, due)) = self.scheduled.first_key_value().map(|(w, d)| (w.clone(), *d)) else {
+        let Some((w, due)) = self
+            .scheduled
+            .first_key_value()
+            .map(|(w, d)| (w.clone(), *d))
+        else {
             return;
         };
         if self.checking {
@@ -132,8 +136,14 @@ impl Actor for Purger {
 impl Handler<ScheduleCleanup> for Purger {
     type Result = ();
     fn handle(&mut self, msg: ScheduleCleanup, ctx: &mut Context<Self>) {
-        info!("cleanup scheduled: purge before watermark={} in {} ms", msg.watermark, self.delay.as_millis());
-        self.scheduled.entry(msg.watermark).or_insert_with(|| Instant::now() + self.delay);
+        info!(
+            "cleanup scheduled: purge before watermark={} in {} ms",
+            msg.watermark,
+            self.delay.as_millis()
+        );
+        self.scheduled
+            .entry(msg.watermark)
+            .or_insert_with(|| Instant::now() + self.delay);
         self.arm(ctx);
     }
 }

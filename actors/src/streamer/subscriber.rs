@@ -202,14 +202,22 @@ impl Subscriber {
         } else {
             None
         };
-        self.outbox.push(Outgoing { message: change.message.clone(), commit, token });
+        self.outbox.push(Outgoing {
+            message: change.message.clone(),
+            commit,
+            token,
+        });
         self.sent_messages += 1;
         Delivery::Sent
     }
 
     /// Queues a frame that is not a change (the initial `status`).
     pub fn send_frame(&mut self, message: Arc<str>) {
-        self.outbox.push(Outgoing { message, commit: None, token: None });
+        self.outbox.push(Outgoing {
+            message,
+            commit: None,
+            token: None,
+        });
         self.sent_messages += 1;
     }
 

@@ -79,7 +79,10 @@ pub fn start(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>) -> U
         run(cfg, log, streamer, stop_rx).await;
         let _ = done_tx.send(());
     });
-    UpstreamHandle { stop: Some(stop_tx), done: Some(done_rx) }
+    UpstreamHandle {
+        stop: Some(stop_tx),
+        done: Some(done_rx),
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,7 +117,12 @@ fn resume_url(base: &str, log_state: &crate::changelog::ChangeLogStats) -> Strin
     }
 }
 
-async fn run(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>, mut stop: oneshot::Receiver<()>) {
+async fn run(
+    cfg: UpstreamConfig,
+    log: ChangeLog,
+    streamer: Addr<Streamer>,
+    mut stop: oneshot::Receiver<()>,
+) {
     let mut backoff = cfg.first_backoff;
     loop {
         let state = match log.stats().await {
@@ -126,7 +134,9 @@ async fn run(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>, mut 
         };
         let url = resume_url(&cfg.url, &state);
         info!("connecting to change source {url}");
-        let client = awc::Client::builder().max_http_version(awc::http::Version::HTTP_11).finish();
+        let client = awc::Client::builder()
+            .max_http_version(awc::http::Version::HTTP_11)
+            .finish();
         let connect = client.ws(url.as_str()).max_frame_size(MAX_FRAME).connect();
         let end = tokio::select! {
             _ = &mut stop => SessionEnd::Stopped,
@@ -147,7 +157,10 @@ async fn run(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>, mut 
                 info!("upstream client stopped");
                 return;
             }
-            e => warn!("upstream connection ended: {e}; reconnecting in {} ms", backoff.as_millis()),
+            e => warn!(
+                "upstream connection ended: {e}; reconnecting in {} ms",
+                backoff.as_millis()
+            ),
         }
         tokio::select! {
             _ = &mut stop => return,
@@ -157,7 +170,8 @@ async fn run(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>, mut 
     }
 }
 
-type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, ChangeLogError>>>>;
+type AckFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<String>, ChangeLogError>>>>;
 
 /// Reassembles fragmented text messages.
 #[derive(Default)]
@@ -167,7 +181,8 @@ impl Fragments {
     /// Returns a whole text message, `Ok(None)` for a non-text frame to ignore, or an error.
     fn take(&mut self, frame: Frame) -> Result<Option<String>, SessionEnd> {
         let text = |b: &[u8]| {
-            String::from_utf8(b.to_vec()).map_err(|_| SessionEnd::Violation("text frame is not UTF-8".into()))
+            String::from_utf8(b.to_vec())
+                .map_err(|_| SessionEnd::Violation("text frame is not UTF-8".into()))
         };
         match frame {
             Frame::Text(b) => text(&b).map(Some),
@@ -176,11 +191,17 @@ impl Fragments {
                 Ok(None)
             }
             Frame::Continuation(Item::Continue(b)) => {
-                self.0.as_mut().ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?.extend_from_slice(&b);
+                self.0
+                    .as_mut()
+                    .ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?
+                    .extend_from_slice(&b);
                 Ok(None)
             }
             Frame::Continuation(Item::Last(b)) => {
-                let mut all = self.0.take().ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?;
+                let mut all = self
+                    .0
+                    .take()
+                    .ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?;
                 all.extend_from_slice(&b);
                 text(&all).map(Some)
             }
@@ -189,7 +210,9 @@ impl Fragments {
             }
             Frame::Ping(_) | Frame::Pong(_) => Ok(None),
             Frame::Close(reason) => Err(SessionEnd::Closed(
-                reason.map(|r| format!(" ({:?} {})", r.code, r.description.unwrap_or_default())).unwrap_or_default(),
+                reason
+                    .map(|r| format!(" ({:?} {})", r.code, r.description.unwrap_or_default()))
+                    .unwrap_or_default(),
             )),
         }
     }

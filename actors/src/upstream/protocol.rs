@@ -13,14 +13,30 @@ use crate::watermark::Watermark;
 /// One message from the change source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpstreamMessage {
-    Begin { payload: String, commit_watermark: Watermark, skip_ack: bool },
-    Data { payload: String },
-    Commit { payload: String, watermark: Watermark },
-    Rollback { payload: String },
+    Begin {
+        payload: String,
+        commit_watermark: Watermark,
+        skip_ack: bool,
+    },
+    Data {
+        payload: String,
+    },
+    Commit {
+        payload: String,
+        watermark: Watermark,
+    },
+    Rollback {
+        payload: String,
+    },
     /// A position without changes; echoed back once everything before it is durable.
-    Status { ack: bool, watermark: Watermark },
+    Status {
+        ack: bool,
+        watermark: Watermark,
+    },
     /// `["control", {"tag":"reset-required", ...}]`.
-    ResetRequired { message: String },
+    ResetRequired {
+        message: String,
+    },
 }
 
 /// A frame that breaks the protocol.
@@ -33,9 +49,15 @@ pub enum FrameError {
     #[error("unknown message kind {0:?}")]
     UnknownKind(String),
     #[error("{kind} message lacks its {field}")]
-    Missing { kind: &'static str, field: &'static str },
+    Missing {
+        kind: &'static str,
+        field: &'static str,
+    },
     #[error("{kind} message has an invalid watermark: {source}")]
-    BadWatermark { kind: &'static str, source: crate::watermark::InvalidWatermark },
+    BadWatermark {
+        kind: &'static str,
+        source: crate::watermark::InvalidWatermark,
+    },
     #[error("unknown control message {0:?}")]
     UnknownControl(String),
 }
@@ -65,21 +87,38 @@ fn yes() -> bool {
     true
 }
 
-fn watermark(kind: &'static str, extra: Option<&RawValue>, begin: bool) -> Result<Watermark, FrameError> {
-    let field = if begin { "commitWatermark" } else { "watermark" };
+fn watermark(
+    kind: &'static str,
+    extra: Option<&RawValue>,
+    begin: bool,
+) -> Result<Watermark, FrameError> {
+    let field = if begin {
+        "commitWatermark"
+    } else {
+        "watermark"
+    };
     let missing = FrameError::Missing { kind, field };
     let raw = extra.ok_or(missing.clone())?.get();
     let w = if begin {
-        serde_json::from_str::<BeginExtra>(raw).ok().and_then(|e| e.commit_watermark)
+        serde_json::from_str::<BeginExtra>(raw)
+            .ok()
+            .and_then(|e| e.commit_watermark)
     } else {
-        serde_json::from_str::<WatermarkExtra>(raw).ok().and_then(|e| e.watermark)
+        serde_json::from_str::<WatermarkExtra>(raw)
+            .ok()
+            .and_then(|e| e.watermark)
     }
     .ok_or(missing)?;
     Watermark::parse(&w).map_err(|source| FrameError::BadWatermark { kind, source })
 }
 
 fn flags(payload: &RawValue) -> Flags {
-    serde_json::from_str(payload.get()).unwrap_or(Flags { skip_ack: false, ack: true, tag: None, message: None })
+    serde_json::from_str(payload.get()).unwrap_or(Flags {
+        skip_ack: false,
+        ack: true,
+        tag: None,
+        message: None,
+    })
 }
 
 /// Parses one text frame.
@@ -106,12 +145,16 @@ pub fn parse_frame(text: &str) -> Result<UpstreamMessage, FrameError> {
             skip_ack: flags(payload).skip_ack,
             payload: payload.get().to_string(),
         },
-        "data" => UpstreamMessage::Data { payload: payload.get().to_string() },
+        "data" => UpstreamMessage::Data {
+            payload: payload.get().to_string(),
+        },
         "commit" => UpstreamMessage::Commit {
             watermark: watermark("commit", extra, false)?,
             payload: payload.get().to_string(),
         },
-        "rollback" => UpstreamMessage::Rollback { payload: payload.get().to_string() },
+        "rollback" => UpstreamMessage::Rollback {
+            payload: payload.get().to_string(),
+        },
         "status" => UpstreamMessage::Status {
             ack: flags(payload).ack,
             watermark: watermark("status", extra, false)?,
@@ -119,9 +162,9 @@ pub fn parse_frame(text: &str) -> Result<UpstreamMessage, FrameError> {
         "control" => {
             let f = flags(payload);
             match f.tag.as_deref() {
-                Some("reset-required") => {
-                    UpstreamMessage::ResetRequired { message: f.message.unwrap_or_default() }
-                }
+                Some("reset-required") => UpstreamMessage::ResetRequired {
+                    message: f.message.unwrap_or_default(),
+                },
                 other => return Err(FrameError::UnknownControl(other.unwrap_or("").to_string())),
             }
         }
@@ -149,23 +192,36 @@ mod tests {
         );
         assert_eq!(
             parse_frame(r#"["data", {"tag":"insert","v":123456789012345678901234567890}]"#),
-            Ok(UpstreamMessage::Data { payload: r#"{"tag":"insert","v":123456789012345678901234567890}"#.into() })
+            Ok(UpstreamMessage::Data {
+                payload: r#"{"tag":"insert","v":123456789012345678901234567890}"#.into()
+            })
         );
         assert_eq!(
             parse_frame(r#"["commit",{"tag":"commit"},{"watermark":"0a"}]"#),
-            Ok(UpstreamMessage::Commit { payload: r#"{"tag":"commit"}"#.into(), watermark: w("0a") })
+            Ok(UpstreamMessage::Commit {
+                payload: r#"{"tag":"commit"}"#.into(),
+                watermark: w("0a")
+            })
         );
         assert_eq!(
             parse_frame(r#"["status",{},{"watermark":"0b"}]"#),
-            Ok(UpstreamMessage::Status { ack: true, watermark: w("0b") })
+            Ok(UpstreamMessage::Status {
+                ack: true,
+                watermark: w("0b")
+            })
         );
         assert_eq!(
             parse_frame(r#"["status",{"ack":false},{"watermark":"0b"}]"#),
-            Ok(UpstreamMessage::Status { ack: false, watermark: w("0b") })
+            Ok(UpstreamMessage::Status {
+                ack: false,
+                watermark: w("0b")
+            })
         );
         assert_eq!(
             parse_frame(r#"["control",{"tag":"reset-required","message":"slot lost"}]"#),
-            Ok(UpstreamMessage::ResetRequired { message: "slot lost".into() })
+            Ok(UpstreamMessage::ResetRequired {
+                message: "slot lost".into()
+            })
         );
     }
 
@@ -174,11 +230,17 @@ mod tests {
         assert!(matches!(parse_frame("nope"), Err(FrameError::NotJson(_))));
         assert_eq!(parse_frame(r#"{"a":1}"#), Err(FrameError::NotAnArray));
         assert_eq!(parse_frame(r#"["data"]"#), Err(FrameError::NotAnArray));
-        assert_eq!(parse_frame(r#"["nope",{}]"#), Err(FrameError::UnknownKind("nope".into())));
+        assert_eq!(
+            parse_frame(r#"["nope",{}]"#),
+            Err(FrameError::UnknownKind("nope".into()))
+        );
         assert!(matches!(
             parse_frame(r#"["commit",{"tag":"commit"},{"watermark":"0A"}]"#),
             Err(FrameError::BadWatermark { .. })
         ));
-        assert!(matches!(parse_frame(r#"["begin",{"tag":"begin"}]"#), Err(FrameError::Missing { .. })));
+        assert!(matches!(
+            parse_frame(r#"["begin",{"tag":"begin"}]"#),
+            Err(FrameError::Missing { .. })
+        ));
     }
 }
