@@ -16,7 +16,12 @@ use clap::Parser;
 #[command(name = "change-streamer", version, about, long_about = None)]
 pub struct Config {
     /// HTTP and websocket port (0 picks a free one).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_PORT", default_value_t = 4849, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "ZERO_CHANGE_STREAMER_PORT",
+        default_value_t = 4849,
+        allow_negative_numbers = true
+    )]
     pub port: u16,
 
     /// Address to bind.
@@ -57,15 +62,30 @@ pub struct Config {
     pub backup_check_interval_ms: u64,
 
     /// Starting cleanup delay in ms; raised to --min-cleanup-delay-ms.
-    #[arg(long, env = "ZERO_INITIAL_CLEANUP_DELAY_MS", default_value_t = 0, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "ZERO_INITIAL_CLEANUP_DELAY_MS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub initial_cleanup_delay_ms: u64,
 
     /// Floor of the cleanup delay in ms: a backed-up watermark is cleaned up no sooner.
-    #[arg(long, env = "ZERO_MIN_CLEANUP_DELAY_MS", default_value_t = 30_000, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "ZERO_MIN_CLEANUP_DELAY_MS",
+        default_value_t = 30_000,
+        allow_negative_numbers = true
+    )]
     pub min_cleanup_delay_ms: u64,
 
     /// Wait in ms between a scheduled cleanup and its purge check (and between retries).
-    #[arg(long, env = "ZERO_PURGE_DELAY_MS", default_value_t = 30_000, allow_negative_numbers = true)]
+    #[arg(
+        long,
+        env = "ZERO_PURGE_DELAY_MS",
+        default_value_t = 30_000,
+        allow_negative_numbers = true
+    )]
     pub purge_delay_ms: u64,
 
     /// Seconds that the subscribers outside a majority get after the latest ack before flow
