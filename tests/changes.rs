@@ -347,16 +347,13 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     let mut lag = WsClient::connect(&changes_url(&svc, "lagging", 100, "")).await;
     let (id, _) = lag.msg().await;
     lag.ack(id).await;
-    let mut acked_through = 0;
     loop {
         let (id, msg) = lag.msg().await;
         lag.ack(id).await;
         if msg[0] == "commit" && msg[2]["watermark"] == json!(w(101)) {
-            acked_through = id;
             break;
         }
     }
-    assert!(acked_through > 0);
     // litestream reports everything up to 104 backed up long ago.
     lite.set_body(render_page(
         "/db",

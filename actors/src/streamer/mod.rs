@@ -542,22 +542,10 @@ impl Streamer {
         if let Some(last) = rows.last() {
             c.after = (last.watermark.clone(), last.pos);
         }
-        let n = rows.len();
-        let mut sent = 0;
-        for (i, row) in rows.iter().enumerate() {
-            let change = Change::from_stored(row);
-            let t = (i + 1 == n).then_some(token);
-            if sub.send(&change, t) == Delivery::Sent {
-                sent += 1;
-                if i + 1 != n {
-                    continue;
-                }
-            } else if i + 1 == n && sent > 0 {
-                // The last row was filtered: track the last frame sent instead.
-                if let Some(o) = sub.outbox.last_mut() {
-                    o.token = Some(token);
-                }
-            }
+        let sent = rows.iter().filter(|row| sub.send(&Change::from_stored(row), None) == Delivery::Sent).count();
+        // The batch's last frame is tracked: its ack asks for the next batch.
+        if let Some(last) = sub.outbox.last_mut() {
+            last.token = Some(token);
         }
         sub.flush();
         if sent == 0 {
