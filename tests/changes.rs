@@ -102,16 +102,31 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
     }
     assert_eq!(read_txns(&mut c, 114).await, (110..115).collect::<Vec<_>>());
     // The upstream was acked for every durable commit.
-    let acks = up.acks();
-    assert!(
-        acks.contains(&format!(
-            r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
-            w(114)
-        )),
-        "{acks:?}"
+    let last_ack = format!(
+        r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+        w(114)
     );
+    support::upstream::wait_until(Duration::from_secs(5), || up.acks().contains(&last_ack)).await;
+    let expected: Vec<String> = (100..115)
+        .map(|n| {
+            format!(
+                r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+                w(n)
+            )
+        })
+        .collect();
+    assert_eq!(up.acks(), expected, "one ack per commit, in order");
     let st = svc.status().await;
     assert_eq!(st["subscribers"][0]["id"], "r1");
+    assert_eq!(st["subscribers"][0]["watermark"], json!(w(114)));
+    let (_, metrics) = svc.get("/metrics").await;
+    for line in [
+        "change_streamer_subscribers 1",
+        "change_streamer_subscriber_pending_messages{id=\"r1\",mode=\"serving\"}",
+        "change_streamer_changes_stored_total 70",
+    ] {
+        assert!(metrics.contains(line), "{line} missing from\n{metrics}");
+    }
     c.close().await;
     svc.stop().await;
 }

@@ -10,6 +10,7 @@ use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
 use change_streamer_actors::streamer::purge::{GetPurgeState, PurgeState};
+use change_streamer_actors::streamer::subscriber::{Mode, SubscriberInfo};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
 use serde_json::json;
 
@@ -240,5 +241,44 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> String {
         "Purges carried out.",
         &[("", o.purge.purges as f64)],
     );
+    let labels: Vec<String> = o
+        .streamer
+        .subscribers
+        .iter()
+        .map(|s| {
+            let mode = if s.mode == Mode::Backup {
+                "backup"
+            } else {
+                "serving"
+            };
+            format!("{{id=\"{}\",mode=\"{mode}\"}}", escape_label(&s.id))
+        })
+        .collect();
+    let per_sub = |f: &dyn Fn(&SubscriberInfo) -> f64| -> Vec<(&str, f64)> {
+        labels
+            .iter()
+            .zip(&o.streamer.subscribers)
+            .map(|(l, s)| (l.as_str(), f(s)))
+            .collect()
+    };
+    metric(
+        "change_streamer_subscriber_pending_messages",
+        "gauge",
+        "Messages sent to a subscriber and not yet acked, plus its catch-up backlog.",
+        &per_sub(&|s| s.pending as f64),
+    );
+    metric(
+        "change_streamer_subscriber_process_rate",
+        "gauge",
+        "Messages a subscriber acked per second, over the last ten seconds.",
+        &per_sub(&|s| s.process_rate),
+    );
     out
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

@@ -542,7 +542,10 @@ impl Streamer {
         if let Some(last) = rows.last() {
             c.after = (last.watermark.clone(), last.pos);
         }
-        let sent = rows.iter().filter(|row| sub.send(&Change::from_stored(row), None) == Delivery::Sent).count();
+        let sent = rows
+            .iter()
+            .filter(|row| sub.send(&Change::from_stored(row), None) == Delivery::Sent)
+            .count();
         // The batch's last frame is tracked: its ack asks for the next batch.
         if let Some(last) = sub.outbox.last_mut() {
             last.token = Some(token);
