@@ -1,6 +1,8 @@
 //! A websocket client speaking the service's framing (SPEC §5), on awc, plus the service
 //! started in-process on an ephemeral port with a fresh data directory.
 
+#![allow(dead_code)]
+
 use std::time::Duration;
 
 use actix_codec::Framed;

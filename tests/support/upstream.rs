@@ -2,6 +2,8 @@
 //! that records each connection's query and the acks it receives, and sends whatever frames
 //! the test gives it. It serves one connection at a time (the service keeps one).
 
+#![allow(dead_code)]
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

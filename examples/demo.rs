@@ -1,0 +1,374 @@
+//! A live demo of the whole pipeline on loopback, from one command:
+//!
+//! ```sh
+//! cargo run --release --example demo            # until Ctrl-C
+//! cargo run --release --example demo -- --seconds 30
+//! ```
+//!
+//! It starts the real service (its embedded change log in a temporary directory) and, around
+//! it, stand-ins for the outside world:
+//! - an upstream change source writing transactions of 1–5 rows, about 200 a second;
+//! - a `backup` replica that follows the stream, and a litestream `/metrics` endpoint that
+//!   reports, every second, the last watermark that replica applied as backed up;
+//! - three serving replicas that reserve a snapshot, "restore" for a few seconds, subscribe with
+//!   `initial=true` from the last backed-up watermark, and follow live changes;
+//! - one replica that stops reading after a while: flow control releases the others by
+//!   consensus, and liveness drops it.
+//!
+//! Once a second it prints a compact view of the service, taken only from the service's own
+//! `/status` and `/metrics`; on Ctrl-C (or after `--seconds`) a summary line, then it stops
+//! everything cleanly.
+
+#[path = "../tests/support/client.rs"]
+mod client;
+#[path = "../tests/support/litestream.rs"]
+mod litestream;
+#[path = "../tests/support/upstream.rs"]
+mod upstream;
+
+use std::cell::RefCell;
+use std::io::{IsTerminal, Write};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::watermark::Watermark;
+use client::{Seen, TestService, WsClient};
+use litestream::{render_page, Answer, FakeLitestream};
+use serde_json::Value;
+use upstream::FakeUpstream;
+
+const REPLICAS: usize = 3;
+
+/// The last watermark the backup replica applied (what litestream "backs up").
+type Applied = Rc<RefCell<Option<String>>>;
+
+fn parse_seconds() -> Option<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == "--seconds") {
+        Some(i) => match args.get(i + 1).and_then(|s| s.parse().ok()) {
+            Some(s) => Some(s),
+            None => {
+                eprintln!("demo: --seconds takes a whole number of seconds");
+                std::process::exit(2);
+            }
+        },
+        None if args.len() > 1 => {
+            eprintln!("usage: cargo run --release --example demo [-- --seconds N]");
+            std::process::exit(2);
+        }
+        None => None,
+    }
+}
+
+/// Pushes transactions forever at about `per_second`.
+async fn write_transactions(up: FakeUpstream, per_second: u64) {
+    let mut n = 1_000_000u64;
+    let mut tick = actix_rt::time::interval(Duration::from_millis(50));
+    loop {
+        tick.tick().await;
+        let frames: Vec<String> = (0..per_second / 20)
+            .flat_map(|_| {
+                n += 1;
+                upstream::txn(n, 1 + n % 5)
+            })
+            .collect();
+        up.send(frames);
+    }
+}
+
+/// Follows the stream, acking each message, and records the last commit applied.
+async fn follow(mut c: WsClient, applied: Option<Applied>, stall_after: Option<Duration>) {
+    let start = Instant::now();
+    loop {
+        if stall_after.is_some_and(|d| start.elapsed() > d) {
+            // Stops reading (and so answering pings) but keeps the socket open.
+            std::future::pending::<()>().await;
+        }
+        match c.next(Duration::from_secs(60)).await {
+            Some(Seen::Msg { id, msg }) => {
+                if msg[0] == "commit" {
+                    if let Some(a) = &applied {
+                        *a.borrow_mut() = msg[2]["watermark"].as_str().map(str::to_string);
+                    }
+                }
+                c.ack(id).await;
+            }
+            Some(Seen::Closed { .. }) | None => return,
+        }
+    }
+}
+
+/// A restoring replica: reserve, restore for `restore`, subscribe with initial=true, follow.
+async fn replica(
+    base: String,
+    name: String,
+    restore: Duration,
+    backed_up: Applied,
+    stall_after: Option<Duration>,
+) {
+    let mut res = WsClient::connect(&format!(
+        "ws://{base}/replication/v6/snapshot?taskID={name}"
+    ))
+    .await;
+    let (id, status) = res.msg().await;
+    res.ack(id).await;
+    let replica_version = status[1]["replicaVersion"]
+        .as_str()
+        .unwrap_or("00")
+        .to_string();
+    // "Restore": keep the reservation open (answering pings) for a while.
+    let _ = res.next(restore).await;
+    let from = backed_up
+        .borrow()
+        .clone()
+        .unwrap_or(replica_version.clone());
+    let url = format!(
+        "ws://{base}/replication/v6/changes?id={name}&taskID={name}&mode=serving&replicaVersion={replica_version}&watermark={from}&initial=true"
+    );
+    let sub = WsClient::connect(&url).await;
+    let _ = res.next(Duration::from_secs(2)).await; // the reservation's close
+    follow(sub, None, stall_after).await;
+}
+
+/// Reports the backup replica's applied watermark as backed up, every second.
+async fn litestream_reports(lite: FakeLitestream, applied: Applied, backed_up: Applied) {
+    let mut tick = actix_rt::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let Some(w) = applied.borrow().clone() else {
+            continue;
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        lite.set_body(render_page(
+            "/data/replica.db",
+            &[(Some(&w), "s3", format!("{:.3}", now.as_secs_f64()))],
+        ));
+        *backed_up.borrow_mut() = Some(w);
+    }
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or(0)
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn commits(st: &Value) -> u64 {
+    let w = |k: &str| {
+        st["changeLog"][k]
+            .as_str()
+            .and_then(|s| Watermark::parse(s).ok())
+            .and_then(|w| w.to_u64())
+    };
+    match (
+        w("maxWatermark"),
+        st["replicaVersion"]
+            .as_str()
+            .and_then(|s| Watermark::parse(s).ok())
+            .and_then(|w| w.to_u64()),
+    ) {
+        (Some(max), Some(rv)) => max - rv + 1,
+        _ => 0,
+    }
+}
+
+fn view(t: u64, st: &Value, metrics: &str) -> String {
+    let mut out = String::new();
+    let subs = st["subscribers"].as_array().cloned().unwrap_or_default();
+    out.push_str(&format!(
+        "t={t:>3}s  stored {} txns ({} rows now, log {}..{})  upstream {}\n",
+        commits(st),
+        n(&st["changeLog"]["rows"]),
+        st["changeLog"]["minWatermark"].as_str().unwrap_or("-"),
+        st["changeLog"]["maxWatermark"].as_str().unwrap_or("-"),
+        if st["upstream"]["connected"] == true {
+            "connected"
+        } else {
+            "DOWN"
+        },
+    ));
+    let reservations: Vec<String> = st["reservations"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .map(|r| {
+                    format!(
+                        "{} {}ms",
+                        r["taskID"].as_str().unwrap_or("?"),
+                        n(&r["heldMs"])
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&format!(
+        "        reservations [{}]  cleanup delay {:.1}s{}  cleanups scheduled {}  purge queue {}  rows purged {}\n",
+        reservations.join(", "),
+        n(&st["backup"]["cleanupDelayMs"]) as f64 / 1000.0,
+        if st["backup"]["paused"] == true { " (paused)" } else { "" },
+        metric(metrics, "change_streamer_cleanups_scheduled_total"),
+        st["purge"]["scheduled"].as_array().map(Vec::len).unwrap_or(0),
+        n(&st["purge"]["rowsPurged"]),
+    ));
+    out.push_str(&format!(
+        "        flow control: {} tracked sends, released by all {} / by consensus {}\n",
+        n(&st["flowControl"]["trackedSends"]),
+        metric(
+            metrics,
+            "change_streamer_flow_control_releases_total{mode=\"all\"}"
+        ),
+        metric(
+            metrics,
+            "change_streamer_flow_control_releases_total{mode=\"consensus\"}"
+        ),
+    ));
+    for s in subs {
+        out.push_str(&format!(
+            "        {:<8} {:<7} acked {:<10} pending {:>6}  {:>8.0} msg/s\n",
+            s["id"].as_str().unwrap_or("?"),
+            s["mode"].as_str().unwrap_or("?"),
+            s["acked"].as_str().unwrap_or("-"),
+            n(&s["pending"]),
+            s["processRate"].as_f64().unwrap_or(0.0),
+        ));
+    }
+    out
+}
+
+async fn run(seconds: Option<u64>) {
+    let up = FakeUpstream::start().await;
+    let lite = FakeLitestream::start(Answer::default()).await;
+    let (up_url, lite_url) = (up.url(), lite.url());
+    let svc = TestService::start(&[
+        "--upstream",
+        &up_url,
+        "--litestream-backup-url",
+        "s3://demo-bucket/replica",
+        "--litestream-metrics-url",
+        &lite_url,
+        "--backup-check-interval-ms",
+        "1000",
+        "--min-cleanup-delay-ms",
+        "3000",
+        "--purge-delay-ms",
+        "1000",
+        "--flow-control-consensus-padding-seconds",
+        "0.5",
+        "--ping-interval-ms",
+        "3000",
+    ])
+    .await;
+    let base = svc.base();
+    println!(
+        "change-streamer demo: service on http://{base}  (data in {})",
+        svc.dir.path().display()
+    );
+    println!("  upstream {up_url}   litestream {lite_url}   Ctrl-C to stop\n");
+
+    up.wait_connections(1).await;
+    actix_rt::spawn(write_transactions(up.clone(), 200));
+    let applied: Applied = Rc::new(RefCell::new(None));
+    let backed_up: Applied = Rc::new(RefCell::new(None));
+
+    // Wait for the initial sync, then start the backup replica and litestream's reports.
+    let mut st = svc.status().await;
+    while st["replicaVersion"].is_null() {
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        st = svc.status().await;
+    }
+    let rv = st["replicaVersion"].as_str().unwrap_or("00").to_string();
+    let backup = WsClient::connect(&format!(
+        "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
+    ))
+    .await;
+    actix_rt::spawn(follow(backup, Some(applied.clone()), None));
+    actix_rt::spawn(litestream_reports(
+        lite.clone(),
+        applied.clone(),
+        backed_up.clone(),
+    ));
+    for i in 0..REPLICAS {
+        let restore = Duration::from_millis(2000 + 1000 * i as u64);
+        actix_rt::spawn(replica(
+            base.clone(),
+            format!("r{}", i + 1),
+            restore,
+            backed_up.clone(),
+            None,
+        ));
+    }
+    actix_rt::spawn(replica(
+        base.clone(),
+        "stalled".into(),
+        Duration::from_millis(1500),
+        backed_up.clone(),
+        Some(Duration::from_secs(4)),
+    ));
+
+    let tty = std::io::stdout().is_terminal();
+    let start = Instant::now();
+    let mut tick = actix_rt::time::interval(Duration::from_secs(1));
+    let mut warmed = false;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            _ = &mut ctrl_c => break,
+            _ = tick.tick() => {}
+        }
+        let t = start.elapsed().as_secs();
+        if seconds.is_some_and(|s| t >= s) {
+            break;
+        }
+        let st = svc.status().await;
+        let (_, metrics) = svc.get("/metrics").await;
+        let subscribed = st["subscribers"].as_array().map(Vec::len).unwrap_or(0);
+        if !warmed {
+            let total = REPLICAS + 2;
+            warmed = subscribed >= total;
+            if !warmed {
+                let bar: String = (0..total)
+                    .map(|i| if i < subscribed { '#' } else { '.' })
+                    .collect();
+                println!("warming up [{bar}] {subscribed}/{total} replicas subscribed, {} reservation(s) restoring", st["reservations"].as_array().map(Vec::len).unwrap_or(0));
+                continue;
+            }
+        }
+        if tty {
+            print!("\x1b[2J\x1b[H");
+        }
+        print!("{}", view(t, &st, &metrics));
+        let _ = std::io::stdout().flush();
+    }
+
+    let st = svc.status().await;
+    let (_, metrics) = svc.get("/metrics").await;
+    let summary = serde_json::json!({
+        "seconds": start.elapsed().as_secs_f64(),
+        "transactionsStored": commits(&st),
+        "changesStored": metric(&metrics, "change_streamer_changes_stored_total"),
+        "rowsPurged": n(&st["purge"]["rowsPurged"]),
+        "cleanupsScheduled": metric(&metrics, "change_streamer_cleanups_scheduled_total"),
+        "cleanupDelayMs": n(&st["backup"]["cleanupDelayMs"]),
+        "subscribersAtEnd": st["subscribers"].as_array().map(Vec::len).unwrap_or(0),
+        "releasesAll": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"all\"}"),
+        "releasesConsensus": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"consensus\"}"),
+    });
+    println!("\nsummary: {summary}");
+    svc.stop().await;
+    up.stop().await;
+}
+
+fn main() {
+    let seconds = parse_seconds();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    actix_rt::System::new().block_on(run(seconds));
+}
