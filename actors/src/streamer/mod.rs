@@ -81,8 +81,10 @@ pub struct UpstreamBatch(pub Vec<UpstreamMessage>);
 /// What the upstream client must do after a batch.
 #[derive(Debug, Default)]
 pub struct BatchReply {
-    /// How many messages of the batch were taken; the rest must be sent again after `release`.
+    /// How many messages of the batch were taken.
     pub consumed: usize,
+    /// The messages not taken, handed back: send them after `release`.
+    pub rest: Vec<UpstreamMessage>,
     /// Acks to send upstream, in this order, each once its condition holds.
     pub acks: Vec<UpstreamAck>,
     /// Set when a tracked send is waiting: send nothing more until it resolves.
@@ -739,7 +741,8 @@ impl Handler<UpstreamBatch> for Streamer {
     fn handle(&mut self, batch: UpstreamBatch, ctx: &mut Context<Self>) -> Self::Result {
         let mut reply = BatchReply::default();
         let mut result = Ok(());
-        for msg in batch.0 {
+        let mut messages = batch.0.into_iter();
+        for msg in messages.by_ref() {
             reply.consumed += 1;
             match self.apply(ctx, msg, &mut reply.acks) {
                 Ok(Some(release)) => {
@@ -754,6 +757,7 @@ impl Handler<UpstreamBatch> for Streamer {
                 }
             }
         }
+        reply.rest = messages.collect();
         if result.is_err() {
             self.abort_txn(ctx);
         }

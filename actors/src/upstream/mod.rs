@@ -233,8 +233,7 @@ async fn session(
         // Hand over what is waiting (read earlier, or left behind by a tracked send).
         if release.is_none() && !waiting.is_empty() {
             let batch: Vec<UpstreamMessage> = waiting.drain(..).collect();
-            let n = batch.len();
-            match streamer.send(UpstreamBatch(batch.clone())).await {
+            match streamer.send(UpstreamBatch(batch)).await {
                 Err(_) => return SessionEnd::StreamerGone,
                 Ok(Err(v)) => return SessionEnd::Violation(v.0),
                 Ok(Ok(reply)) => {
@@ -246,9 +245,7 @@ async fn session(
                             Ok(ack.frame)
                         }));
                     }
-                    if reply.consumed < n {
-                        waiting.extend(batch.into_iter().skip(reply.consumed));
-                    }
+                    waiting.extend(reply.rest);
                     release = reply.release;
                 }
             }
