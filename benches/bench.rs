@@ -26,9 +26,9 @@ use change_streamer_actors::streamer::{
 };
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
+use serde_json::{json, Value};
 use support::client::{Seen, WsClient};
 use support::{litestream, upstream};
-use serde_json::{json, Value};
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -56,9 +56,16 @@ fn report(v: Value, human: String) {
 /// Runs `node broadcast-bench.mjs ARGS` in an installed copy of the peer; its JSON line.
 fn peer_bench(peer: &Option<std::path::PathBuf>, args: &[&str]) -> Option<Value> {
     let dir = peer.as_ref()?;
-    let out = Command::new("node").arg("broadcast-bench.mjs").args(args).current_dir(dir).output().ok()?;
+    let out = Command::new("node")
+        .arg("broadcast-bench.mjs")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
-    text.lines().rev().find_map(|l| serde_json::from_str(l).ok())
+    text.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -118,6 +125,7 @@ impl Handler<ToSession> for Session {
 
 struct Rig {
     _dir: tempfile::TempDir,
+    log: ChangeLog,
     streamer: Addr<Streamer>,
     total: Arc<AtomicU64>,
     ack_times: Arc<Mutex<HashMap<u64, Vec<Instant>>>>,
@@ -134,7 +142,11 @@ fn workload(first: u64, txns: u64, changes: u64, row_bytes: usize) -> Vec<Upstre
     let pad = "x".repeat(row_bytes);
     let mut v = Vec::with_capacity((txns * (changes + 2)) as usize);
     for t in first..first + txns {
-        v.push(UpstreamMessage::Begin { payload: r#"{"tag":"begin"}"#.into(), commit_watermark: w(t), skip_ack: false });
+        v.push(UpstreamMessage::Begin {
+            payload: r#"{"tag":"begin"}"#.into(),
+            commit_watermark: w(t),
+            skip_ack: false,
+        });
         for c in 0..changes {
             v.push(UpstreamMessage::Data {
                 payload: format!(
@@ -142,7 +154,10 @@ fn workload(first: u64, txns: u64, changes: u64, row_bytes: usize) -> Vec<Upstre
                 ),
             });
         }
-        v.push(UpstreamMessage::Commit { payload: r#"{"tag":"commit"}"#.into(), watermark: w(t) });
+        v.push(UpstreamMessage::Commit {
+            payload: r#"{"tag":"commit"}"#.into(),
+            watermark: w(t),
+        });
     }
     v
 }
@@ -154,7 +169,11 @@ async fn feed(streamer: &Addr<Streamer>, msgs: Vec<UpstreamMessage>, batch: usiz
     while !rest.is_empty() {
         let n = batch.min(rest.len());
         let b: Vec<UpstreamMessage> = rest.drain(..n).collect();
-        let reply = streamer.send(UpstreamBatch(b)).await.unwrap().expect("valid");
+        let reply = streamer
+            .send(UpstreamBatch(b))
+            .await
+            .unwrap()
+            .expect("valid");
         for m in reply.rest.into_iter().rev() {
             rest.push_front(m);
         }
@@ -171,7 +190,15 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
     let stats = log.stats().await.unwrap();
-    let streamer = Streamer::new(StreamerConfig { padding_ms, ..StreamerConfig::default() }, log, &stats).start();
+    let streamer = Streamer::new(
+        StreamerConfig {
+            padding_ms,
+            ..StreamerConfig::default()
+        },
+        log.clone(),
+        &stats,
+    )
+    .start();
     feed(&streamer, workload(1, 1, 1, 10), 512).await;
     let arbiter = Arbiter::new();
     let total = Arc::new(AtomicU64::new(0));
@@ -179,7 +206,12 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
     let delivered_at = Arc::new(Mutex::new(Vec::new()));
     for (i, &st) in stalled.iter().enumerate() {
         let key = 10_000 + i as u64;
-        let (s2, t2, a2, d2) = (streamer.clone(), total.clone(), ack_times.clone(), delivered_at.clone());
+        let (s2, t2, a2, d2) = (
+            streamer.clone(),
+            total.clone(),
+            ack_times.clone(),
+            delivered_at.clone(),
+        );
         let session = Session::start_in_arbiter(&arbiter.handle(), move |_| Session {
             key,
             streamer: s2,
@@ -205,12 +237,24 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
     }
     loop {
         let st = streamer.send(GetStreamerState).await.unwrap();
-        if st.subscribers.iter().all(|s| format!("{:?}", s.phase) == "Live") {
+        if st
+            .subscribers
+            .iter()
+            .all(|s| format!("{:?}", s.phase) == "Live")
+        {
             break;
         }
         actix_rt::time::sleep(Duration::from_millis(2)).await;
     }
-    Rig { _dir: dir, streamer, total, ack_times, delivered_at, _arbiter: arbiter }
+    Rig {
+        _dir: dir,
+        log,
+        streamer,
+        total,
+        ack_times,
+        delivered_at,
+        _arbiter: arbiter,
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -236,8 +280,22 @@ async fn fanout(peer: &Option<std::path::PathBuf>) {
             }
         }
         let ours = median(&mut runs.clone());
-        let theirs = peer_bench(peer, &["--phases", "throughput", "--subs", &subs.to_string(), "--txns", "10000", "--changes", "10", "--repeat", "3"])
-            .and_then(|v| v["throughput"]["changes_per_s"].as_f64());
+        let theirs = peer_bench(
+            peer,
+            &[
+                "--phases",
+                "throughput",
+                "--subs",
+                &subs.to_string(),
+                "--txns",
+                "10000",
+                "--changes",
+                "10",
+                "--repeat",
+                "3",
+            ],
+        )
+        .and_then(|v| v["throughput"]["changes_per_s"].as_f64());
         report(
             json!({"bench": "fanout", "subscribers": subs, "txns": txns, "changesPerTxn": changes, "changes_per_s": ours.round(),
                    "deliveries_per_s": (ours * subs as f64).round(), "runs_changes_per_s": runs.iter().map(|r| r.round()).collect::<Vec<_>>(),
@@ -269,7 +327,12 @@ async fn stall(peer: &Option<std::path::PathBuf>) {
             let mut msgs = workload(next, 1, 1, 70_000);
             next += 1;
             while !msgs.is_empty() {
-                let reply = r.streamer.send(UpstreamBatch(std::mem::take(&mut msgs))).await.unwrap().unwrap();
+                let reply = r
+                    .streamer
+                    .send(UpstreamBatch(std::mem::take(&mut msgs)))
+                    .await
+                    .unwrap()
+                    .unwrap();
                 msgs = reply.rest;
                 if let Some(rx) = reply.release {
                     let t0 = Instant::now();
@@ -277,7 +340,11 @@ async fn stall(peer: &Option<std::path::PathBuf>) {
                     let released = Instant::now();
                     release.push((released - t0).as_secs_f64() * 1000.0);
                     let times = r.ack_times.lock().unwrap();
-                    let third = times.values().filter(|v| v.len() >= 3).filter_map(|v| v.iter().max().copied()).max();
+                    let third = times
+                        .values()
+                        .filter(|v| v.len() >= 3)
+                        .filter_map(|v| v.iter().max().copied())
+                        .max();
                     drop(times);
                     if let Some(third) = third {
                         after_third.push((released - third).as_secs_f64() * 1000.0);
@@ -289,8 +356,20 @@ async fn stall(peer: &Option<std::path::PathBuf>) {
         let p50 = percentile(&mut after_third.clone(), 0.5);
         let p99 = percentile(&mut after_third.clone(), 0.99);
         let theirs = if stalled_n == 1 {
-            peer_bench(peer, &["--phases", "stall", "--stall-subs", "5", "--padding", "0.1", "--stall-sends", "5"])
-                .map(|v| v["stall"].clone())
+            peer_bench(
+                peer,
+                &[
+                    "--phases",
+                    "stall",
+                    "--stall-subs",
+                    "5",
+                    "--padding",
+                    "0.1",
+                    "--stall-sends",
+                    "5",
+                ],
+            )
+            .map(|v| v["stall"].clone())
         } else {
             None
         };
@@ -331,20 +410,33 @@ struct Child_ {
 
 impl Drop for Child_ {
     fn drop(&mut self) {
-        let _ = Command::new("kill").arg("-INT").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg("-INT")
+            .arg(self.child.id().to_string())
+            .status();
         let _ = self.child.wait();
     }
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 async fn spawn_service(args: &[&str]) -> Child_ {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--data-dir"])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--data-dir",
+        ])
         .arg(dir.path())
         .args(args)
         .env("RUST_LOG", "warn")
@@ -358,7 +450,11 @@ async fn spawn_service(args: &[&str]) -> Child_ {
         }
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
-    Child_ { child, port, _dir: dir }
+    Child_ {
+        child,
+        port,
+        _dir: dir,
+    }
 }
 
 async fn e2e() {
@@ -374,7 +470,12 @@ async fn e2e() {
     let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
     let mut handles = Vec::new();
     for i in 0..subs {
-        let url = format!("ws://127.0.0.1:{}/replication/v6/changes?id=b{i}&replicaVersion={}&watermark={}", svc.port, w(1), w(1));
+        let url = format!(
+            "ws://127.0.0.1:{}/replication/v6/changes?id=b{i}&replicaVersion={}&watermark={}",
+            svc.port,
+            w(1),
+            w(1)
+        );
         let (received, latencies) = (received.clone(), latencies.clone());
         handles.push(actix_rt::spawn(async move {
             let mut c = WsClient::connect(&url).await;
@@ -410,7 +511,9 @@ async fn e2e() {
             }
             let wm = w(n);
             let rows = 1 + (n * 7919) % 20;
-            frames.push(format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#));
+            frames.push(format!(
+                r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#
+            ));
             let now = epoch.elapsed().as_secs_f64() * 1e6;
             for r in 0..rows {
                 frames.push(format!(
@@ -419,7 +522,9 @@ async fn e2e() {
                     "x".repeat(80)
                 ));
             }
-            frames.push(format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#));
+            frames.push(format!(
+                r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#
+            ));
             sent_changes += rows + 2;
             n += 1;
         }
@@ -457,7 +562,15 @@ async fn e2e() {
 async fn reservations() {
     let up = upstream::FakeUpstream::start().await;
     let url = up.url();
-    let svc = spawn_service(&["--upstream", &url, "--litestream-backup-url", "s3://b/r", "--ping-interval-ms", "60000"]).await;
+    let svc = spawn_service(&[
+        "--upstream",
+        &url,
+        "--litestream-backup-url",
+        "s3://b/r",
+        "--ping-interval-ms",
+        "60000",
+    ])
+    .await;
     up.wait_connections(1).await;
     up.send(upstream::txn(1, 1));
     actix_rt::time::sleep(Duration::from_millis(300)).await;
@@ -469,7 +582,11 @@ async fn reservations() {
     for wave in 0..(total / 500) {
         let mut conns = Vec::new();
         for i in 0..500 {
-            let url = format!("ws://127.0.0.1:{}/replication/v6/snapshot?taskID=t{}", svc.port, wave * 500 + i);
+            let url = format!(
+                "ws://127.0.0.1:{}/replication/v6/snapshot?taskID=t{}",
+                svc.port,
+                wave * 500 + i
+            );
             conns.push(actix_rt::spawn(async move {
                 let start = Instant::now();
                 let mut c = WsClient::connect(&url).await;
@@ -489,7 +606,10 @@ async fn reservations() {
     actix_rt::time::sleep(Duration::from_millis(500)).await;
     let rss = rss_kib(svc.child.id(), "VmRSS:");
     let hwm = rss_kib(svc.child.id(), "VmHWM:");
-    let (p50, p99) = (percentile(&mut lat.clone(), 0.5), percentile(&mut lat, 0.99));
+    let (p50, p99) = (
+        percentile(&mut lat.clone(), 0.5),
+        percentile(&mut lat, 0.99),
+    );
     report(
         json!({"bench": "reservations", "held": held.len(), "status_ms_p50": (p50 * 100.0).round() / 100.0, "status_ms_p99": (p99 * 100.0).round() / 100.0,
                "open_all_ms": all_ms.round(), "rss_mib_before": (before as f64 / 1024.0).round(), "rss_mib_held": (rss as f64 / 1024.0).round(),
@@ -509,12 +629,18 @@ async fn changelog() {
     // Durable ingest: 2,000 transactions of 100 changes, queued together (group commit).
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
-    let row = format!(r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#, "x".repeat(80));
+    let row = format!(
+        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#,
+        "x".repeat(80)
+    );
     let make = |n: u64, rows: usize| Transaction {
         watermark: w(n),
         changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
             .chain(std::iter::repeat_n((ChangeKind::Data, row.clone()), rows))
-            .chain(std::iter::once((ChangeKind::Commit, r#"{"tag":"commit"}"#.to_string())))
+            .chain(std::iter::once((
+                ChangeKind::Commit,
+                r#"{"tag":"commit"}"#.to_string(),
+            )))
             .collect(),
     };
     let mut rates = Vec::new();
@@ -546,7 +672,8 @@ async fn changelog() {
         msgs.extend(workload(t, 1, 98, 60).into_iter());
     }
     feed(&r.streamer, msgs, 512).await;
-    // Wait until durable.
+    // Wait until all of it is durable, so that the purge does not queue behind the appends.
+    r.log.barrier().await.unwrap();
     let purge_below = w(2 + big - 1);
     let rows_before = r.total.load(Ordering::Relaxed);
     assert!(rows_before > 0);
@@ -563,21 +690,40 @@ async fn changelog() {
     });
     actix_rt::time::sleep(Duration::from_millis(500)).await;
     let t0 = Instant::now();
-    let answer = r.streamer.send(PurgeIfSafe { watermark: purge_below }).await.unwrap();
+    let answer = r
+        .streamer
+        .send(PurgeIfSafe {
+            watermark: purge_below,
+        })
+        .await
+        .unwrap();
     let purge_ms = t0.elapsed().as_secs_f64() * 1000.0;
     let _ = feeder.await;
     let deliveries = r.delivered_at.lock().unwrap().clone();
-    let max_gap = deliveries.windows(2).map(|p| (p[1] - p[0]).as_secs_f64() * 1000.0).fold(0.0, f64::max);
+    let max_gap = deliveries
+        .windows(2)
+        .map(|p| (p[1] - p[0]).as_secs_f64() * 1000.0)
+        .fold(0.0, f64::max);
     let purged = match answer {
         PurgeAnswer::Purged(n) => n,
         other => panic!("purge refused: {other:?}"),
     };
+    // For comparison: the same purge on a change log kept in one table (no segments).
+    let one_dir = tempfile::tempdir().unwrap();
+    let one = ChangeLog::open_with_segment_rows(one_dir.path(), u64::MAX).unwrap();
+    let pending: Vec<_> = (1..=10_000u64).map(|n| one.append(make(n, 98))).collect();
+    for p in pending {
+        p.await.unwrap();
+    }
+    let t0 = Instant::now();
+    let one_purged = one.purge(w(10_000)).await.unwrap();
+    let one_table_ms = t0.elapsed().as_secs_f64() * 1000.0;
     report(
-        json!({"bench": "changelog", "ingest_changes_per_s": ingest.round(), "runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
+        json!({"bench": "changelog", "ingest_changes_per_s": ingest.round(), "purge_ms_single_table": one_table_ms.round(), "purged_rows_single_table": one_purged, "runs": rates.iter().map(|r| r.round()).collect::<Vec<_>>(),
                "single_txn_commit_ms": (single_txn_ms * 100.0).round() / 100.0, "purged_rows": purged, "purge_ms": purge_ms.round(),
                "max_forwarding_gap_ms_during_purge": (max_gap * 10.0).round() / 10.0}),
         format!(
-            "change log: durable ingest {ingest:.0} changes/s (2,000 x 100-change txns, group commit); one awaited txn {single_txn_ms:.2} ms; purge of {purged} rows {purge_ms:.0} ms, longest forwarding gap meanwhile {max_gap:.1} ms"
+            "change log: durable ingest {ingest:.0} changes/s (2,000 x 100-change txns, group commit); one awaited txn {single_txn_ms:.2} ms; purge of {purged} rows {purge_ms:.0} ms (one-table layout: {one_table_ms:.0} ms), longest forwarding gap meanwhile {max_gap:.1} ms"
         ),
     );
 }
@@ -586,9 +732,16 @@ async fn poll() {
     let series = 10_000usize;
     let mut samples: Vec<(Option<String>, String, String)> = Vec::new();
     for i in 0..series {
-        samples.push((Some(w(1_000_000 + i as u64).to_string()), format!("r{}", i % 7), "1745456444.765".into()));
+        samples.push((
+            Some(w(1_000_000 + i as u64).to_string()),
+            format!("r{}", i % 7),
+            "1745456444.765".into(),
+        ));
     }
-    let refs: Vec<(Option<&str>, &str, String)> = samples.iter().map(|(a, b, c)| (a.as_deref(), b.as_str(), c.clone())).collect();
+    let refs: Vec<(Option<&str>, &str, String)> = samples
+        .iter()
+        .map(|(a, b, c)| (a.as_deref(), b.as_str(), c.clone()))
+        .collect();
     let body = litestream::render_page("/data/replica.db", &refs);
     let mut parse = Vec::new();
     for _ in 0..20 {
@@ -597,14 +750,23 @@ async fn poll() {
         assert_eq!(page.samples.len(), series);
         parse.push(t0.elapsed().as_secs_f64() * 1000.0);
     }
-    let lite = litestream::FakeLitestream::start(litestream::Answer { body: body.clone(), ..Default::default() }).await;
+    let lite = litestream::FakeLitestream::start(litestream::Answer {
+        body: body.clone(),
+        ..Default::default()
+    })
+    .await;
     struct Sink;
     impl Actor for Sink {
         type Context = Context<Self>;
     }
     impl Handler<change_streamer_actors::cleanup::ScheduleCleanup> for Sink {
         type Result = ();
-        fn handle(&mut self, _: change_streamer_actors::cleanup::ScheduleCleanup, _: &mut Context<Self>) {}
+        fn handle(
+            &mut self,
+            _: change_streamer_actors::cleanup::ScheduleCleanup,
+            _: &mut Context<Self>,
+        ) {
+        }
     }
     let cleanup = change_streamer_actors::cleanup::CleanupActor::new(
         change_streamer_actors::clock::Clock::System,
@@ -631,19 +793,45 @@ async fn poll() {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--bench")).collect();
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--bench"))
+        .collect();
     let no_peer = args.iter().any(|a| a == "--no-peer");
-    let all = ["fanout", "stall", "e2e", "reservations", "changelog", "poll"];
+    let all = [
+        "fanout",
+        "stall",
+        "e2e",
+        "reservations",
+        "changelog",
+        "poll",
+    ];
     let chosen: Vec<&str> = {
-        let named: Vec<&str> = args.iter().map(String::as_str).filter(|a| all.contains(a)).collect();
-        if named.is_empty() { all.to_vec() } else { named }
+        let named: Vec<&str> = args
+            .iter()
+            .map(String::as_str)
+            .filter(|a| all.contains(a))
+            .collect();
+        if named.is_empty() {
+            all.to_vec()
+        } else {
+            named
+        }
     };
     let needs_peer = !no_peer && chosen.iter().any(|c| *c == "fanout" || *c == "stall");
-    let peer_install = if needs_peer { support::installed_peer() } else { None };
+    let peer_install = if needs_peer {
+        support::installed_peer()
+    } else {
+        None
+    };
     let peer = peer_install.as_ref().map(|(_, p)| p.clone());
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_default();
     println!(
         "{}",

@@ -8,10 +8,18 @@
 //! own read connection serves catch-up reads, so a subscriber reading far behind never holds up
 //! ingest (WAL mode lets the two run at once).
 //!
-//! Layout: `change_log(watermark, pos, kind, change)` keyed by `(watermark, pos)`, where
-//! `change` is the JSON text of the message's second element exactly as received and `kind` its
-//! message kind (`begin`, `data`, `commit`); and one `replication_state` row with the
-//! replicaVersion and the last stored commit watermark.
+//! Layout: the rows `(watermark, pos, kind, change)` keyed by `(watermark, pos)`, where `change`
+//! is the JSON text of the message's second element exactly as received and `kind` its message
+//! kind (`begin`, `data`, `commit`), and one `replication_state` row with the replicaVersion and
+//! the last stored commit watermark.
+//!
+//! ### Segments, so that a purge is cheap
+//! SQLite deletes rows one at a time: purging a million rows from one table takes seconds. So
+//! the rows live in *segments*, tables `change_log_<n>` of about [`SEGMENT_ROWS`] rows each,
+//! listed with their watermark range in `segments`; a new segment starts at a transaction
+//! boundary once the current one is full. A purge drops every segment that lies wholly below
+//! the purge watermark (dropping a table frees its pages in bulk) and deletes rows only in the
+//! one segment it cuts through. Reads walk the segments in order inside one read transaction.
 //!
 //! [`ChangeLog`] is a cheap handle (two channel senders); dropping every handle ends the
 //! threads after they finish what is queued.
@@ -33,6 +41,9 @@ pub const DB_FILE: &str = "change-log.db";
 
 /// How many queued appends at most share one SQLite transaction.
 const MAX_GROUP: usize = 512;
+
+/// Rows after which the next transaction starts a new segment.
+pub const SEGMENT_ROWS: u64 = 50_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ChangeLogError {
@@ -193,6 +204,14 @@ fn open_connection(path: &Path) -> Result<Connection, rusqlite::Error> {
 impl ChangeLog {
     /// Opens (creating if needed) the change log under `data_dir` and starts its threads.
     pub fn open(data_dir: &Path) -> Result<ChangeLog, ChangeLogError> {
+        Self::open_with_segment_rows(data_dir, SEGMENT_ROWS)
+    }
+
+    /// [`open`](Self::open) with another segment size (tests use small ones).
+    pub fn open_with_segment_rows(
+        data_dir: &Path,
+        segment_rows: u64,
+    ) -> Result<ChangeLog, ChangeLogError> {
         let open_err = |e: Box<dyn std::error::Error + Send + Sync>| ChangeLogError::Open {
             path: data_dir.to_path_buf(),
             source: e,
@@ -201,13 +220,12 @@ impl ChangeLog {
         let path = data_dir.join(DB_FILE);
         let conn = open_connection(&path).map_err(|e| open_err(Box::new(e)))?;
         conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS change_log (
-                 watermark TEXT NOT NULL,
-                 pos INTEGER NOT NULL,
-                 kind TEXT NOT NULL,
-                 change TEXT NOT NULL,
-                 PRIMARY KEY (watermark, pos)
-             ) WITHOUT ROWID;
+            "CREATE TABLE IF NOT EXISTS segments (
+                 id INTEGER PRIMARY KEY,
+                 min_watermark TEXT NOT NULL,
+                 max_watermark TEXT NOT NULL,
+                 rows INTEGER NOT NULL
+             );
              CREATE TABLE IF NOT EXISTS replication_state (
                  id INTEGER PRIMARY KEY CHECK (id = 0),
                  replica_version TEXT,
@@ -216,7 +234,7 @@ impl ChangeLog {
              INSERT OR IGNORE INTO replication_state (id) VALUES (0);",
         )
         .map_err(|e| open_err(Box::new(e)))?;
-        let writer = Writer::load(conn).map_err(|e| open_err(Box::new(e)))?;
+        let writer = Writer::load(conn, segment_rows.max(1)).map_err(|e| open_err(Box::new(e)))?;
         info!(
             "change log at {} opened: replicaVersion={:?} watermarks {:?}..{:?}, {} rows",
             path.display(),
@@ -336,34 +354,81 @@ fn watermark_col(s: Option<String>) -> Result<Option<Watermark>, ChangeLogError>
         .transpose()
 }
 
+/// A segment table's place in the log.
+#[derive(Debug, Clone)]
+struct Segment {
+    id: i64,
+    min: Watermark,
+    max: Watermark,
+    rows: u64,
+}
+
+fn segment_table(id: i64) -> String {
+    format!("change_log_{id}")
+}
+
+fn load_segments(conn: &Connection) -> Result<Vec<Segment>, ChangeLogError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, min_watermark, max_watermark, rows FROM segments ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, i64>(3)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, min, max, n) = row?;
+        let parse = |w: String| Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w));
+        out.push(Segment {
+            id,
+            min: parse(min)?,
+            max: parse(max)?,
+            rows: n as u64,
+        });
+    }
+    Ok(out)
+}
+
 struct Writer {
     conn: Connection,
     stats: ChangeLogStats,
+    segments: Vec<Segment>,
+    segment_rows: u64,
 }
 
 impl Writer {
-    fn load(conn: Connection) -> Result<Writer, ChangeLogError> {
+    fn load(conn: Connection, segment_rows: u64) -> Result<Writer, ChangeLogError> {
+        conn.set_prepared_statement_cache_capacity(64);
         let (rv, _last): (Option<String>, Option<String>) = conn.query_row(
             "SELECT replica_version, last_watermark FROM replication_state WHERE id = 0",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let (min, max, rows): (Option<String>, Option<String>, i64) = conn.query_row(
-            "SELECT MIN(watermark), MAX(watermark), COUNT(*) FROM change_log",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?;
-        Ok(Writer {
+        let segments = load_segments(&conn)?;
+        let mut w = Writer {
             conn,
             stats: ChangeLogStats {
                 replica_version: watermark_col(rv)?,
-                min_watermark: watermark_col(min)?,
-                max_watermark: watermark_col(max)?,
-                rows: rows as u64,
                 changes_stored_total: 0,
                 changes_purged_total: 0,
+                ..ChangeLogStats::default()
             },
-        })
+            segments,
+            segment_rows,
+        };
+        w.refresh_range();
+        Ok(w)
+    }
+
+    /// Recomputes the stats' range and row count from the segments.
+    fn refresh_range(&mut self) {
+        self.stats.min_watermark = self.segments.first().map(|s| s.min.clone());
+        self.stats.max_watermark = self.segments.last().map(|s| s.max.clone());
+        self.stats.rows = self.segments.iter().map(|s| s.rows).sum();
     }
 
     fn run(mut self, rx: mpsc::Receiver<WriteCommand>) {
@@ -409,55 +474,91 @@ impl Writer {
     }
 
     fn append_group(&mut self, group: Vec<(Transaction, Reply<()>)>) {
-        let before = self.stats.clone();
+        let (stats_before, segments_before) = (self.stats.clone(), self.segments.clone());
         let result = (|| -> Result<(), rusqlite::Error> {
             let tx = self.conn.transaction()?;
-            {
-                let mut insert = tx.prepare_cached(
-                    "INSERT OR REPLACE INTO change_log (watermark, pos, kind, change) VALUES (?1, ?2, ?3, ?4)",
-                )?;
-                for (txn, _) in &group {
-                    for (pos, (kind, json)) in txn.changes.iter().enumerate() {
-                        insert.execute(params![
-                            txn.watermark.as_str(),
-                            pos as i64,
-                            kind.as_str(),
-                            json
-                        ])?;
-                    }
-                    let s = &mut self.stats;
-                    if s.replica_version.is_none() {
-                        info!("initial sync stored: replicaVersion={}", txn.watermark);
-                        s.replica_version = Some(txn.watermark.clone());
-                    }
-                    if s.min_watermark.as_ref().is_none_or(|m| txn.watermark < *m) {
-                        s.min_watermark = Some(txn.watermark.clone());
-                    }
-                    if s.max_watermark.as_ref().is_none_or(|m| txn.watermark > *m) {
-                        s.max_watermark = Some(txn.watermark.clone());
-                    }
-                    s.rows += txn.changes.len() as u64;
-                    s.changes_stored_total += txn.changes.len() as u64;
+            let mut touched_from = self.segments.len().saturating_sub(1);
+            for (txn, _) in &group {
+                let full = self
+                    .segments
+                    .last()
+                    .is_none_or(|s| s.rows >= self.segment_rows);
+                if full {
+                    let id = self.segments.last().map_or(1, |s| s.id + 1);
+                    tx.execute_batch(&format!(
+                        "CREATE TABLE {} (
+                             watermark TEXT NOT NULL,
+                             pos INTEGER NOT NULL,
+                             kind TEXT NOT NULL,
+                             change TEXT NOT NULL,
+                             PRIMARY KEY (watermark, pos)
+                         ) WITHOUT ROWID;",
+                        segment_table(id)
+                    ))?;
+                    tx.execute(
+                        "INSERT INTO segments (id, min_watermark, max_watermark, rows) VALUES (?1, ?2, ?2, 0)",
+                        params![id, txn.watermark.as_str()],
+                    )?;
+                    self.segments.push(Segment {
+                        id,
+                        min: txn.watermark.clone(),
+                        max: txn.watermark.clone(),
+                        rows: 0,
+                    });
+                    touched_from = touched_from.min(self.segments.len() - 1);
                 }
+                let Some(seg) = self.segments.last_mut() else {
+                    continue;
+                };
+                let mut insert = tx.prepare_cached(&format!(
+                    "INSERT OR REPLACE INTO {} (watermark, pos, kind, change) VALUES (?1, ?2, ?3, ?4)",
+                    segment_table(seg.id)
+                ))?;
+                for (pos, (kind, json)) in txn.changes.iter().enumerate() {
+                    insert.execute(params![
+                        txn.watermark.as_str(),
+                        pos as i64,
+                        kind.as_str(),
+                        json
+                    ])?;
+                }
+                seg.rows += txn.changes.len() as u64;
+                if txn.watermark > seg.max {
+                    seg.max = txn.watermark.clone();
+                }
+                let s = &mut self.stats;
+                if s.replica_version.is_none() {
+                    info!("initial sync stored: replicaVersion={}", txn.watermark);
+                    s.replica_version = Some(txn.watermark.clone());
+                }
+                s.changes_stored_total += txn.changes.len() as u64;
+            }
+            for seg in &self.segments[touched_from..] {
+                tx.execute(
+                    "UPDATE segments SET max_watermark = ?2, rows = ?3 WHERE id = ?1",
+                    params![seg.id, seg.max.as_str(), seg.rows as i64],
+                )?;
             }
             tx.execute(
                 "UPDATE replication_state SET replica_version = COALESCE(replica_version, ?1), last_watermark = ?2 WHERE id = 0",
                 params![
                     self.stats.replica_version.as_ref().map(|w| w.as_str()),
-                    self.stats.max_watermark.as_ref().map(|w| w.as_str())
+                    self.segments.last().map(|s| s.max.as_str())
                 ],
             )?;
             tx.commit()
         })();
         match result {
             Ok(()) => {
+                self.refresh_range();
                 for (_, reply) in group {
                     let _ = reply.send(Ok(()));
                 }
             }
             Err(e) => {
                 error!("storing {} transaction(s) failed: {e}", group.len());
-                self.stats = before;
+                self.stats = stats_before;
+                self.segments = segments_before;
                 for (_, reply) in group {
                     let _ = reply.send(Err(ChangeLogError::Write(e.to_string())));
                 }
@@ -471,25 +572,65 @@ impl Writer {
         };
         // The newest stored transaction always stays, so the log never forgets where it is.
         let bound = if *before > max { max } else { before.clone() };
-        let tx = self.conn.transaction()?;
-        let n = tx.execute(
-            "DELETE FROM change_log WHERE watermark < ?1",
-            params![bound.as_str()],
-        )?;
-        let min: Option<String> =
-            tx.query_row("SELECT MIN(watermark) FROM change_log", [], |r| r.get(0))?;
-        tx.commit()?;
-        self.stats.min_watermark = watermark_col(min)?;
-        self.stats.rows -= n as u64;
-        self.stats.changes_purged_total += n as u64;
-        Ok(n as u64)
+        let segments_before = self.segments.clone();
+        let result = (|| -> Result<u64, ChangeLogError> {
+            let tx = self.conn.transaction()?;
+            let mut purged = 0u64;
+            // Whole segments below the bound go at once.
+            let whole = self.segments.iter().take_while(|s| s.max < bound).count();
+            for seg in self.segments.drain(..whole) {
+                tx.execute_batch(&format!("DROP TABLE {}", segment_table(seg.id)))?;
+                tx.execute("DELETE FROM segments WHERE id = ?1", params![seg.id])?;
+                purged += seg.rows;
+            }
+            // Then the rows below it in the segment it cuts through.
+            if let Some(seg) = self.segments.first_mut().filter(|s| s.min < bound) {
+                let table = segment_table(seg.id);
+                let n = tx.execute(
+                    &format!("DELETE FROM {table} WHERE watermark < ?1"),
+                    params![bound.as_str()],
+                )? as u64;
+                let min: Option<String> =
+                    tx.query_row(&format!("SELECT MIN(watermark) FROM {table}"), [], |r| {
+                        r.get(0)
+                    })?;
+                if let Some(min) = watermark_col(min)? {
+                    seg.min = min;
+                }
+                seg.rows -= n;
+                tx.execute(
+                    "UPDATE segments SET min_watermark = ?2, rows = ?3 WHERE id = ?1",
+                    params![seg.id, seg.min.as_str(), seg.rows as i64],
+                )?;
+                purged += n;
+            }
+            tx.commit()?;
+            Ok(purged)
+        })();
+        match result {
+            Ok(n) => {
+                self.refresh_range();
+                self.stats.changes_purged_total += n;
+                Ok(n)
+            }
+            Err(e) => {
+                self.segments = segments_before;
+                Err(e)
+            }
+        }
     }
 
     fn has_commit(&self, w: &Watermark) -> Result<bool, ChangeLogError> {
+        let Some(seg) = self.segments.iter().find(|s| s.min <= *w && *w <= s.max) else {
+            return Ok(false);
+        };
         Ok(self
             .conn
             .query_row(
-                "SELECT 1 FROM change_log WHERE watermark = ?1 AND kind = 'commit' LIMIT 1",
+                &format!(
+                    "SELECT 1 FROM {} WHERE watermark = ?1 AND kind = 'commit' LIMIT 1",
+                    segment_table(seg.id)
+                ),
                 params![w.as_str()],
                 |_| Ok(()),
             )
@@ -498,47 +639,64 @@ impl Writer {
     }
 }
 
-fn run_reader(conn: Connection, rx: mpsc::Receiver<ReadCommand>) {
+fn run_reader(mut conn: Connection, rx: mpsc::Receiver<ReadCommand>) {
+    conn.set_prepared_statement_cache_capacity(64);
     while let Ok(cmd) = rx.recv() {
-        let result = read_range(&conn, &cmd);
+        let result = read_range(&mut conn, &cmd);
         let _ = cmd.reply.send(result);
     }
 }
 
-fn read_range(conn: &Connection, cmd: &ReadCommand) -> Result<Vec<StoredChange>, ChangeLogError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT watermark, pos, kind, change FROM change_log
-         WHERE (watermark, pos) > (?1, ?2) AND watermark <= ?3
-         ORDER BY watermark, pos LIMIT ?4",
-    )?;
-    let rows = stmt.query_map(
-        params![
-            cmd.after.0.as_str(),
-            cmd.after.1,
-            cmd.up_to.as_str(),
-            cmd.limit as i64
-        ],
-        |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, String>(3)?,
-            ))
-        },
-    )?;
+/// Reads in one read transaction, so the segment list and the rows are one snapshot.
+fn read_range(
+    conn: &mut Connection,
+    cmd: &ReadCommand,
+) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let tx = conn.transaction()?;
+    let segments = load_segments(&tx)?;
     let mut out = Vec::with_capacity(cmd.limit.min(4096));
-    for row in rows {
-        let (w, pos, kind, json) = row?;
-        let watermark = Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w.clone()))?;
-        let kind = ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?;
-        out.push(StoredChange {
-            watermark,
-            pos,
-            kind,
-            json,
-        });
+    for seg in segments
+        .iter()
+        .filter(|s| s.max >= cmd.after.0 && s.min <= cmd.up_to)
+    {
+        if out.len() >= cmd.limit {
+            break;
+        }
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT watermark, pos, kind, change FROM {}
+             WHERE (watermark, pos) > (?1, ?2) AND watermark <= ?3
+             ORDER BY watermark, pos LIMIT ?4",
+            segment_table(seg.id)
+        ))?;
+        let rows = stmt.query_map(
+            params![
+                cmd.after.0.as_str(),
+                cmd.after.1,
+                cmd.up_to.as_str(),
+                (cmd.limit - out.len()) as i64
+            ],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            },
+        )?;
+        for row in rows {
+            let (w, pos, kind, json) = row?;
+            let watermark = Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w.clone()))?;
+            let kind = ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?;
+            out.push(StoredChange {
+                watermark,
+                pos,
+                kind,
+                json,
+            });
+        }
     }
+    tx.commit()?;
     Ok(out)
 }
 
@@ -607,6 +765,76 @@ mod tests {
         let s = log.stats().await.unwrap();
         assert_eq!((s.min_watermark, s.rows), (Some(Watermark::from_u64(5)), 3));
         assert_eq!(s.changes_purged_total, 12);
+    }
+
+    #[actix_rt::test]
+    async fn segments_roll_over_read_across_and_purge_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // 5 rows a transaction, a new segment every 10 rows: two transactions a segment.
+            let log = ChangeLog::open_with_segment_rows(dir.path(), 10).unwrap();
+            for n in 1..=9 {
+                log.append(txn(n, 3)).await.unwrap();
+            }
+            let all = log
+                .read(
+                    (Watermark::from_u64(1), i64::MAX),
+                    Watermark::from_u64(9),
+                    1000,
+                )
+                .await
+                .unwrap();
+            assert_eq!(all.len(), 40);
+            let ws: Vec<u64> = all
+                .iter()
+                .filter(|c| c.kind == ChangeKind::Commit)
+                .map(|c| c.watermark.to_u64().unwrap())
+                .collect();
+            assert_eq!(ws, (2..=9).collect::<Vec<_>>());
+            // A limited read stops mid-segment and resumes where it stopped.
+            let part = log
+                .read((Watermark::from_u64(2), 2), Watermark::from_u64(9), 7)
+                .await
+                .unwrap();
+            assert_eq!((part[0].watermark.to_u64(), part[0].pos), (Some(2), 3));
+            assert_eq!(part.len(), 7);
+            // Purge below 6: segments {1,2} and {3,4} dropped, 5 deleted from {5,6}.
+            assert_eq!(log.purge(Watermark::from_u64(6)).await.unwrap(), 25);
+            let s = log.stats().await.unwrap();
+            assert_eq!(
+                (s.min_watermark, s.rows),
+                (Some(Watermark::from_u64(6)), 20)
+            );
+            assert!(log.has_commit(Watermark::from_u64(6)).await.unwrap());
+            assert!(!log.has_commit(Watermark::from_u64(5)).await.unwrap());
+            let rest = log
+                .read(
+                    (Watermark::from_u64(0), i64::MAX),
+                    Watermark::from_u64(9),
+                    1000,
+                )
+                .await
+                .unwrap();
+            assert_eq!(rest.len(), 20);
+            assert_eq!(rest[0].watermark, Watermark::from_u64(6));
+        }
+        let log = ChangeLog::open_with_segment_rows(dir.path(), 10).unwrap();
+        let s = log.stats().await.unwrap();
+        assert_eq!(
+            (s.min_watermark, s.max_watermark, s.rows),
+            (
+                Some(Watermark::from_u64(6)),
+                Some(Watermark::from_u64(9)),
+                20
+            )
+        );
+        log.append(txn(10, 3)).await.unwrap();
+        assert_eq!(log.purge(Watermark::from_u64(100)).await.unwrap(), 20);
+        let s = log.stats().await.unwrap();
+        assert_eq!(
+            (s.min_watermark, s.rows),
+            (Some(Watermark::from_u64(10)), 5)
+        );
     }
 
     #[actix_rt::test]
