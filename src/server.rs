@@ -107,6 +107,12 @@ impl Service {
         let bind = (config.host.clone(), config.port);
         let server =
             HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
+                // Replication frames are small and latency matters: no Nagle delay.
+                .on_connect(|conn, _| {
+                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                        let _ = tcp.set_nodelay(true);
+                    }
+                })
                 .workers(2)
                 .shutdown_timeout(5)
                 .disable_signals()

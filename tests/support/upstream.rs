@@ -93,6 +93,11 @@ impl FakeUpstream {
                 .app_data(data.clone())
                 .default_service(web::to(connect))
         })
+        .on_connect(|conn, _| {
+            if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                let _ = tcp.set_nodelay(true);
+            }
+        })
         .workers(1)
         .disable_signals()
         .bind("127.0.0.1:0")
