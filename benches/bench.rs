@@ -99,9 +99,9 @@ impl Handler<ToSession> for Session {
         }
         let mut commit = None;
         let mut tokens = Vec::new();
-        for f in frames {
+        for f in frames.iter() {
             if f.commit.is_some() {
-                commit = f.commit;
+                commit = f.commit.clone();
             }
             tokens.extend(f.token);
         }
@@ -479,7 +479,10 @@ async fn e2e() {
     let epoch = Instant::now();
     up.send(upstream::txn(1, 1));
     actix_rt::time::sleep(Duration::from_millis(200)).await;
-    let subs: usize = std::env::var("E2E_SUBS").ok().and_then(|v| v.parse().ok()).unwrap_or(8);
+    let subs: usize = std::env::var("E2E_SUBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
     let received = Arc::new(AtomicU64::new(0));
     let latencies = Arc::new(Mutex::new(Vec::<f64>::new()));
     let mut handles = Vec::new();
@@ -507,7 +510,10 @@ async fn e2e() {
     }
     actix_rt::time::sleep(Duration::from_millis(300)).await;
     // Transactions of 1–20 rows, paced by the service's acks (at most `window` in flight).
-    let txns: u64 = std::env::var("E2E_TXNS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let txns: u64 = std::env::var("E2E_TXNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000);
     let window = 500u64;
     let mut sent_changes = 0u64;
     let svc_pid = svc.child.id().to_string();
@@ -556,9 +562,21 @@ async fn e2e() {
         peak = peak.max(rss_kib(svc.child.id(), "VmRSS:"));
     }
     let secs = t0.elapsed().as_secs_f64();
-    let (svc_cpu, own_cpu) = (cpu_seconds(&svc_pid) - svc_cpu0, cpu_seconds("self") - own_cpu0);
-    let flow = match awc::Client::new().get(format!("http://127.0.0.1:{}/status", svc.port)).send().await {
-        Ok(mut r) => r.json::<Value>().limit(1 << 24).await.map(|v| v["flowControl"].clone()).unwrap_or(Value::Null),
+    let (svc_cpu, own_cpu) = (
+        cpu_seconds(&svc_pid) - svc_cpu0,
+        cpu_seconds("self") - own_cpu0,
+    );
+    let flow = match awc::Client::new()
+        .get(format!("http://127.0.0.1:{}/status", svc.port))
+        .send()
+        .await
+    {
+        Ok(mut r) => r
+            .json::<Value>()
+            .limit(1 << 24)
+            .await
+            .map(|v| v["flowControl"].clone())
+            .unwrap_or(Value::Null),
         Err(_) => Value::Null,
     };
     let hwm = rss_kib(svc.child.id(), "VmHWM:");
@@ -572,7 +590,9 @@ async fn e2e() {
         let wm = w(n);
         let rows = 1 + (n * 7919) % 20;
         let now = epoch.elapsed().as_secs_f64() * 1e6;
-        let mut frames = vec![format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#)];
+        let mut frames = vec![format!(
+            r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#
+        )];
         for r in 0..rows {
             frames.push(format!(
                 r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{},"sent":{now:.0},"v":"{}"}}}}]"#,
@@ -580,13 +600,17 @@ async fn e2e() {
                 "x".repeat(80)
             ));
         }
-        frames.push(format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#));
+        frames.push(format!(
+            r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#
+        ));
         lat_changes += rows + 2;
         n += 1;
         up.send(frames);
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while received.load(Ordering::Relaxed) < before + lat_changes * subs as u64 && Instant::now() < deadline {
+    while received.load(Ordering::Relaxed) < before + lat_changes * subs as u64
+        && Instant::now() < deadline
+    {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
     let mut lat = latencies.lock().unwrap().clone();

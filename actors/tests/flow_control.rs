@@ -34,11 +34,11 @@ impl Handler<ToSession> for FakeSession {
     type Result = ();
     fn handle(&mut self, msg: ToSession, _: &mut Context<Self>) {
         if let ToSession::Send(frames) = msg {
-            for f in frames {
+            for f in frames.iter() {
                 self.received += 1;
                 self.unacked_tokens.extend(f.token);
                 if f.commit.is_some() {
-                    self.last_commit = f.commit;
+                    self.last_commit = f.commit.clone();
                 }
             }
             if !self.stalled {

@@ -173,10 +173,10 @@ impl Handler<ToSession> for SubscriberSession {
     fn handle(&mut self, msg: ToSession, ctx: &mut Self::Context) {
         match msg {
             ToSession::Send(frames) => {
-                for f in frames {
+                for f in frames.iter() {
                     let (id, text) = self.framing.frame(&f.message);
                     if f.commit.is_some() || f.token.is_some() {
-                        self.tracked.push_back((id, f.commit, f.token));
+                        self.tracked.push_back((id, f.commit.clone(), f.token));
                     }
                     ctx.text(text);
                 }

@@ -574,6 +574,7 @@ impl Streamer {
     /// its `begin` get a `rollback`; nothing of it was stored.
     fn abort_txn(&mut self, ctx: &mut Context<Self>) {
         if let Some(txn) = self.txn.take() {
+            self.flush_all();
             if !txn.replay {
                 info!(
                     "rolling back transaction watermark={} (upstream interrupted)",

@@ -38,8 +38,8 @@ pub struct Outgoing {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum ToSession {
-    /// Write these frames, in order.
-    Send(Vec<Outgoing>),
+    /// Write these frames, in order. Live subscribers that need no filtering share one list.
+    Send(Arc<Vec<Outgoing>>),
     /// Close the socket with this code and reason.
     Close { code: u16, reason: String },
 }
@@ -124,8 +124,10 @@ pub struct Subscriber {
     pub acked: Watermark,
     /// Live changes received while catching up.
     pub backlog: Vec<Arc<Change>>,
-    /// Frames queued for the session in the current streamer turn.
+    /// Frames queued for this session alone in the current streamer turn.
     pub outbox: Vec<Outgoing>,
+    /// In the current turn, this subscriber takes the streamer's shared frames.
+    pub shared: bool,
     pub sent_messages: u64,
     pub acked_messages: u64,
     samples: VecDeque<(f64, u64)>,
@@ -164,6 +166,7 @@ impl Subscriber {
             watermark,
             backlog: Vec::new(),
             outbox: Vec::new(),
+            shared: false,
             sent_messages: 0,
             acked_messages: 0,
             samples: VecDeque::new(),
@@ -221,11 +224,28 @@ impl Subscriber {
         self.sent_messages += 1;
     }
 
+    /// Whether this subscriber can take a turn's shared frames, starting with `first`: live,
+    /// knows every message kind, has nothing of its own queued, and needs no filtering.
+    pub fn can_share(&self, first: &Change) -> bool {
+        self.phase == Phase::Live
+            && self.protocol >= 5
+            && self.outbox.is_empty()
+            && first.watermark > self.watermark
+    }
+
+    /// Accounts for a change it receives through the shared frames.
+    pub fn sent_shared(&mut self, change: &Change) {
+        if change.kind == Kind::Commit {
+            self.watermark = change.watermark.clone();
+        }
+        self.sent_messages += 1;
+    }
+
     /// Hands the outbox to the session.
     pub fn flush(&mut self) {
         if !self.outbox.is_empty() {
             let frames = std::mem::take(&mut self.outbox);
-            self.session.do_send(ToSession::Send(frames));
+            self.session.do_send(ToSession::Send(Arc::new(frames)));
         }
     }
 
