@@ -6,7 +6,6 @@
 //! is run in the same invocation with the same parameters and the ratio is printed; pass
 //! `--no-peer` to skip it. Figures and the machine they were taken on are in `BENCHMARKS.md`.
 
-#[allow(dead_code)]
 #[path = "../tests/support/mod.rs"]
 mod support;
 
@@ -71,13 +70,16 @@ fn peer_bench(peer: &Option<std::path::PathBuf>, args: &[&str]) -> Option<Value>
 // ---------------------------------------------------------------------------------------
 // Fake subscriber sessions for the in-process benchmarks.
 
+/// When each tracked frame (by token) was acked, per subscriber.
+type AckTimes = Arc<Mutex<HashMap<u64, Vec<Instant>>>>;
+
 struct Session {
     key: SubscriberId,
     streamer: Addr<Streamer>,
     stalled: bool,
     received: u64,
     total: Arc<AtomicU64>,
-    ack_times: Option<Arc<Mutex<HashMap<u64, Vec<Instant>>>>>,
+    ack_times: Option<AckTimes>,
     delivered_at: Option<Arc<Mutex<Vec<Instant>>>>,
 }
 
@@ -128,7 +130,7 @@ struct Rig {
     log: ChangeLog,
     streamer: Addr<Streamer>,
     total: Arc<AtomicU64>,
-    ack_times: Arc<Mutex<HashMap<u64, Vec<Instant>>>>,
+    ack_times: AckTimes,
     delivered_at: Arc<Mutex<Vec<Instant>>>,
     _arbiter: Arbiter,
 }
@@ -321,11 +323,9 @@ async fn stall(peer: &Option<std::path::PathBuf>) {
         let r = rig(padding, &stalled).await;
         let mut after_third = Vec::new();
         let mut release = Vec::new();
-        let mut next = 2u64;
         // Each transaction carries a 64 KiB change, so each is (at least) one tracked send.
-        for _ in 0..20 {
+        for next in 2..22u64 {
             let mut msgs = workload(next, 1, 1, 70_000);
-            next += 1;
             while !msgs.is_empty() {
                 let reply = r
                     .streamer
@@ -744,7 +744,7 @@ async fn changelog() {
     let mut msgs = Vec::new();
     let big = 10_000u64;
     for t in 2..2 + big {
-        msgs.extend(workload(t, 1, 98, 60).into_iter());
+        msgs.extend(workload(t, 1, 98, 60));
     }
     feed(&r.streamer, msgs, 512).await;
     // Wait until all of it is durable, so that the purge does not queue behind the appends.

@@ -8,10 +8,7 @@ use actix_web_actors::ws;
 use change_streamer_actors::streamer::subscriber::Mode;
 use change_streamer_actors::watermark::Watermark;
 
-use super::{
-    parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL,
-    MIN_PROTOCOL,
-};
+use super::{open_websocket, query_map, refuse, AppState, Opening};
 use crate::session::subscriber::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
@@ -57,15 +54,11 @@ pub async fn changes(
     version: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let Some(v) = parse_version(&version) else {
-        return Ok(HttpResponse::NotFound().body("not found\n"));
+    let v = match open_websocket(&req, &version) {
+        Opening::Proceed(v) => v,
+        Opening::Answer(response) => return Ok(response),
+        Opening::Refuse(reason) => return refuse(&req, stream, reason),
     };
-    if let Some(bad) = require_upgrade(&req) {
-        return Ok(bad);
-    }
-    if !(MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) {
-        return refuse(&req, stream, unsupported_version(v));
-    }
     let params = match parse_params(v, &query_map(&req)) {
         Ok(p) => p,
         Err(reason) => return refuse(&req, stream, reason),

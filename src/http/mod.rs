@@ -102,6 +102,35 @@ pub fn require_upgrade(req: &HttpRequest) -> Option<HttpResponse> {
     })
 }
 
+/// What the checks shared by both websocket endpoints decided.
+pub enum Opening {
+    /// Go on, at this protocol version.
+    Proceed(u32),
+    /// Answer over plain HTTP (404, or 400 without an upgrade).
+    Answer(HttpResponse),
+    /// Upgrade, then close with 1002 and this reason.
+    Refuse(String),
+}
+
+/// The checks both websocket endpoints start with: one of our paths, an upgrade, a supported
+/// protocol version.
+pub fn open_websocket(req: &HttpRequest, version: &str) -> Opening {
+    let Some(v) = parse_version(version) else {
+        return Opening::Answer(
+            HttpResponse::NotFound()
+                .content_type("text/plain")
+                .body("not found\n"),
+        );
+    };
+    if let Some(bad) = require_upgrade(req) {
+        return Opening::Answer(bad);
+    }
+    if !(MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) {
+        return Opening::Refuse(unsupported_version(v));
+    }
+    Opening::Proceed(v)
+}
+
 /// A websocket that closes at once with 1002 and `reason`.
 struct Refusal {
     reason: String,

@@ -4,10 +4,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 
-use super::{
-    parse_version, query_map, refuse, require_upgrade, unsupported_version, AppState, MAX_PROTOCOL,
-    MIN_PROTOCOL,
-};
+use super::{open_websocket, query_map, refuse, AppState, Opening};
 use crate::session::snapshot::SnapshotSession;
 
 pub async fn snapshot(
@@ -16,14 +13,11 @@ pub async fn snapshot(
     version: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let Some(v) = parse_version(&version) else {
-        return Ok(HttpResponse::NotFound().body("not found\n"));
-    };
-    if let Some(bad) = require_upgrade(&req) {
-        return Ok(bad);
-    }
-    if !(MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) {
-        return refuse(&req, stream, unsupported_version(v));
+    // Every supported version speaks the same snapshot protocol.
+    match open_websocket(&req, &version) {
+        Opening::Proceed(_) => {}
+        Opening::Answer(response) => return Ok(response),
+        Opening::Refuse(reason) => return refuse(&req, stream, reason),
     }
     let task_id = query_map(&req).remove("taskID").unwrap_or_default();
     if task_id.is_empty() {

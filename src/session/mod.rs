@@ -71,6 +71,37 @@ pub trait Live: Actor<Context = ws::WebsocketContext<Self>> {
     fn describe(&self) -> String;
 }
 
+/// Handles a client frame the way both sessions do: every frame counts as hearing from the
+/// client; pings are answered; a close, a binary frame or a protocol error ends the session.
+/// Returns the text of a text frame (an ack) for the session to check.
+pub fn client_frame<A: Live>(
+    act: &mut A,
+    msg: Result<ws::Message, ws::ProtocolError>,
+    ctx: &mut ws::WebsocketContext<A>,
+) -> Option<bytestring::ByteString> {
+    act.liveness().heard();
+    match msg {
+        Ok(ws::Message::Text(text)) => return Some(text),
+        Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+        Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
+        Ok(ws::Message::Close(reason)) => {
+            info!("{}: client closed ({reason:?})", act.describe());
+            ctx.close(reason);
+            ctx.stop();
+        }
+        Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
+            ctx,
+            CLOSE_PROTOCOL_ERROR,
+            "expected a text frame {\"ack\": n}",
+        ),
+        Err(e) => {
+            log::warn!("{}: websocket error: {e}", act.describe());
+            close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+        }
+    }
+    None
+}
+
 /// Starts the ping timer of a session. Runs in the session's own context, so only the session
 /// itself can delay it, and it never does blocking work.
 pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Duration) {

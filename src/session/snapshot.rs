@@ -16,12 +16,12 @@ use actix_web_actors::ws;
 use change_streamer_actors::reservation::{
     Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve,
 };
-use log::{info, warn};
+use log::warn;
 
 use super::framing::Framing;
 use super::{
-    close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL,
-    CLOSE_PROTOCOL_ERROR,
+    client_frame, close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR,
+    CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR,
 };
 
 pub struct SnapshotSession {
@@ -109,28 +109,9 @@ impl Handler<ReservationEvent> for SnapshotSession {
 
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SnapshotSession {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
-        self.liveness.heard();
-        match msg {
-            Ok(ws::Message::Text(text)) => {
-                if let Err(e) = self.framing.ack(&text) {
-                    warn!("{}: {e}", self.describe());
-                    close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
-                }
-            }
-            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
-            Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
-            Ok(ws::Message::Close(reason)) => {
-                info!("{}: client closed ({reason:?})", self.describe());
-                ctx.close(reason);
-                ctx.stop();
-            }
-            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
-                ctx,
-                CLOSE_PROTOCOL_ERROR,
-                "expected a text frame {\"ack\": n}",
-            ),
-            Err(e) => {
-                warn!("{}: websocket error: {e}", self.describe());
+        if let Some(text) = client_frame(self, msg, ctx) {
+            if let Err(e) = self.framing.ack(&text) {
+                warn!("{}: {e}", self.describe());
                 close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
             }
         }

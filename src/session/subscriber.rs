@@ -23,7 +23,8 @@ use log::{info, warn};
 
 use super::framing::Framing;
 use super::{
-    close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR,
+    client_frame, close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
 };
 
 /// The checked query parameters of a subscription.
@@ -188,30 +189,13 @@ impl Handler<ToSession> for SubscriberSession {
 
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SubscriberSession {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
-        self.liveness.heard();
-        match msg {
-            Ok(ws::Message::Text(text)) => match self.framing.ack(&text) {
+        if let Some(text) = client_frame(self, msg, ctx) {
+            match self.framing.ack(&text) {
                 Ok(id) => self.on_ack(id, ctx),
                 Err(e) => {
                     warn!("{}: {e}", self.describe());
                     close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
                 }
-            },
-            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
-            Ok(ws::Message::Pong(_)) | Ok(ws::Message::Nop) => {}
-            Ok(ws::Message::Close(reason)) => {
-                info!("{}: client closed ({reason:?})", self.describe());
-                ctx.close(reason);
-                ctx.stop();
-            }
-            Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
-                ctx,
-                CLOSE_PROTOCOL_ERROR,
-                "expected a text frame {\"ack\": n}",
-            ),
-            Err(e) => {
-                warn!("{}: websocket error: {e}", self.describe());
-                close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
             }
         }
     }
