@@ -474,7 +474,9 @@ async fn spawn_service(args: &[&str]) -> Child_ {
 async fn e2e() {
     let up = upstream::FakeUpstream::start().await;
     let url = up.url();
-    let svc = spawn_service(&["--upstream", &url]).await;
+    // E2E_STALL=1: subscriber 0 stops reading after 2,000 messages (liveness drops it).
+    let stall = std::env::var("E2E_STALL").is_ok_and(|v| v == "1");
+    let svc = spawn_service(&["--upstream", &url, "--ping-interval-ms", if stall { "2000" } else { "30000" }]).await;
     up.wait_connections(1).await;
     let epoch = Instant::now();
     up.send(upstream::txn(1, 1));
@@ -496,7 +498,12 @@ async fn e2e() {
         let (received, latencies) = (received.clone(), latencies.clone());
         handles.push(actix_rt::spawn(async move {
             let mut c = WsClient::connect(&url).await;
+            let mut seen = 0u64;
             while let Some(Seen::Msg { id, msg }) = c.next(Duration::from_secs(5)).await {
+                seen += 1;
+                if stall && i == 0 && seen == 2000 {
+                    std::future::pending::<()>().await;
+                }
                 if msg[0] == "data" {
                     if let Some(sent) = msg[1]["new"]["sent"].as_f64() {
                         let now = epoch.elapsed().as_secs_f64() * 1e6;
@@ -554,7 +561,7 @@ async fn e2e() {
         up.send(frames);
         peak = peak.max(rss_kib(svc.child.id(), "VmRSS:"));
     }
-    let target = sent_changes * subs as u64;
+    let target = sent_changes * (subs as u64 - u64::from(stall));
     let deadline = Instant::now() + Duration::from_secs(120);
     // Each subscriber also got the initial status frame.
     while received.load(Ordering::Relaxed) < target + subs as u64 && Instant::now() < deadline {
@@ -617,7 +624,7 @@ async fn e2e() {
     let (p50, p99) = (percentile(&mut lat, 0.5), percentile(&mut lat, 0.99));
     let per_sub = received.load(Ordering::Relaxed) as f64 / subs as f64 / secs;
     report(
-        json!({"bench": "e2e", "subscribers": subs, "txns": txns, "changes": sent_changes, "seconds": (secs * 100.0).round() / 100.0,
+        json!({"bench": "e2e", "subscribers": subs, "stalledSubscriber": stall, "txns": txns, "changes": sent_changes, "seconds": (secs * 100.0).round() / 100.0,
                "changes_per_s_per_subscriber": per_sub.round(), "deliveries_per_s": (per_sub * subs as f64).round(),
                "latency_at_txns_per_s": 200, "latency_ms_p50": (p50 * 100.0).round() / 100.0, "latency_ms_p99": (p99 * 100.0).round() / 100.0,
                "service_peak_rss_mib": (hwm.max(peak) as f64 / 1024.0).round(),
