@@ -476,7 +476,13 @@ async fn e2e() {
     let url = up.url();
     // E2E_STALL=1: subscriber 0 stops reading after 2,000 messages (liveness drops it).
     let stall = std::env::var("E2E_STALL").is_ok_and(|v| v == "1");
-    let svc = spawn_service(&["--upstream", &url, "--ping-interval-ms", if stall { "2000" } else { "30000" }]).await;
+    let svc = spawn_service(&[
+        "--upstream",
+        &url,
+        "--ping-interval-ms",
+        if stall { "2000" } else { "30000" },
+    ])
+    .await;
     up.wait_connections(1).await;
     let epoch = Instant::now();
     up.send(upstream::txn(1, 1));

@@ -507,3 +507,19 @@ async fn protocol_v4_does_not_receive_update_table_metadata() {
     }
     svc.stop().await;
 }
+
+#[actix_rt::test]
+async fn service_stop_closes_subscriptions_with_1001() {
+    let (svc, up) = service_with_upstream(&[]).await;
+    up.send(txn(100, 1));
+    wait_status(&svc, "initial sync", |s| {
+        s["replicaVersion"] == json!(w(100))
+    })
+    .await;
+    let mut c = WsClient::connect(&changes_url(&svc, "r", 100, "")).await;
+    let (id, _) = c.msg().await;
+    c.ack(id).await;
+    let stopping = actix_rt::spawn(async move { svc.stop().await });
+    assert_eq!(c.closed().await.0, 1001);
+    let _ = stopping.await;
+}
