@@ -523,3 +523,40 @@ async fn service_stop_closes_subscriptions_with_1001() {
     assert_eq!(c.closed().await.0, 1001);
     let _ = stopping.await;
 }
+
+#[actix_rt::test]
+async fn upstream_status_is_echoed_after_durability_and_reset_required_is_shown() {
+    let (svc, up) = service_with_upstream(&[]).await;
+    let mut frames = txn(100, 1);
+    frames.push(format!(r#"["status",{{}},{{"watermark":"{}"}}]"#, w(100)));
+    frames.push(format!(
+        r#"["status",{{"ack":false}},{{"watermark":"{}"}}]"#,
+        w(100)
+    ));
+    frames.push(
+        r#"["control",{"tag":"reset-required","message":"replication slot lost"}]"#.to_string(),
+    );
+    up.send(frames);
+    let st = wait_status(&svc, "reset shown", |s| {
+        s["upstream"]["resetRequired"] == json!(true)
+    })
+    .await;
+    assert_eq!(st["upstream"]["resetMessage"], "replication slot lost");
+    let echo = format!(r#"["status",{{"ack":true}},{{"watermark":"{}"}}]"#, w(100));
+    support::upstream::wait_until(Duration::from_secs(5), || up.acks().len() >= 2).await;
+    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        up.acks(),
+        vec![
+            format!(
+                r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+                w(100)
+            ),
+            echo
+        ],
+        "the commit's ack, then the echo; no echo for ack:false"
+    );
+    // Not stored, not forwarded.
+    assert_eq!(st["changeLog"]["rows"], 3);
+    svc.stop().await;
+}
