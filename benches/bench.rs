@@ -667,13 +667,19 @@ async fn reservations() {
     let mut held = Vec::with_capacity(total);
     let mut lat = Vec::with_capacity(total);
     let t0 = Instant::now();
-    for wave in 0..(total / 500) {
+    // RES_WAVE: how many are opened at once (default 500).
+    let wave_size: usize = std::env::var("RES_WAVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500)
+        .max(1);
+    for wave in 0..total.div_ceil(wave_size) {
         let mut conns = Vec::new();
-        for i in 0..500 {
+        for i in 0..wave_size.min(total - wave * wave_size) {
             let url = format!(
                 "ws://127.0.0.1:{}/replication/v6/snapshot?taskID=t{}",
                 svc.port,
-                wave * 500 + i
+                wave * wave_size + i
             );
             conns.push(actix_rt::spawn(async move {
                 let start = Instant::now();
@@ -699,11 +705,11 @@ async fn reservations() {
         percentile(&mut lat, 0.99),
     );
     report(
-        json!({"bench": "reservations", "held": held.len(), "status_ms_p50": (p50 * 100.0).round() / 100.0, "status_ms_p99": (p99 * 100.0).round() / 100.0,
+        json!({"bench": "reservations", "held": held.len(), "opened_at_once": wave_size, "status_ms_p50": (p50 * 100.0).round() / 100.0, "status_ms_p99": (p99 * 100.0).round() / 100.0,
                "open_all_ms": all_ms.round(), "rss_mib_before": (before as f64 / 1024.0).round(), "rss_mib_held": (rss as f64 / 1024.0).round(),
                "peak_rss_mib": (hwm as f64 / 1024.0).round()}),
         format!(
-            "{} concurrent snapshot reservations (opened 500 at a time): status after {p50:.2} ms (p50) / {p99:.2} ms (p99); service RSS {:.0} MiB held (peak {:.0} MiB)",
+            "{} concurrent snapshot reservations (opened {wave_size} at a time): status after {p50:.2} ms (p50) / {p99:.2} ms (p99); service RSS {:.0} MiB held (peak {:.0} MiB)",
             held.len(),
             rss as f64 / 1024.0,
             hwm as f64 / 1024.0
