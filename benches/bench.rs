@@ -667,7 +667,7 @@ async fn reservations() {
     let mut held = Vec::with_capacity(total);
     let mut lat = Vec::with_capacity(total);
     let t0 = Instant::now();
-    // RES_WAVE: how many are opened at once (default 500).
+    // RES_WAVE: how many are opened at once (default 50; 500 shows the load generator queueing).
     let wave_size: usize = std::env::var("RES_WAVE")
         .ok()
         .and_then(|v| v.parse().ok())
