@@ -28,9 +28,9 @@ use crate::http::{routes, AppState, BackupActors};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error(transparent)]
+    #[error("--data-dir: {0}")]
     ChangeLog(#[from] ChangeLogError),
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr} (--host, --port): {source}")]
     Bind {
         addr: String,
         source: std::io::Error,
