@@ -24,6 +24,15 @@ use litestream::{render_page, Answer, FakeLitestream};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 
+/// A litestream page from `../shared/fixtures/`.
+fn fixture(name: &str) -> String {
+    let path = format!(
+        "{}/../../shared/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
 /// Records what the purge side is told.
 #[derive(Default)]
 struct Purge(Arc<Mutex<Vec<String>>>);
@@ -446,11 +455,7 @@ async fn aborts_inflight_fetch_on_stop() {
 async fn records_watermarks_from_two_replicas() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_745_456_500_000);
-    let body = std::fs::read_to_string(format!(
-        "{}/../../shared/fixtures/litestream-two-replicas.txt",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
+    let body = fixture("litestream-two-replicas.txt");
     h.metrics.set_body(body);
     assert_eq!(
         h.check().await,
@@ -485,11 +490,7 @@ async fn records_watermarks_from_two_replicas() {
 async fn ignores_and_counts_invalid_watermarks() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_746_057_600_000);
-    let body = std::fs::read_to_string(format!(
-        "{}/../../shared/fixtures/litestream-bad-watermarks.txt",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
+    let body = fixture("litestream-bad-watermarks.txt");
     h.metrics.set_body(body);
     assert_eq!(
         h.check().await,
@@ -537,11 +538,7 @@ async fn metrics_endpoint_returning_500_is_a_poll_error() {
 
 #[actix_rt::test]
 async fn metrics_endpoint_returning_garbage_is_a_poll_error() {
-    let garbage = std::fs::read_to_string(format!(
-        "{}/../../shared/fixtures/litestream-garbage.txt",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap();
+    let garbage = fixture("litestream-garbage.txt");
     failed_poll_still_schedules(
         Answer {
             body: garbage,
