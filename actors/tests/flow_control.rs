@@ -286,3 +286,54 @@ async fn two_subscribers_one_stalled_never_release_early() {
         .expect("released")
         .unwrap();
 }
+
+#[actix_rt::test]
+async fn a_commit_that_was_never_stored_is_not_skipped_when_it_comes_again() {
+    use change_streamer_actors::streamer::UpstreamEvent;
+    let s = setup(0.0, &[]).await;
+    // 101 is forwarded; pretend its append failed: the reconnect resumes after 100.
+    let reply = s
+        .streamer
+        .send(UpstreamBatch(vec![begin(101), data(1), commit(101)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        reply.acks[0].durable.is_some(),
+        "a new transaction is acked once durable"
+    );
+    s.streamer.send(UpstreamEvent::Disconnected).await.unwrap();
+    s.streamer
+        .send(UpstreamEvent::Connected {
+            resume_after: Some(w(100)),
+        })
+        .await
+        .unwrap();
+    let reply = s
+        .streamer
+        .send(UpstreamBatch(vec![begin(101), data(1), commit(101)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        reply.acks[0].durable.is_some(),
+        "stored again, not skipped as a replay"
+    );
+    // Resuming after what was stored changes nothing: 101 is then a replay, acked at once.
+    s.streamer
+        .send(UpstreamEvent::Connected {
+            resume_after: Some(w(101)),
+        })
+        .await
+        .unwrap();
+    let reply = s
+        .streamer
+        .send(UpstreamBatch(vec![begin(101), data(1), commit(101)]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        reply.acks[0].durable.is_none(),
+        "a replay is acked again at once"
+    );
+}

@@ -129,7 +129,10 @@ pub struct ProtocolViolation(pub String);
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum UpstreamEvent {
-    Connected,
+    /// Connected, resuming after `resume_after`, the change log's last durable commit.
+    Connected {
+        resume_after: Option<Watermark>,
+    },
     /// Connection ended; a transaction in progress is rolled back.
     Disconnected,
     ResetRequired(String),
@@ -771,7 +774,17 @@ impl Handler<UpstreamEvent> for Streamer {
     type Result = ();
     fn handle(&mut self, ev: UpstreamEvent, ctx: &mut Context<Self>) {
         match ev {
-            UpstreamEvent::Connected => self.upstream_connected = true,
+            UpstreamEvent::Connected { resume_after } => {
+                self.upstream_connected = true;
+                // A transaction forwarded but never made durable (its append failed) comes
+                // again from the change source; it must not then be skipped as a replay.
+                if let (Some(durable), Some(last)) = (&resume_after, &self.last_commit) {
+                    if durable < last {
+                        warn!("last forwarded commit watermark={last} was never stored; resuming after watermark={durable}");
+                        self.last_commit = resume_after;
+                    }
+                }
+            }
             UpstreamEvent::Disconnected => {
                 self.upstream_connected = false;
                 self.abort_txn(ctx);

@@ -145,7 +145,7 @@ async fn run(
                 Ok((_, framed)) => {
                     info!("connected to change source (resuming after watermark={:?})", state.max_watermark.as_ref().map(|w| w.to_string()));
                     backoff = cfg.first_backoff;
-                    streamer.do_send(UpstreamEvent::Connected);
+                    streamer.do_send(UpstreamEvent::Connected { resume_after: state.max_watermark.clone() });
                     let end = session(framed, &streamer, &mut stop).await;
                     streamer.do_send(UpstreamEvent::Disconnected);
                     end
