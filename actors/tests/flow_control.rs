@@ -24,6 +24,7 @@ struct FakeSession {
     received: u64,
     unacked_tokens: Vec<u64>,
     last_commit: Option<Watermark>,
+    commits: Vec<Watermark>,
 }
 
 impl Actor for FakeSession {
@@ -37,8 +38,9 @@ impl Handler<ToSession> for FakeSession {
             for f in frames.iter() {
                 self.received += 1;
                 self.unacked_tokens.extend(f.token);
-                if f.commit.is_some() {
-                    self.last_commit = f.commit.clone();
+                if let Some(c) = &f.commit {
+                    self.last_commit = Some(c.clone());
+                    self.commits.push(c.clone());
                 }
             }
             if !self.stalled {
@@ -108,6 +110,7 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
         padding_ms,
         flow_control_bytes: 1,
         catchup_batch: 100,
+        ..StreamerConfig::default()
     };
     let streamer = Streamer::new(cfg, log, &stats).start();
     // The initial sync, with no subscriber: nothing to wait for.
@@ -128,6 +131,7 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
             received: 0,
             unacked_tokens: vec![],
             last_commit: None,
+            commits: vec![],
         }
         .start();
         streamer
@@ -336,4 +340,77 @@ async fn a_commit_that_was_never_stored_is_not_skipped_when_it_comes_again() {
         reply.acks[0].durable.is_none(),
         "a replay is acked again at once"
     );
+}
+
+#[derive(Message)]
+#[rtype(result = "Vec<Watermark>")]
+struct Commits;
+impl Handler<Commits> for FakeSession {
+    type Result = Vec<Watermark>;
+    fn handle(&mut self, _: Commits, _: &mut Context<Self>) -> Vec<Watermark> {
+        self.commits.clone()
+    }
+}
+
+#[actix_rt::test]
+async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = ChangeLog::open(dir.path()).unwrap();
+    let stats = log.stats().await.unwrap();
+    let cfg = StreamerConfig {
+        padding_ms: 0.0,
+        flow_control_bytes: usize::MAX,
+        catchup_batch: 10,
+        backlog_limit: 20,
+    };
+    let streamer = Streamer::new(cfg, log, &stats).start();
+    let txn = |n: u64| vec![begin(n), data(n), commit(n)];
+    for n in 100..=130 {
+        streamer.send(UpstreamBatch(txn(n))).await.unwrap().unwrap();
+    }
+    // A subscriber at 100 that does not ack: its catch-up stops after the first batch.
+    let session = FakeSession {
+        key: 1,
+        streamer: streamer.clone(),
+        stalled: true,
+        received: 0,
+        unacked_tokens: vec![],
+        last_commit: None,
+        commits: vec![],
+    }
+    .start();
+    streamer
+        .send(Subscribe {
+            key: 1,
+            id: "slow".into(),
+            mode: Mode::Serving,
+            protocol: 6,
+            replica_version: w(100).to_string(),
+            watermark: w(100),
+            session: session.clone().recipient(),
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    actix_rt::time::sleep(Duration::from_millis(50)).await;
+    // Live changes keep coming; its backlog never holds more than the limit plus a transaction.
+    for n in 131..=200 {
+        streamer.send(UpstreamBatch(txn(n))).await.unwrap().unwrap();
+        let st = streamer.send(GetStreamerState).await.unwrap();
+        let sub = &st.subscribers[0];
+        assert!(sub.pending <= 10 + 20 + 3, "backlog not bounded: {sub:?}");
+    }
+    // It now acks as fast as it is fed, and ends up with every transaction once, in order.
+    for _ in 0..500 {
+        session.send(AckNow).await.unwrap();
+        let st = streamer.send(GetStreamerState).await.unwrap();
+        if format!("{:?}", st.subscribers[0].phase) == "Live"
+            && session.send(Commits).await.unwrap().len() == 100
+        {
+            break;
+        }
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    let commits = session.send(Commits).await.unwrap();
+    assert_eq!(commits, (101..=200).map(w).collect::<Vec<_>>());
 }

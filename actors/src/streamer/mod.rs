@@ -61,6 +61,9 @@ pub struct StreamerConfig {
     pub flow_control_bytes: usize,
     /// Rows per catch-up read.
     pub catchup_batch: usize,
+    /// Live changes kept for a subscriber still catching up before they are dropped and read
+    /// from the change log instead.
+    pub backlog_limit: usize,
 }
 
 impl Default for StreamerConfig {
@@ -69,6 +72,7 @@ impl Default for StreamerConfig {
             padding_ms: 1000.0,
             flow_control_bytes: 64 * 1024,
             catchup_batch: 2000,
+            backlog_limit: 20_000,
         }
     }
 }
@@ -259,6 +263,8 @@ struct Catchup {
     after: (Watermark, i64),
     up_to: Watermark,
     waiting_token: Option<u64>,
+    /// `up_to` moved past what the last barrier covered: wait for durability before reading.
+    needs_barrier: bool,
 }
 
 impl Streamer {
@@ -477,6 +483,7 @@ impl Streamer {
                         after,
                         up_to,
                         waiting_token: None,
+                        needs_barrier: false,
                     },
                 );
                 // Everything up to `up_to` was queued on the change log before this point.
@@ -504,16 +511,55 @@ impl Streamer {
     }
 
     fn read_catchup(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
-        let Some(c) = self.catchup.get(&key) else {
+        let Some(c) = self.catchup.get_mut(&key) else {
             return;
         };
+        if std::mem::take(&mut c.needs_barrier) {
+            let barrier = self.log.barrier();
+            ctx.spawn(
+                barrier
+                    .into_actor(self)
+                    .map(move |res, act, ctx| match res {
+                        Ok(()) => act.read_catchup(ctx, key),
+                        Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
+                    }),
+            );
+            return;
+        }
+        let up_to = c.up_to.clone();
         let read = self
             .log
-            .read(c.after.clone(), c.up_to.clone(), self.cfg.catchup_batch);
+            .read(c.after.clone(), up_to.clone(), self.cfg.catchup_batch);
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(rows) => act.send_catchup(ctx, key, rows),
+            Ok(rows) => act.send_catchup(ctx, key, rows, up_to),
             Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
         }));
+    }
+
+    /// Bounds the backlog of subscribers still catching up: past
+    /// [`StreamerConfig::backlog_limit`] live changes, the backlog is dropped and the catch-up
+    /// reads those transactions from the change log instead. Called between transactions only,
+    /// so the backlog holds whole committed transactions, all queued on the change log.
+    fn trim_backlogs(&mut self) {
+        let limit = self.cfg.backlog_limit;
+        let Some(last) = self.last_commit.clone() else {
+            return;
+        };
+        for sub in self.subscribers.values_mut() {
+            if sub.phase != Phase::CatchingUp || sub.backlog.len() <= limit {
+                continue;
+            }
+            if let Some(c) = self.catchup.get_mut(&sub.key) {
+                info!(
+                    "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
+                    sub.id,
+                    sub.backlog.len()
+                );
+                sub.backlog.clear();
+                c.up_to = last.clone();
+                c.needs_barrier = true;
+            }
+        }
     }
 
     fn send_catchup(
@@ -521,12 +567,18 @@ impl Streamer {
         ctx: &mut Context<Self>,
         key: SubscriberId,
         rows: Vec<crate::changelog::StoredChange>,
+        read_up_to: Watermark,
     ) {
         let token = self.token();
         let (Some(sub), Some(c)) = (self.subscribers.get_mut(&key), self.catchup.get_mut(&key))
         else {
             return;
         };
+        if rows.is_empty() && c.up_to != read_up_to {
+            // The target moved while this read was out: read on.
+            self.read_catchup(ctx, key);
+            return;
+        }
         if rows.is_empty() {
             // Caught up: the backlog follows, then live changes.
             self.catchup.remove(&key);
@@ -693,6 +745,7 @@ impl Streamer {
                     durable: Some(Box::pin(durable)),
                     frame: (!t.skip_ack).then(|| UpstreamAck::commit_frame(&watermark)),
                 });
+                self.trim_backlogs();
                 self.activate_queued(ctx);
                 Ok(release)
             }
@@ -705,6 +758,7 @@ impl Streamer {
                     info!("transaction watermark={} rolled back upstream", t.watermark);
                     release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, &payload));
                 }
+                self.trim_backlogs();
                 self.activate_queued(ctx);
                 Ok(release)
             }
