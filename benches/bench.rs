@@ -471,6 +471,27 @@ async fn spawn_service(args: &[&str]) -> Child_ {
     }
 }
 
+/// The frames of transaction `n`: 1–20 inserts of ~80 bytes, each stamped with when it was
+/// built (µs since `epoch`) so that subscribers can measure latency.
+fn stamped_txn(n: u64, epoch: Instant) -> Vec<String> {
+    let wm = w(n);
+    let now = epoch.elapsed().as_secs_f64() * 1e6;
+    let pad = "x".repeat(80);
+    let mut frames = vec![format!(
+        r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#
+    )];
+    for r in 0..1 + (n * 7919) % 20 {
+        frames.push(format!(
+            r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{},"sent":{now:.0},"v":"{pad}"}}}}]"#,
+            n * 100 + r
+        ));
+    }
+    frames.push(format!(
+        r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#
+    ));
+    frames
+}
+
 async fn e2e() {
     let up = upstream::FakeUpstream::start().await;
     let url = up.url();
@@ -545,23 +566,9 @@ async fn e2e() {
             if n >= 2 + txns {
                 break;
             }
-            let wm = w(n);
-            let rows = 1 + (n * 7919) % 20;
-            frames.push(format!(
-                r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#
-            ));
-            let now = epoch.elapsed().as_secs_f64() * 1e6;
-            for r in 0..rows {
-                frames.push(format!(
-                    r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{},"sent":{now:.0},"v":"{}"}}}}]"#,
-                    n * 100 + r,
-                    "x".repeat(80)
-                ));
-            }
-            frames.push(format!(
-                r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#
-            ));
-            sent_changes += rows + 2;
+            let txn = stamped_txn(n, epoch);
+            sent_changes += txn.len() as u64;
+            frames.extend(txn);
             n += 1;
         }
         up.send(frames);
@@ -600,23 +607,8 @@ async fn e2e() {
     let mut tick = actix_rt::time::interval(Duration::from_millis(5));
     for _ in 0..lat_txns {
         tick.tick().await;
-        let wm = w(n);
-        let rows = 1 + (n * 7919) % 20;
-        let now = epoch.elapsed().as_secs_f64() * 1e6;
-        let mut frames = vec![format!(
-            r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#
-        )];
-        for r in 0..rows {
-            frames.push(format!(
-                r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{},"sent":{now:.0},"v":"{}"}}}}]"#,
-                n * 100 + r,
-                "x".repeat(80)
-            ));
-        }
-        frames.push(format!(
-            r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#
-        ));
-        lat_changes += rows + 2;
+        let frames = stamped_txn(n, epoch);
+        lat_changes += frames.len() as u64;
         n += 1;
         up.send(frames);
     }

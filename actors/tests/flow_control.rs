@@ -168,6 +168,24 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
     }
 }
 
+/// Asserts that `release` does not come within `ms` milliseconds.
+async fn still_held(release: &mut oneshot::Receiver<()>, ms: u64, why: &str) {
+    assert!(
+        tokio::time::timeout(Duration::from_millis(ms), release)
+            .await
+            .is_err(),
+        "{why}"
+    );
+}
+
+/// Asserts that `release` comes within a second.
+async fn released(release: oneshot::Receiver<()>, why: &str) {
+    tokio::time::timeout(Duration::from_secs(1), release)
+        .await
+        .expect(why)
+        .expect(why);
+}
+
 /// Sends one message; returns the release receiver of its tracked send, if it waits.
 async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver<()>> {
     let reply = s
@@ -215,17 +233,14 @@ async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
 async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut release)
-            .await
-            .is_err(),
-        "one subscriber is its own majority: no early release"
-    );
+    still_held(
+        &mut release,
+        300,
+        "one subscriber is its own majority: no early release",
+    )
+    .await;
     s.sessions[0].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release)
-        .await
-        .expect("released after the ack")
-        .unwrap();
+    released(release, "released after the ack").await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     // Three releases of the initial sync (no subscriber: released at once), then this one.
     assert_eq!((st.releases_all, st.releases_consensus), (4, 0));
@@ -235,36 +250,26 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
 async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(200), &mut release)
-            .await
-            .is_err()
-    );
+    still_held(&mut release, 200, "released too early").await;
     s.streamer
         .send(SessionGone { subscriber: 1000 })
         .await
         .unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release)
-        .await
-        .expect("released when it left")
-        .unwrap();
+    released(release, "released when it left").await;
 }
 
 #[actix_rt::test]
 async fn negative_padding_waits_for_all() {
     let s = setup(-1000.0, &[false, false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(500), &mut release)
-            .await
-            .is_err(),
-        "negative padding: a majority is not enough"
-    );
+    still_held(
+        &mut release,
+        500,
+        "negative padding: a majority is not enough",
+    )
+    .await;
     s.sessions[2].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release)
-        .await
-        .expect("released")
-        .unwrap();
+    released(release, "released").await;
 }
 
 #[actix_rt::test]
@@ -278,17 +283,9 @@ async fn no_subscribers_means_no_wait() {
 async fn two_subscribers_one_stalled_never_release_early() {
     let s = setup(0.0, &[false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), &mut release)
-            .await
-            .is_err(),
-        "majority of 2 is 2"
-    );
+    still_held(&mut release, 300, "majority of 2 is 2").await;
     s.sessions[1].send(AckNow).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), release)
-        .await
-        .expect("released")
-        .unwrap();
+    released(release, "released").await;
 }
 
 #[actix_rt::test]

@@ -483,21 +483,12 @@ impl Streamer {
                         after,
                         up_to,
                         waiting_token: None,
-                        needs_barrier: false,
+                        // Everything up to `up_to` was queued on the change log before this
+                        // point: the first read waits until it is durable.
+                        needs_barrier: true,
                     },
                 );
-                // Everything up to `up_to` was queued on the change log before this point.
-                let barrier = self.log.barrier();
-                ctx.spawn(
-                    barrier
-                        .into_actor(self)
-                        .map(move |res, act, ctx| match res {
-                            Ok(()) => act.read_catchup(ctx, key),
-                            Err(e) => {
-                                act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}"))
-                            }
-                        }),
-                );
+                self.read_catchup(ctx, key);
             }
             _ => {
                 sub.phase = Phase::Live;
