@@ -131,6 +131,13 @@ async fn bad_requests_are_refused_with_the_specified_answers() {
     assert_eq!(svc.get("/replication/v6/snapshot?taskID=t").await.0, 400);
     assert_eq!(svc.get("/replication/v6/changes").await.0, 400);
     assert_eq!(svc.get("/nope").await.0, 404);
+    // An unknown path is 404 with an upgrade too.
+    let err = awc::Client::new()
+        .ws(svc.ws("/replication/v6/nope"))
+        .connect()
+        .await
+        .err();
+    assert!(format!("{err:?}").contains("404"), "{err:?}");
     assert_eq!(svc.get("/replication/vx/snapshot").await.0, 404);
     assert_eq!(svc.get("/healthz").await, (200, "ok".to_string()));
     svc.stop().await;

@@ -617,3 +617,25 @@ async fn polls_by_itself_every_interval() {
     assert!(metrics.requests() >= 2);
     monitor.send(Stop).await.unwrap();
 }
+
+#[actix_rt::test]
+async fn polls_never_overlap() {
+    let h = Harness::new(100_000).await;
+    h.metrics.set(Answer {
+        hang: true,
+        ..Answer::default()
+    });
+    let (m1, m2) = (h.monitor.clone(), h.monitor.clone());
+    let first = actix_rt::spawn(async move { m1.send(Check).await });
+    h.metrics.wait_for_request(0, Duration::from_secs(2)).await;
+    let second = actix_rt::spawn(async move { m2.send(Check).await });
+    actix_rt::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(h.metrics.requests(), 1, "a check during a poll joins it");
+    h.metrics.release();
+    let (a, b) = (
+        first.await.unwrap().unwrap(),
+        second.await.unwrap().unwrap(),
+    );
+    assert_eq!(a, b);
+    assert_eq!(h.metrics.requests(), 1);
+}

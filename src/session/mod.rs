@@ -119,3 +119,21 @@ pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Dura
         ctx.ping(b"");
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_reasons_are_cut_to_123_bytes_at_a_character_boundary() {
+        assert_eq!(truncate_reason("short"), "short");
+        let long = "é".repeat(100); // 200 bytes
+        let cut = truncate_reason(&long);
+        assert!(
+            cut.len() <= MAX_REASON && cut.len() >= MAX_REASON - 1,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.chars().all(|c| c == 'é'));
+    }
+}
