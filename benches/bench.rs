@@ -19,10 +19,10 @@ use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeKind, ChangeLog, Transaction};
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig};
 use change_streamer_actors::streamer::broadcast::SubscriberId;
-use change_streamer_actors::streamer::subscriber::{Mode, SessionProgress, ToSession};
 use change_streamer_actors::streamer::{
     GetStreamerState, PurgeAnswer, PurgeIfSafe, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
+use change_streamer_actors::streamer::{Mode, SessionProgress, ToSession};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use serde_json::{json, Value};

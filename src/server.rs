@@ -18,7 +18,7 @@ use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{MonitorActor, MonitorConfig, Stop};
 use change_streamer_actors::reservation::{CloseAll, ReservationActor};
-use change_streamer_actors::streamer::purge::Purger;
+use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::{CloseAllSubscribers, Streamer, StreamerConfig};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use log::{info, warn};

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::streamer::broadcast::SubscriberId;
-use change_streamer_actors::streamer::subscriber::{Mode, SessionGone, SessionProgress, ToSession};
 use change_streamer_actors::streamer::{
     GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
+use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use tokio::sync::oneshot;

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
-use change_streamer_actors::streamer::subscriber::Mode;
+use change_streamer_actors::streamer::Mode;
 use change_streamer_actors::watermark::Watermark;
 
 use super::{open_websocket, query_map, refuse, AppState, Opening};

@@ -20,7 +20,7 @@ use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::monitor::MonitorActor;
 use change_streamer_actors::reservation::ReservationActor;
-use change_streamer_actors::streamer::purge::Purger;
+use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;

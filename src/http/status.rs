@@ -9,9 +9,9 @@ use change_streamer_actors::changelog::ChangeLogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
-use change_streamer_actors::streamer::purge::{GetPurgeState, PurgeState};
-use change_streamer_actors::streamer::subscriber::{Mode, SubscriberInfo};
+use change_streamer_actors::streamer::{GetPurgeState, PurgeState};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
+use change_streamer_actors::streamer::{Mode, SubscriberInfo};
 use serde_json::json;
 
 use super::AppState;

@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
-use change_streamer_actors::streamer::subscriber::{Mode, SessionGone, SessionProgress, ToSession};
+use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};

@@ -1,10 +1,15 @@
-//! `Purger`: carries out scheduled cleanups when they are safe (SPEC §9).
+//! Purge: the [`Purger`], which carries out scheduled cleanups when they are safe (SPEC §9), and
+//! the streamer's side of the check ([`PurgeIfSafe`]).
 //!
 //! The [`CleanupActor`] decides a watermark `W` may go; the purger waits `purge_delay`, then asks
 //! the streamer to purge below `W` *if* every connected subscriber has acked `W`
 //! ([`PurgeIfSafe`]). A subscriber still behind `W`, or no subscriber at all, means "not yet":
 //! the same check runs again after the same delay. A scheduled watermark is never dropped;
 //! several are handled smallest first, and a larger one waits while a smaller one is blocked.
+//!
+//! The streamer knows every subscriber's acked watermark, so [`PurgeIfSafe`] is answered there,
+//! and the purge is queued on the change log in the same turn as the decision: no subscriber
+//! can be admitted between the check and the delete.
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
@@ -15,9 +20,27 @@ use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use super::{PurgeAnswer, PurgeIfSafe};
+use super::Streamer;
 use crate::cleanup::ScheduleCleanup;
 use crate::watermark::Watermark;
+
+/// Purge the change log below `watermark` if every connected subscriber has acked it.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "PurgeAnswer")]
+pub struct PurgeIfSafe {
+    pub watermark: Watermark,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeAnswer {
+    Purged(u64),
+    NoSubscribers,
+    Blocked {
+        subscriber: String,
+        acked: Watermark,
+    },
+    Failed(String),
+}
 
 /// The purger's part of `/status`.
 #[derive(Message, Debug, Clone, Copy)]
@@ -154,5 +177,28 @@ impl Handler<GetPurgeState> for Purger {
         let mut s = self.state.clone();
         s.scheduled = self.scheduled.keys().cloned().collect();
         MessageResult(s)
+    }
+}
+
+impl Handler<PurgeIfSafe> for Streamer {
+    type Result = ResponseFuture<PurgeAnswer>;
+    fn handle(&mut self, msg: PurgeIfSafe, _: &mut Context<Self>) -> Self::Result {
+        if self.subscribers.is_empty() {
+            return Box::pin(async { PurgeAnswer::NoSubscribers });
+        }
+        if let Some(lagging) = self.subscribers.values().find(|s| s.acked < msg.watermark) {
+            let answer = PurgeAnswer::Blocked {
+                subscriber: lagging.id.clone(),
+                acked: lagging.acked.clone(),
+            };
+            return Box::pin(async move { answer });
+        }
+        let purge = self.log.purge(msg.watermark);
+        Box::pin(async move {
+            match purge.await {
+                Ok(n) => PurgeAnswer::Purged(n),
+                Err(e) => PurgeAnswer::Failed(e.to_string()),
+            }
+        })
     }
 }

@@ -1,11 +1,5 @@
-//! A subscriber, as the streamer sees it, and the messages between the streamer and the
-//! subscriber's websocket session.
-//!
-//! The session is a thin wire adapter: it writes the frames it is given ([`ToSession`]), numbers
-//! them, and reports acks back ([`SessionProgress`]) only when they matter: when a commit was
-//! acked (the subscriber's acked watermark moved, which the purge rule reads) or when a tracked
-//! message was acked (a broadcast or a catch-up batch waits on it). Everything else about the
-//! subscriber lives here, owned by the streamer:
+//! A subscriber, as the streamer sees it. The session (see [`super::session`]) only writes frames
+//! and reports acks; everything else about the subscriber lives here, owned by the streamer:
 //!
 //! - `watermark`: the last commit *sent*; a change is sent only if its watermark is above it, so
 //!   catch-up and live changes can never duplicate a transaction;
@@ -21,48 +15,8 @@ use serde::Serialize;
 
 use super::broadcast::SubscriberId;
 use super::change::{Change, Kind};
+use super::session::{Outgoing, ToSession};
 use crate::watermark::Watermark;
-
-/// One frame for a session to write, with what its ack means.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    /// The message JSON (`["data",{...}]`); the session wraps it as `{"msg":…,"id":n}`.
-    pub message: Arc<str>,
-    /// Set on commits: acking this frame acks that commit watermark.
-    pub commit: Option<Watermark>,
-    /// Set on tracked frames: report this token when acked.
-    pub token: Option<u64>,
-}
-
-/// From the streamer to a subscriber's session.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub enum ToSession {
-    /// Write these frames, in order. Live subscribers that need no filtering share one list.
-    Send(Arc<Vec<Outgoing>>),
-    /// Close the socket with this code and reason.
-    Close { code: u16, reason: String },
-}
-
-/// From a session to the streamer: the client acked through message `acked_messages`.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct SessionProgress {
-    pub subscriber: SubscriberId,
-    /// How many change frames (not counting `status`/`error`) the client has acked in all.
-    pub acked_messages: u64,
-    /// The newest commit watermark among the frames acked, if any.
-    pub acked_commit: Option<Watermark>,
-    /// Tokens of tracked frames acked.
-    pub tokens: Vec<u64>,
-}
-
-/// From a session to the streamer: the session stopped (any reason).
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
-pub struct SessionGone {
-    pub subscriber: SubscriberId,
-}
 
 /// `mode=backup` or anything else (`serving`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

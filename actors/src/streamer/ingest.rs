@@ -1,0 +1,339 @@
+//! Ingest: the streamer's conversation with the upstream client. Batches of upstream messages
+//! come in ([`UpstreamBatch`]); each transaction is forwarded to live subscribers change by
+//! change, queued on the change log at its commit, and answered with the acks the client must
+//! send upstream once durable ([`BatchReply`]). A tracked send stops the batch: the client waits
+//! for its release before sending the rest.
+//!
+//! Ordering rules of a transaction (begin before data, matching watermarks) are checked here,
+//! where it is known where a transaction stands; a broken rule is a [`ProtocolViolation`] that
+//! rolls the transaction back.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use log::{info, warn};
+use tokio::sync::oneshot;
+
+use super::change::{Change, Kind};
+use super::Streamer;
+use crate::changelog::{ChangeKind, ChangeLogError, Transaction};
+use crate::upstream::protocol::UpstreamMessage;
+use crate::watermark::Watermark;
+
+/// A batch of upstream messages, in order.
+#[derive(Message, Debug)]
+#[rtype(result = "Result<BatchReply, ProtocolViolation>")]
+pub struct UpstreamBatch(pub Vec<UpstreamMessage>);
+
+/// What the upstream client must do after a batch.
+#[derive(Debug, Default)]
+pub struct BatchReply {
+    /// How many messages of the batch were taken.
+    pub consumed: usize,
+    /// The messages not taken, handed back: send them after `release`.
+    pub rest: Vec<UpstreamMessage>,
+    /// Acks to send upstream, in this order, each once its condition holds.
+    pub acks: Vec<UpstreamAck>,
+    /// Set when a tracked send is waiting: send nothing more until it resolves.
+    pub release: Option<oneshot::Receiver<()>>,
+}
+
+/// An ack for the change source: once `durable` (if any) resolves, and every ack before it
+/// was sent, send `frame` (if any).
+pub struct UpstreamAck {
+    pub durable: Option<DurableFuture>,
+    pub frame: Option<String>,
+}
+
+impl std::fmt::Debug for UpstreamAck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamAck")
+            .field("durable", &self.durable.is_some())
+            .field("frame", &self.frame)
+            .finish()
+    }
+}
+
+/// The durability of an appended transaction.
+pub type DurableFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ChangeLogError>> + Send>>;
+
+impl UpstreamAck {
+    pub fn commit_frame(w: &Watermark) -> String {
+        format!(r#"["status",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#)
+    }
+    pub fn status_frame(w: &Watermark) -> String {
+        format!(r#"["status",{{"ack":true}},{{"watermark":"{w}"}}]"#)
+    }
+}
+
+/// The change source broke the rules of a transaction; the connection must be dropped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProtocolViolation(pub String);
+
+/// The upstream connection changed state.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum UpstreamEvent {
+    /// Connected, resuming after `resume_after`, the change log's last durable commit.
+    Connected {
+        resume_after: Option<Watermark>,
+    },
+    /// Connection ended; a transaction in progress is rolled back.
+    Disconnected,
+    ResetRequired(String),
+}
+
+/// The transaction in progress.
+pub(super) struct Txn {
+    pub(super) watermark: Watermark,
+    skip_ack: bool,
+    /// A transaction already stored (watermark ≤ last commit): skipped, acked again.
+    replay: bool,
+    changes: Vec<(ChangeKind, String)>,
+}
+
+impl Streamer {
+    /// Rolls back the transaction in progress (upstream gone or broken): subscribers that got
+    /// its `begin` get a `rollback`; nothing of it was stored.
+    pub(super) fn abort_txn(&mut self, ctx: &mut Context<Self>) {
+        if let Some(txn) = self.txn.take() {
+            self.flush_all();
+            if !txn.replay {
+                info!(
+                    "rolling back transaction watermark={} (upstream interrupted)",
+                    txn.watermark
+                );
+                let rollback = Arc::new(Change::new(
+                    Kind::Rollback,
+                    txn.watermark,
+                    r#"{"tag":"rollback"}"#,
+                ));
+                for sub in self.subscribers.values_mut() {
+                    sub.send_live(&rollback, None);
+                }
+                self.flush_all();
+            }
+            self.activate_queued(ctx);
+        }
+    }
+
+    /// Applies one upstream message. Returns a release receiver if it made a tracked send.
+    fn apply(
+        &mut self,
+        ctx: &mut Context<Self>,
+        msg: UpstreamMessage,
+        acks: &mut Vec<UpstreamAck>,
+    ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
+        match msg {
+            UpstreamMessage::Begin {
+                payload,
+                commit_watermark,
+                skip_ack,
+            } => self.begin(ctx, payload, commit_watermark, skip_ack),
+            UpstreamMessage::Data { payload } => self.data(ctx, payload),
+            UpstreamMessage::Commit { payload, watermark } => {
+                self.commit(ctx, payload, watermark, acks)
+            }
+            UpstreamMessage::Rollback { payload } => self.rollback(ctx, payload),
+            UpstreamMessage::Status { ack, watermark } => {
+                if ack {
+                    acks.push(UpstreamAck {
+                        durable: None,
+                        frame: Some(UpstreamAck::status_frame(&watermark)),
+                    });
+                }
+                Ok(None)
+            }
+            UpstreamMessage::ResetRequired { message } => {
+                warn!("change source requires a reset: {message}");
+                self.reset_required = Some(message);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Opens a transaction; one already stored (a replay after reconnecting) is only tracked,
+    /// to be acked again at its commit.
+    fn begin(
+        &mut self,
+        ctx: &mut Context<Self>,
+        payload: String,
+        commit_watermark: Watermark,
+        skip_ack: bool,
+    ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
+        if let Some(t) = &self.txn {
+            return Err(ProtocolViolation(format!(
+                "begin of watermark={commit_watermark} inside transaction watermark={}",
+                t.watermark
+            )));
+        }
+        let replay = self
+            .last_commit
+            .as_ref()
+            .is_some_and(|l| commit_watermark <= *l);
+        if replay {
+            info!("skipping replayed transaction watermark={commit_watermark} (already stored)");
+        }
+        let mut changes = Vec::new();
+        let mut release = None;
+        if !replay {
+            release = self.forward(
+                ctx,
+                Change::new(Kind::Begin, commit_watermark.clone(), &payload),
+            );
+            changes.push((ChangeKind::Begin, payload));
+        }
+        self.txn = Some(Txn {
+            watermark: commit_watermark,
+            skip_ack,
+            replay,
+            changes,
+        });
+        Ok(release)
+    }
+
+    fn data(
+        &mut self,
+        ctx: &mut Context<Self>,
+        payload: String,
+    ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
+        let Some(t) = self.txn.as_mut() else {
+            return Err(ProtocolViolation("data outside a transaction".into()));
+        };
+        if t.replay {
+            return Ok(None);
+        }
+        let change = Change::new(Kind::Data, t.watermark.clone(), &payload);
+        t.changes.push((ChangeKind::Data, payload));
+        Ok(self.forward(ctx, change))
+    }
+
+    /// Ends a transaction: forwards the commit, queues the whole transaction on the change log
+    /// and acks it upstream once durable. Subscribers queued behind it join now.
+    fn commit(
+        &mut self,
+        ctx: &mut Context<Self>,
+        payload: String,
+        watermark: Watermark,
+        acks: &mut Vec<UpstreamAck>,
+    ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
+        let Some(t) = self.txn.as_ref() else {
+            return Err(ProtocolViolation(format!(
+                "commit of watermark={watermark} outside a transaction"
+            )));
+        };
+        if t.watermark != watermark {
+            return Err(ProtocolViolation(format!(
+                "commit watermark={watermark} does not match its begin's {}",
+                t.watermark
+            )));
+        }
+        let Some(mut t) = self.txn.take() else {
+            return Ok(None);
+        };
+        if t.replay {
+            if !t.skip_ack {
+                acks.push(UpstreamAck {
+                    durable: None,
+                    frame: Some(UpstreamAck::commit_frame(&watermark)),
+                });
+            }
+            self.activate_queued(ctx);
+            return Ok(None);
+        }
+        let release = self.forward(ctx, Change::new(Kind::Commit, watermark.clone(), &payload));
+        t.changes.push((ChangeKind::Commit, payload));
+        if self.replica_version.is_none() {
+            info!("initial sync committed: replicaVersion={watermark}");
+            self.replica_version = Some(watermark.clone());
+        }
+        self.last_commit = Some(watermark.clone());
+        let durable = self.log.append(Transaction {
+            watermark: watermark.clone(),
+            changes: t.changes,
+        });
+        acks.push(UpstreamAck {
+            durable: Some(Box::pin(durable)),
+            frame: (!t.skip_ack).then(|| UpstreamAck::commit_frame(&watermark)),
+        });
+        self.trim_backlogs();
+        self.activate_queued(ctx);
+        Ok(release)
+    }
+
+    fn rollback(
+        &mut self,
+        ctx: &mut Context<Self>,
+        payload: String,
+    ) -> Result<Option<oneshot::Receiver<()>>, ProtocolViolation> {
+        let Some(t) = self.txn.take() else {
+            return Err(ProtocolViolation("rollback outside a transaction".into()));
+        };
+        let mut release = None;
+        if !t.replay {
+            info!("transaction watermark={} rolled back upstream", t.watermark);
+            release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, &payload));
+        }
+        self.trim_backlogs();
+        self.activate_queued(ctx);
+        Ok(release)
+    }
+}
+
+impl Handler<UpstreamBatch> for Streamer {
+    type Result = Result<BatchReply, ProtocolViolation>;
+
+    fn handle(&mut self, batch: UpstreamBatch, ctx: &mut Context<Self>) -> Self::Result {
+        let mut reply = BatchReply::default();
+        let mut result = Ok(());
+        let mut messages = batch.0.into_iter();
+        for msg in messages.by_ref() {
+            reply.consumed += 1;
+            match self.apply(ctx, msg, &mut reply.acks) {
+                Ok(Some(release)) => {
+                    reply.release = Some(release);
+                    break;
+                }
+                Ok(None) => {}
+                Err(v) => {
+                    warn!("upstream protocol violation: {v}");
+                    result = Err(v);
+                    break;
+                }
+            }
+        }
+        reply.rest = messages.collect();
+        if result.is_err() {
+            self.abort_txn(ctx);
+        }
+        self.flush_all();
+        result.map(|()| reply)
+    }
+}
+
+impl Handler<UpstreamEvent> for Streamer {
+    type Result = ();
+    fn handle(&mut self, ev: UpstreamEvent, ctx: &mut Context<Self>) {
+        match ev {
+            UpstreamEvent::Connected { resume_after } => {
+                self.upstream_connected = true;
+                // A transaction forwarded but never made durable (its append failed) comes
+                // again from the change source; it must not then be skipped as a replay.
+                if let (Some(durable), Some(last)) = (&resume_after, &self.last_commit) {
+                    if durable < last {
+                        warn!("last forwarded commit watermark={last} was never stored; resuming after watermark={durable}");
+                        self.last_commit = resume_after;
+                    }
+                }
+            }
+            UpstreamEvent::Disconnected => {
+                self.upstream_connected = false;
+                self.abort_txn(ctx);
+                self.flush_all();
+            }
+            UpstreamEvent::ResetRequired(m) => self.reset_required = Some(m),
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! Joining: the streamer's conversation with a replica that asks to subscribe (SPEC §7).
+//!
+//! A subscriber that asks to join ([`Subscribe`]) is first checked against the change log
+//! (replicaVersion, watermark), then *activated* between transactions: its catch-up reads every
+//! stored transaction after its watermark up to the last commit forwarded before activation,
+//! and every later change reaches it live (kept in a backlog until catch-up ends). So each
+//! transaction reaches it exactly once, by storage or live, never both, never neither.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use log::info;
+
+use super::broadcast::SubscriberId;
+use super::change::Change;
+use super::session::ToSession;
+use super::subscriber::{Delivery, Mode, Phase, Subscriber};
+use super::Streamer;
+use crate::changelog::StoredChange;
+use crate::watermark::Watermark;
+
+/// The initial frame of a subscription (protocol ≥ 2).
+pub const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
+
+/// A replica asks to subscribe.
+#[derive(Message)]
+#[rtype(result = "Result<(), SubscribeError>")]
+pub struct Subscribe {
+    /// Unique per session; names the subscriber in [`SessionProgress`] and [`SessionGone`].
+    pub key: SubscriberId,
+    pub id: String,
+    pub mode: Mode,
+    pub protocol: u32,
+    pub replica_version: String,
+    pub watermark: Watermark,
+    pub session: Recipient<ToSession>,
+}
+
+/// Why a subscription is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubscribeError {
+    #[error("change log is not initialized yet (no replicaVersion)")]
+    NotInitialized,
+    /// Error type 1.
+    #[error("current replica version is {ours} (requested {requested})")]
+    WrongReplicaVersion { ours: String, requested: String },
+    /// Error type 2.
+    #[error("earliest supported watermark is {earliest} (requested {requested})")]
+    WatermarkTooOld { earliest: String, requested: String },
+    #[error("change log unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl SubscribeError {
+    /// The `type` of the error frame, for the two errors that get one.
+    pub fn error_type(&self) -> Option<u8> {
+        match self {
+            SubscribeError::WrongReplicaVersion { .. } => Some(1),
+            SubscribeError::WatermarkTooOld { .. } => Some(2),
+            _ => None,
+        }
+    }
+}
+
+/// Where a catch-up stands.
+pub(super) struct Catchup {
+    after: (Watermark, i64),
+    pub(super) up_to: Watermark,
+    pub(super) waiting_token: Option<u64>,
+    /// `up_to` moved past what the last barrier covered: wait for durability before reading.
+    needs_barrier: bool,
+}
+
+impl Handler<Subscribe> for Streamer {
+    type Result = ResponseActFuture<Self, Result<(), SubscribeError>>;
+
+    fn handle(&mut self, msg: Subscribe, _: &mut Context<Self>) -> Self::Result {
+        let Subscribe {
+            key,
+            id,
+            mode,
+            protocol,
+            replica_version,
+            watermark,
+            session,
+        } = msg;
+        // Registered at once (as validating) so that a purge decided from now on respects it.
+        self.subscribers.insert(
+            key,
+            Subscriber::new(key, id.clone(), mode, protocol, watermark.clone(), session),
+        );
+        let stats = self.log.stats();
+        let has_commit = self.log.has_commit(watermark.clone());
+        Box::pin(
+            async move { (stats.await, has_commit.await) }.into_actor(self).map(
+                move |(stats, has_commit), act, ctx| {
+                    let checked = (|| {
+                        let stats = stats.map_err(|e| SubscribeError::Unavailable(e.to_string()))?;
+                        let has_commit = has_commit.map_err(|e| SubscribeError::Unavailable(e.to_string()))?;
+                        let ours = act.replica_version.clone().or(stats.replica_version.clone());
+                        let Some(ours) = ours else { return Err(SubscribeError::NotInitialized) };
+                        if ours.as_str() != replica_version {
+                            return Err(SubscribeError::WrongReplicaVersion {
+                                ours: ours.to_string(),
+                                requested: replica_version.clone(),
+                            });
+                        }
+                        stats.can_serve_from(&watermark, has_commit).map_err(|earliest| {
+                            SubscribeError::WatermarkTooOld {
+                                earliest: earliest.to_string(),
+                                requested: watermark.to_string(),
+                            }
+                        })
+                    })();
+                    match checked {
+                        Err(e) => {
+                            info!("subscription of {id} refused: {e}");
+                            act.subscribers.remove(&key);
+                            Err(e)
+                        }
+                        Ok(()) => {
+                            let Some(sub) = act.subscribers.get_mut(&key) else {
+                                return Ok(()); // the session left meanwhile
+                            };
+                            info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
+                            if act.txn.is_some() {
+                                sub.phase = Phase::Queued;
+                            } else {
+                                act.activate(ctx, key);
+                            }
+                            Ok(())
+                        }
+                    }
+                },
+            ),
+        )
+    }
+}
+
+impl Streamer {
+    /// Activates subscribers queued behind a transaction that has just ended.
+    pub(super) fn activate_queued(&mut self, ctx: &mut Context<Self>) {
+        let queued: Vec<SubscriberId> = self
+            .subscribers
+            .values()
+            .filter(|s| s.phase == Phase::Queued)
+            .map(|s| s.key)
+            .collect();
+        for key in queued {
+            self.activate(ctx, key);
+        }
+    }
+
+    /// Starts a checked subscriber: status frame, then catch-up up to the last commit
+    /// forwarded so far, then live.
+    pub(super) fn activate(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
+        let last_commit = self.last_commit.clone();
+        let Some(sub) = self.subscribers.get_mut(&key) else {
+            return;
+        };
+        if sub.protocol >= 2 {
+            sub.send_frame(Arc::from(STATUS_FRAME));
+        }
+        match last_commit {
+            Some(up_to) if up_to > sub.watermark => {
+                sub.phase = Phase::CatchingUp;
+                info!(
+                    "subscriber {} catching up from watermark={} to {up_to}",
+                    sub.id, sub.watermark
+                );
+                let after = (sub.watermark.clone(), i64::MAX);
+                sub.flush();
+                self.catchup.insert(
+                    key,
+                    Catchup {
+                        after,
+                        up_to,
+                        waiting_token: None,
+                        // Everything up to `up_to` was queued on the change log before this
+                        // point: the first read waits until it is durable.
+                        needs_barrier: true,
+                    },
+                );
+                self.read_catchup(ctx, key);
+            }
+            _ => {
+                sub.phase = Phase::Live;
+                info!(
+                    "subscriber {} is live from watermark={}",
+                    sub.id, sub.watermark
+                );
+                sub.flush();
+            }
+        }
+    }
+
+    pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
+        let Some(c) = self.catchup.get_mut(&key) else {
+            return;
+        };
+        if std::mem::take(&mut c.needs_barrier) {
+            let barrier = self.log.barrier();
+            ctx.spawn(
+                barrier
+                    .into_actor(self)
+                    .map(move |res, act, ctx| match res {
+                        Ok(()) => act.read_catchup(ctx, key),
+                        Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
+                    }),
+            );
+            return;
+        }
+        let up_to = c.up_to.clone();
+        let read = self
+            .log
+            .read(c.after.clone(), up_to.clone(), self.cfg.catchup_batch);
+        ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
+            Ok(rows) => act.send_catchup(ctx, key, rows, up_to),
+            Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
+        }));
+    }
+
+    /// Bounds the backlog of subscribers still catching up: past
+    /// [`StreamerConfig::backlog_limit`] live changes, the backlog is dropped and the catch-up
+    /// reads those transactions from the change log instead. Called between transactions only,
+    /// so the backlog holds whole committed transactions, all queued on the change log.
+    pub(super) fn trim_backlogs(&mut self) {
+        let limit = self.cfg.backlog_limit;
+        let Some(last) = self.last_commit.clone() else {
+            return;
+        };
+        for sub in self.subscribers.values_mut() {
+            if sub.phase != Phase::CatchingUp || sub.backlog.len() <= limit {
+                continue;
+            }
+            if let Some(c) = self.catchup.get_mut(&sub.key) {
+                info!(
+                    "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
+                    sub.id,
+                    sub.backlog.len()
+                );
+                sub.backlog.clear();
+                c.up_to = last.clone();
+                c.needs_barrier = true;
+            }
+        }
+    }
+
+    fn send_catchup(
+        &mut self,
+        ctx: &mut Context<Self>,
+        key: SubscriberId,
+        rows: Vec<StoredChange>,
+        read_up_to: Watermark,
+    ) {
+        let token = self.token();
+        let (Some(sub), Some(c)) = (self.subscribers.get_mut(&key), self.catchup.get_mut(&key))
+        else {
+            return;
+        };
+        if rows.is_empty() && c.up_to != read_up_to {
+            // The target moved while this read was out: read on.
+            self.read_catchup(ctx, key);
+            return;
+        }
+        if rows.is_empty() {
+            // Caught up: the backlog follows, then live changes.
+            self.catchup.remove(&key);
+            let backlog = std::mem::take(&mut sub.backlog);
+            for change in &backlog {
+                sub.send(change, None);
+            }
+            sub.phase = Phase::Live;
+            info!(
+                "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
+                sub.id,
+                sub.watermark,
+                backlog.len()
+            );
+            sub.flush();
+            return;
+        }
+        if let Some(last) = rows.last() {
+            c.after = (last.watermark.clone(), last.pos);
+        }
+        let sent = rows
+            .iter()
+            .filter(|row| sub.send(&Change::from_stored(row), None) == Delivery::Sent)
+            .count();
+        // The batch's last frame is tracked: its ack asks for the next batch.
+        if let Some(last) = sub.outbox.last_mut() {
+            last.token = Some(token);
+        }
+        sub.flush();
+        if sent == 0 {
+            self.read_catchup(ctx, key);
+        } else {
+            c.waiting_token = Some(token);
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! The streamer's conversation with each subscriber's websocket session.
+//!
+//! The session is a thin wire adapter: it writes the frames it is given ([`ToSession`]), numbers
+//! them, and reports acks back ([`SessionProgress`]) only when they matter: when a commit was
+//! acked (the subscriber's acked watermark moved, which the purge rule reads) or when a tracked
+//! message was acked (a broadcast or a catch-up batch waits on it). When it stops, for any
+//! reason, it says so ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use log::info;
+
+use super::broadcast::SubscriberId;
+use super::Streamer;
+use crate::watermark::Watermark;
+
+/// One frame for a session to write, with what its ack means.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// The message JSON (`["data",{...}]`); the session wraps it as `{"msg":…,"id":n}`.
+    pub message: Arc<str>,
+    /// Set on commits: acking this frame acks that commit watermark.
+    pub commit: Option<Watermark>,
+    /// Set on tracked frames: report this token when acked.
+    pub token: Option<u64>,
+}
+
+/// From the streamer to a subscriber's session.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum ToSession {
+    /// Write these frames, in order. Live subscribers that need no filtering share one list.
+    Send(Arc<Vec<Outgoing>>),
+    /// Close the socket with this code and reason.
+    Close { code: u16, reason: String },
+}
+
+/// From a session to the streamer: the client acked through message `acked_messages`.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct SessionProgress {
+    pub subscriber: SubscriberId,
+    /// How many change frames (not counting `status`/`error`) the client has acked in all.
+    pub acked_messages: u64,
+    /// The newest commit watermark among the frames acked, if any.
+    pub acked_commit: Option<Watermark>,
+    /// Tokens of tracked frames acked.
+    pub tokens: Vec<u64>,
+}
+
+/// From a session to the streamer: the session stopped (any reason).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct SessionGone {
+    pub subscriber: SubscriberId,
+}
+
+impl Handler<SessionProgress> for Streamer {
+    type Result = ();
+    fn handle(&mut self, p: SessionProgress, ctx: &mut Context<Self>) {
+        let Some(sub) = self.subscribers.get_mut(&p.subscriber) else {
+            return;
+        };
+        sub.progress(p.acked_messages, p.acked_commit);
+        for token in p.tokens {
+            if self
+                .catchup
+                .get(&p.subscriber)
+                .is_some_and(|c| c.waiting_token == Some(token))
+            {
+                if let Some(c) = self.catchup.get_mut(&p.subscriber) {
+                    c.waiting_token = None;
+                }
+                self.read_catchup(ctx, p.subscriber);
+            } else {
+                self.broadcast_completed(ctx, p.subscriber, Some(token));
+            }
+        }
+    }
+}
+
+impl Handler<SessionGone> for Streamer {
+    type Result = ();
+    fn handle(&mut self, g: SessionGone, ctx: &mut Context<Self>) {
+        if let Some(sub) = self.subscribers.remove(&g.subscriber) {
+            info!(
+                "subscriber {} left at acked watermark={}",
+                sub.id, sub.acked
+            );
+        }
+        self.catchup.remove(&g.subscriber);
+        self.broadcast_completed(ctx, g.subscriber, None);
+    }
+}
