@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeKind, ChangeLog, Transaction};
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig};
-use change_streamer_actors::streamer::broadcast::SubscriberId;
+use change_streamer_actors::session::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, PurgeAnswer, PurgeIfSafe, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
-use change_streamer_actors::streamer::{Mode, SessionProgress, ToSession};
+use change_streamer_actors::streamer::{Mode, SessionProgress, ToSession, Token};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use serde_json::{json, Value};
@@ -71,10 +71,10 @@ fn peer_bench(peer: &Option<std::path::PathBuf>, args: &[&str]) -> Option<Value>
 // Fake subscriber sessions for the in-process benchmarks.
 
 /// When each tracked frame (by token) was acked, per subscriber.
-type AckTimes = Arc<Mutex<HashMap<u64, Vec<Instant>>>>;
+type AckTimes = Arc<Mutex<HashMap<Token, Vec<Instant>>>>;
 
 struct Session {
-    key: SubscriberId,
+    session_id: SessionId,
     streamer: Addr<Streamer>,
     stalled: bool,
     received: u64,
@@ -116,7 +116,7 @@ impl Handler<ToSession> for Session {
                 }
             }
             self.streamer.do_send(SessionProgress {
-                subscriber: self.key,
+                session_id: self.session_id,
                 acked_messages: self.received,
                 acked_commit: commit,
                 tokens,
@@ -207,7 +207,7 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
     let ack_times = Arc::new(Mutex::new(HashMap::new()));
     let delivered_at = Arc::new(Mutex::new(Vec::new()));
     for (i, &st) in stalled.iter().enumerate() {
-        let key = 10_000 + i as u64;
+        let session_id = SessionId(10_000 + i as u64);
         let (s2, t2, a2, d2) = (
             streamer.clone(),
             total.clone(),
@@ -215,7 +215,7 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
             delivered_at.clone(),
         );
         let session = Session::start_in_arbiter(&arbiter.handle(), move |_| Session {
-            key,
+            session_id,
             streamer: s2,
             stalled: st,
             received: 0,
@@ -225,7 +225,7 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
         });
         streamer
             .send(Subscribe {
-                key,
+                session_id,
                 id: format!("s{i}"),
                 mode: Mode::Serving,
                 protocol: 6,

@@ -33,6 +33,7 @@ use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOu
 use change_streamer_actors::reservation::{
     CloseAll, EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
 };
+use change_streamer_actors::session::SessionId;
 use litestream::{render_page, Answer, FakeLitestream};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -445,7 +446,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let _ = reservations
                     .send(Reserve {
                         task_id: task(),
-                        session_id: res,
+                        session_id: SessionId(res),
                         session: session.recipient(),
                     })
                     .await;
@@ -472,7 +473,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                     let _ = reservations
                         .send(Release {
                             task_id: task(),
-                            session_id: res,
+                            session_id: SessionId(res),
                         })
                         .await;
                     if let Some((_, s)) = sessions.get(res as usize - 1) {
@@ -489,7 +490,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let _ = reservations
                     .send(Release {
                         task_id: t,
-                        session_id: res,
+                        session_id: SessionId(res),
                     })
                     .await;
             }

@@ -14,6 +14,7 @@ pub mod clock;
 pub mod litestream;
 pub mod monitor;
 pub mod reservation;
+pub mod session;
 pub mod streamer;
 pub mod upstream;
 pub mod watermark;

@@ -25,6 +25,7 @@ use serde::Serialize;
 use crate::changelog::{ChangeLogState, GetChangeLogState};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
+use crate::session::SessionId;
 
 /// Why a reservation's session must close.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,7 +75,7 @@ impl SnapshotStatus {
 #[rtype(result = "()")]
 pub struct Reserve {
     pub task_id: String,
-    pub session_id: u64,
+    pub session_id: SessionId,
     pub session: Recipient<ReservationEvent>,
 }
 
@@ -83,7 +84,7 @@ pub struct Reserve {
 #[rtype(result = "()")]
 pub struct Release {
     pub task_id: String,
-    pub session_id: u64,
+    pub session_id: SessionId,
 }
 
 /// The task subscribed with `initial=true`: end its reservation, reporting the held time.
@@ -115,7 +116,7 @@ pub struct ReservationInfo {
 }
 
 struct Reservation {
-    session_id: u64,
+    session_id: SessionId,
     started_ms: i64,
     session: Recipient<ReservationEvent>,
     status_sent: bool,
@@ -147,7 +148,7 @@ impl ReservationActor {
     }
 
     /// Removes the reservation of `task_id` if `session_id` (when given) still holds it.
-    fn remove(&mut self, task_id: &str, session_id: Option<u64>) -> Option<Reservation> {
+    fn remove(&mut self, task_id: &str, session_id: Option<SessionId>) -> Option<Reservation> {
         match self.reservations.get(task_id) {
             Some(r) if session_id.is_none_or(|id| id == r.session_id) => {
                 self.reservations.remove(task_id)

@@ -20,6 +20,7 @@ use change_streamer_actors::reservation::{
     EndBySubscription, ListReservations, Release, ReservationActor, ReservationEnd,
     ReservationEvent, Reserve,
 };
+use change_streamer_actors::session::SessionId;
 use litestream::{render_page, Answer, FakeLitestream};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
@@ -162,7 +163,7 @@ impl Harness {
         self.reservations
             .send(Reserve {
                 task_id: task.into(),
-                session_id,
+                session_id: SessionId(session_id),
                 session: s.clone().recipient(),
             })
             .await
@@ -295,7 +296,7 @@ async fn replaced_reservations_late_stop_does_not_end_the_newer_one() {
     h.reservations
         .send(Release {
             task_id: "t".into(),
-            session_id: 1,
+            session_id: SessionId(1),
         })
         .await
         .unwrap();
@@ -307,7 +308,7 @@ async fn replaced_reservations_late_stop_does_not_end_the_newer_one() {
     h.reservations
         .send(Release {
             task_id: "t".into(),
-            session_id: 2,
+            session_id: SessionId(2),
         })
         .await
         .unwrap();
@@ -394,7 +395,7 @@ async fn does_not_extend_cleanup_delay_on_prematurely_terminated_reservation() {
     h.reservations
         .send(Release {
             task_id: "boo-far".into(),
-            session_id: 1,
+            session_id: SessionId(1),
         })
         .await
         .unwrap();

@@ -7,22 +7,22 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
-use change_streamer_actors::streamer::broadcast::SubscriberId;
+use change_streamer_actors::session::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
-use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession};
+use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession, Token};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use tokio::sync::oneshot;
 
 /// A subscriber session that acks everything at once, or nothing (`stalled`).
 struct FakeSession {
-    key: SubscriberId,
+    session_id: SessionId,
     streamer: Addr<Streamer>,
     stalled: bool,
     received: u64,
-    unacked_tokens: Vec<u64>,
+    unacked_tokens: Vec<Token>,
     last_commit: Option<Watermark>,
     commits: Vec<Watermark>,
 }
@@ -53,7 +53,7 @@ impl Handler<ToSession> for FakeSession {
 impl FakeSession {
     fn ack_all(&mut self) {
         self.streamer.do_send(SessionProgress {
-            subscriber: self.key,
+            session_id: self.session_id,
             acked_messages: self.received,
             acked_commit: self.last_commit.take(),
             tokens: std::mem::take(&mut self.unacked_tokens),
@@ -123,9 +123,9 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
     assert!(reply.release.is_none());
     let mut sessions = Vec::new();
     for (i, &stalled) in stalled.iter().enumerate() {
-        let key = 1000 + i as u64;
+        let session_id = SessionId(1000 + i as u64);
         let s = FakeSession {
-            key,
+            session_id,
             streamer: streamer.clone(),
             stalled,
             received: 0,
@@ -136,7 +136,7 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
         .start();
         streamer
             .send(Subscribe {
-                key,
+                session_id,
                 id: format!("sub-{i}"),
                 mode: Mode::Serving,
                 protocol: 6,
@@ -252,7 +252,9 @@ async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 200, "released too early").await;
     s.streamer
-        .send(SessionGone { subscriber: 1000 })
+        .send(SessionGone {
+            session_id: SessionId(1000),
+        })
         .await
         .unwrap();
     released(release, "released when it left").await;
@@ -367,7 +369,7 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
     }
     // A subscriber at 100 that does not ack: its catch-up stops after the first batch.
     let session = FakeSession {
-        key: 1,
+        session_id: SessionId(1),
         streamer: streamer.clone(),
         stalled: true,
         received: 0,
@@ -378,7 +380,7 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
     .start();
     streamer
         .send(Subscribe {
-            key: 1,
+            session_id: SessionId(1),
             id: "slow".into(),
             mode: Mode::Serving,
             protocol: 6,

@@ -6,7 +6,6 @@ pub mod framing;
 pub mod snapshot;
 pub mod subscriber;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -21,13 +20,6 @@ pub const CLOSE_INTERNAL_ERROR: u16 = 1011;
 
 /// Close reasons are at most 123 bytes (the close frame's payload limit less the code).
 pub const MAX_REASON: usize = 123;
-
-static NEXT_SESSION: AtomicU64 = AtomicU64::new(1);
-
-/// A process-unique session number; names the session to the actor that owns its state.
-pub fn next_session_id() -> u64 {
-    NEXT_SESSION.fetch_add(1, Ordering::Relaxed)
-}
 
 /// Cuts `reason` to [`MAX_REASON`] bytes at a character boundary.
 pub fn truncate_reason(reason: &str) -> String {

@@ -16,6 +16,7 @@ use actix_web_actors::ws;
 use change_streamer_actors::reservation::{
     Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve,
 };
+use change_streamer_actors::session::SessionId;
 use log::warn;
 
 use super::framing::Framing;
@@ -26,7 +27,7 @@ use super::{
 
 pub struct SnapshotSession {
     task_id: String,
-    session_id: u64,
+    session_id: SessionId,
     reservations: Addr<ReservationActor>,
     ping_interval: Duration,
     framing: Framing,
@@ -41,7 +42,7 @@ impl SnapshotSession {
     ) -> Self {
         SnapshotSession {
             task_id,
-            session_id: super::next_session_id(),
+            session_id: SessionId::next(),
             reservations,
             ping_interval,
             framing: Framing::default(),

@@ -16,7 +16,8 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
-use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession};
+use change_streamer_actors::session::SessionId;
+use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession, Token};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
@@ -40,7 +41,7 @@ pub struct SubscriptionParams {
 }
 
 pub struct SubscriberSession {
-    key: u64,
+    session_id: SessionId,
     params: SubscriptionParams,
     streamer: Addr<Streamer>,
     reservations: Option<Addr<ReservationActor>>,
@@ -48,7 +49,7 @@ pub struct SubscriberSession {
     framing: Framing,
     liveness: Liveness,
     /// Frames whose ack matters: (id, commit watermark, token).
-    tracked: VecDeque<(u64, Option<Watermark>, Option<u64>)>,
+    tracked: VecDeque<(u64, Option<Watermark>, Option<Token>)>,
     /// Set while an error frame waits for its ack before the close.
     error_frame: Option<u64>,
 }
@@ -61,7 +62,7 @@ impl SubscriberSession {
         ping_interval: Duration,
     ) -> Self {
         SubscriberSession {
-            key: super::next_session_id(),
+            session_id: SessionId::next(),
             params,
             streamer,
             reservations,
@@ -104,7 +105,7 @@ impl SubscriberSession {
         }
         if commit.is_some() || !tokens.is_empty() {
             self.streamer.do_send(SessionProgress {
-                subscriber: self.key,
+                session_id: self.session_id,
                 acked_messages: id,
                 acked_commit: commit,
                 tokens,
@@ -118,7 +119,10 @@ impl Live for SubscriberSession {
         &mut self.liveness
     }
     fn describe(&self) -> String {
-        format!("subscriber {} (session {})", self.params.id, self.key)
+        format!(
+            "subscriber {} (session {})",
+            self.params.id, self.session_id
+        )
     }
 }
 
@@ -130,7 +134,7 @@ impl Actor for SubscriberSession {
         start_liveness(ctx, self.ping_interval);
         let p = &self.params;
         let subscribe = Subscribe {
-            key: self.key,
+            session_id: self.session_id,
             id: p.id.clone(),
             mode: p.mode,
             protocol: p.protocol,
@@ -164,7 +168,7 @@ impl Actor for SubscriberSession {
 
     fn stopped(&mut self, _: &mut Self::Context) {
         self.streamer.do_send(SessionGone {
-            subscriber: self.key,
+            session_id: self.session_id,
         });
     }
 }

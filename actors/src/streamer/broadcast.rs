@@ -26,8 +26,7 @@
 
 use std::collections::HashSet;
 
-/// Identifies a subscriber within the streamer.
-pub type SubscriberId = u64;
+use crate::session::SessionId;
 
 /// How a broadcast was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,8 +40,8 @@ pub enum Release {
 /// The progress of one tracked send. Times are milliseconds on any monotonic scale.
 #[derive(Debug, Clone)]
 pub struct Broadcast {
-    pending: HashSet<SubscriberId>,
-    completed: Vec<(SubscriberId, f64)>,
+    pending: HashSet<SessionId>,
+    completed: Vec<(SessionId, f64)>,
     majority: usize,
     start_ms: f64,
     latest_completed_ms: Option<f64>,
@@ -51,7 +50,7 @@ pub struct Broadcast {
 
 impl Broadcast {
     /// Starts tracking a send to `subscribers` at `now_ms`.
-    pub fn new(subscribers: impl IntoIterator<Item = SubscriberId>, now_ms: f64) -> Broadcast {
+    pub fn new(subscribers: impl IntoIterator<Item = SessionId>, now_ms: f64) -> Broadcast {
         let pending: HashSet<_> = subscribers.into_iter().collect();
         let majority = pending.len() / 2 + 1;
         Broadcast {
@@ -70,7 +69,7 @@ impl Broadcast {
 
     /// Records that `sub` finished (acked, was filtered, failed or closed). Returns `true` when
     /// that made every subscriber finished.
-    pub fn mark_completed(&mut self, sub: SubscriberId, now_ms: f64) -> bool {
+    pub fn mark_completed(&mut self, sub: SessionId, now_ms: f64) -> bool {
         if self.pending.remove(&sub) {
             self.completed.push((sub, now_ms - self.start_ms));
             self.latest_completed_ms = Some(now_ms);
@@ -94,11 +93,11 @@ impl Broadcast {
         self.majority
     }
 
-    pub fn pending(&self) -> impl Iterator<Item = SubscriberId> + '_ {
+    pub fn pending(&self) -> impl Iterator<Item = SessionId> + '_ {
         self.pending.iter().copied()
     }
 
-    pub fn completed(&self) -> &[(SubscriberId, f64)] {
+    pub fn completed(&self) -> &[(SessionId, f64)] {
         &self.completed
     }
 
@@ -142,6 +141,10 @@ mod tests {
     //! `check_progress` below the majority, at the majority before and after the padding.
     use super::*;
 
+    fn ids<const N: usize>(n: [u64; N]) -> [SessionId; N] {
+        n.map(SessionId)
+    }
+
     #[test]
     fn no_subscribers_is_done_at_once() {
         let b = Broadcast::new([], 0.0);
@@ -151,67 +154,67 @@ mod tests {
 
     #[test]
     fn done_when_all_subscribers_ack() {
-        let mut b = Broadcast::new([1, 2, 3], 0.0);
-        assert!(!b.mark_completed(1, 1.0));
-        assert!(!b.mark_completed(2, 2.0));
+        let mut b = Broadcast::new(ids([1, 2, 3]), 0.0);
+        assert!(!b.mark_completed(SessionId(1), 1.0));
+        assert!(!b.mark_completed(SessionId(2), 2.0));
         assert!(!b.is_done());
-        assert!(b.mark_completed(3, 3.0));
+        assert!(b.mark_completed(SessionId(3), 3.0));
         assert_eq!(b.released(), Some(Release::All));
         // A late duplicate changes nothing.
-        assert!(!b.mark_completed(3, 4.0));
+        assert!(!b.mark_completed(SessionId(3), 4.0));
     }
 
     #[test]
     fn check_progress_below_majority_waits_forever() {
         // 5 subscribers: majority 3. Two finished = majority minus one.
-        let mut b = Broadcast::new(1..=5, 0.0);
+        let mut b = Broadcast::new((1..=5).map(SessionId), 0.0);
         assert_eq!(b.majority(), 3);
-        b.mark_completed(1, 10.0);
-        b.mark_completed(2, 20.0);
+        b.mark_completed(SessionId(1), 10.0);
+        b.mark_completed(SessionId(2), 20.0);
         assert!(!b.check_progress(1000.0, 1_000_000.0));
         assert_eq!(b.release_at(1000.0), None);
     }
 
     #[test]
     fn check_progress_at_majority_waits_for_the_padding_since_the_latest_ack() {
-        let mut b = Broadcast::new(1..=5, 0.0);
-        b.mark_completed(1, 10.0);
-        b.mark_completed(2, 20.0);
-        b.mark_completed(3, 30.0);
+        let mut b = Broadcast::new((1..=5).map(SessionId), 0.0);
+        b.mark_completed(SessionId(1), 10.0);
+        b.mark_completed(SessionId(2), 20.0);
+        b.mark_completed(SessionId(3), 30.0);
         assert_eq!(b.release_at(1000.0), Some(1030.0));
         assert!(!b.check_progress(1000.0, 1029.0));
         assert!(!b.is_done());
         // Another ack restarts the padding.
-        b.mark_completed(4, 500.0);
+        b.mark_completed(SessionId(4), 500.0);
         assert!(!b.check_progress(1000.0, 1030.0));
         assert!(b.check_progress(1000.0, 1500.0));
         assert_eq!(b.released(), Some(Release::Consensus));
-        assert_eq!(b.pending().collect::<Vec<_>>(), vec![5]);
+        assert_eq!(b.pending().collect::<Vec<_>>(), vec![SessionId(5)]);
         assert!(b.check_progress(1000.0, 1500.0));
     }
 
     #[test]
     fn negative_padding_waits_for_all() {
-        let mut b = Broadcast::new(1..=3, 0.0);
-        b.mark_completed(1, 1.0);
-        b.mark_completed(2, 2.0);
+        let mut b = Broadcast::new((1..=3).map(SessionId), 0.0);
+        b.mark_completed(SessionId(1), 1.0);
+        b.mark_completed(SessionId(2), 2.0);
         assert!(!b.check_progress(-1.0, 1e12));
         assert_eq!(b.release_at(-1.0), None);
-        assert!(b.mark_completed(3, 3.0));
+        assert!(b.mark_completed(SessionId(3), 3.0));
     }
 
     #[test]
     fn one_subscriber_is_its_own_majority() {
-        let mut b = Broadcast::new([7], 0.0);
+        let mut b = Broadcast::new(ids([7]), 0.0);
         assert_eq!(b.majority(), 1);
         assert!(!b.check_progress(0.0, 1e9));
-        assert!(b.mark_completed(7, 5.0));
+        assert!(b.mark_completed(SessionId(7), 5.0));
     }
 
     #[test]
     fn two_subscribers_need_both() {
-        let mut b = Broadcast::new([1, 2], 0.0);
-        b.mark_completed(1, 1.0);
+        let mut b = Broadcast::new(ids([1, 2]), 0.0);
+        b.mark_completed(SessionId(1), 1.0);
         assert!(!b.check_progress(0.0, 1e9));
     }
 }

@@ -14,15 +14,18 @@ use actix::prelude::*;
 use log::{debug, info};
 use tokio::sync::oneshot;
 
-use super::broadcast::{Broadcast, Release, SubscriberId};
+use super::broadcast::{Broadcast, Release};
 use super::change::Change;
+use super::session::Token;
 use super::subscriber::Delivery;
 use super::Streamer;
+use crate::session::SessionId;
 use crate::watermark::Watermark;
 
 /// The tracked send in flight.
-pub(super) struct Current {
+pub(super) struct TrackedSend {
     broadcast: Broadcast,
+    /// Its number, as in [`Token::Broadcast`].
     token: u64,
     watermark: Watermark,
     release: oneshot::Sender<()>,
@@ -39,7 +42,7 @@ impl Streamer {
         let change = Arc::new(change);
         self.bytes_since_tracked += change.payload_len;
         let tracked =
-            self.bytes_since_tracked >= self.cfg.flow_control_bytes && self.current.is_none();
+            self.bytes_since_tracked >= self.cfg.flow_control_bytes && self.tracked_send.is_none();
         if !tracked {
             for sub in self.subscribers.values_mut() {
                 sub.send_live(&change, None);
@@ -48,18 +51,20 @@ impl Streamer {
         }
         self.bytes_since_tracked = 0;
         self.tracked_sends += 1;
-        let token = self.token();
+        let token = self.next_token();
         let now = self.now_ms();
-        let active: Vec<SubscriberId> = self
+        let active: Vec<SessionId> = self
             .subscribers
             .values()
             .filter(|s| s.is_active())
-            .map(|s| s.key)
+            .map(|s| s.session_id)
             .collect();
         let mut broadcast = Broadcast::new(active.iter().copied(), now);
         for sub in self.subscribers.values_mut() {
-            if sub.send_live(&change, Some(token)) != Delivery::Sent && sub.is_active() {
-                broadcast.mark_completed(sub.key, now);
+            if sub.send_live(&change, Some(Token::Broadcast(token))) != Delivery::Sent
+                && sub.is_active()
+            {
+                broadcast.mark_completed(sub.session_id, now);
             }
         }
         if broadcast.is_done() {
@@ -67,7 +72,7 @@ impl Streamer {
             return None;
         }
         let (tx, rx) = oneshot::channel();
-        self.current = Some(Current {
+        self.tracked_send = Some(TrackedSend {
             broadcast,
             token,
             watermark: change.watermark.clone(),
@@ -82,7 +87,7 @@ impl Streamer {
     fn arm_release_timer(&mut self, ctx: &mut Context<Self>) {
         let padding = self.cfg.padding_ms;
         let now = self.now_ms();
-        let Some(cur) = self.current.as_mut() else {
+        let Some(cur) = self.tracked_send.as_mut() else {
             return;
         };
         if let Some(t) = cur.timer.take() {
@@ -97,7 +102,7 @@ impl Streamer {
     fn check_release(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         let padding = self.cfg.padding_ms;
-        let Some(cur) = self.current.as_mut() else {
+        let Some(cur) = self.tracked_send.as_mut() else {
             return;
         };
         if cur.broadcast.check_progress(padding, now) {
@@ -108,7 +113,7 @@ impl Streamer {
     }
 
     fn finish_broadcast(&mut self) {
-        let Some(cur) = self.current.take() else {
+        let Some(cur) = self.tracked_send.take() else {
             return;
         };
         let now = self.now_ms();
@@ -152,17 +157,17 @@ impl Streamer {
     pub(super) fn broadcast_completed(
         &mut self,
         ctx: &mut Context<Self>,
-        key: SubscriberId,
+        session_id: SessionId,
         token: Option<u64>,
     ) {
         let now = self.now_ms();
-        let Some(cur) = self.current.as_mut() else {
+        let Some(cur) = self.tracked_send.as_mut() else {
             return;
         };
         if token.is_some_and(|t| t != cur.token) {
             return;
         }
-        if cur.broadcast.mark_completed(key, now) {
+        if cur.broadcast.mark_completed(session_id, now) {
             self.finish_broadcast();
         } else {
             self.arm_release_timer(ctx);

@@ -11,12 +11,12 @@ use std::sync::Arc;
 use actix::prelude::*;
 use log::info;
 
-use super::broadcast::SubscriberId;
 use super::change::Change;
-use super::session::ToSession;
+use super::session::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::StoredChange;
+use crate::session::SessionId;
 use crate::watermark::Watermark;
 
 /// The initial frame of a subscription (protocol ≥ 2).
@@ -27,7 +27,7 @@ pub const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
 #[rtype(result = "Result<(), SubscribeError>")]
 pub struct Subscribe {
     /// Unique per session; names the subscriber in [`SessionProgress`] and [`SessionGone`].
-    pub key: SubscriberId,
+    pub session_id: SessionId,
     pub id: String,
     pub mode: Mode,
     pub protocol: u32,
@@ -66,7 +66,8 @@ impl SubscribeError {
 pub(super) struct Catchup {
     after: (Watermark, i64),
     pub(super) up_to: Watermark,
-    pub(super) waiting_token: Option<u64>,
+    /// The catch-up batch whose last frame's ack is awaited.
+    pub(super) waiting_batch: Option<u64>,
     /// `up_to` moved past what the last barrier covered: wait for durability before reading.
     needs_barrier: bool,
 }
@@ -76,7 +77,7 @@ impl Handler<Subscribe> for Streamer {
 
     fn handle(&mut self, msg: Subscribe, _: &mut Context<Self>) -> Self::Result {
         let Subscribe {
-            key,
+            session_id,
             id,
             mode,
             protocol,
@@ -86,8 +87,15 @@ impl Handler<Subscribe> for Streamer {
         } = msg;
         // Registered at once (as validating) so that a purge decided from now on respects it.
         self.subscribers.insert(
-            key,
-            Subscriber::new(key, id.clone(), mode, protocol, watermark.clone(), session),
+            session_id,
+            Subscriber::new(
+                session_id,
+                id.clone(),
+                mode,
+                protocol,
+                watermark.clone(),
+                session,
+            ),
         );
         let stats = self.log.stats();
         let has_commit = self.log.has_commit(watermark.clone());
@@ -115,18 +123,18 @@ impl Handler<Subscribe> for Streamer {
                     match checked {
                         Err(e) => {
                             info!("subscription of {id} refused: {e}");
-                            act.subscribers.remove(&key);
+                            act.subscribers.remove(&session_id);
                             Err(e)
                         }
                         Ok(()) => {
-                            let Some(sub) = act.subscribers.get_mut(&key) else {
+                            let Some(sub) = act.subscribers.get_mut(&session_id) else {
                                 return Ok(()); // the session left meanwhile
                             };
                             info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
                             if act.txn.is_some() {
                                 sub.phase = Phase::Queued;
                             } else {
-                                act.activate(ctx, key);
+                                act.activate(ctx, session_id);
                             }
                             Ok(())
                         }
@@ -140,22 +148,22 @@ impl Handler<Subscribe> for Streamer {
 impl Streamer {
     /// Activates subscribers queued behind a transaction that has just ended.
     pub(super) fn activate_queued(&mut self, ctx: &mut Context<Self>) {
-        let queued: Vec<SubscriberId> = self
+        let queued: Vec<SessionId> = self
             .subscribers
             .values()
             .filter(|s| s.phase == Phase::Queued)
-            .map(|s| s.key)
+            .map(|s| s.session_id)
             .collect();
-        for key in queued {
-            self.activate(ctx, key);
+        for session_id in queued {
+            self.activate(ctx, session_id);
         }
     }
 
     /// Starts a checked subscriber: status frame, then catch-up up to the last commit
     /// forwarded so far, then live.
-    pub(super) fn activate(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
+    pub(super) fn activate(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
         let last_commit = self.last_commit.clone();
-        let Some(sub) = self.subscribers.get_mut(&key) else {
+        let Some(sub) = self.subscribers.get_mut(&session_id) else {
             return;
         };
         if sub.protocol >= 2 {
@@ -171,17 +179,17 @@ impl Streamer {
                 let after = (sub.watermark.clone(), i64::MAX);
                 sub.flush();
                 self.catchup.insert(
-                    key,
+                    session_id,
                     Catchup {
                         after,
                         up_to,
-                        waiting_token: None,
+                        waiting_batch: None,
                         // Everything up to `up_to` was queued on the change log before this
                         // point: the first read waits until it is durable.
                         needs_barrier: true,
                     },
                 );
-                self.read_catchup(ctx, key);
+                self.read_catchup(ctx, session_id);
             }
             _ => {
                 sub.phase = Phase::Live;
@@ -194,8 +202,8 @@ impl Streamer {
         }
     }
 
-    pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, key: SubscriberId) {
-        let Some(c) = self.catchup.get_mut(&key) else {
+    pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
+        let Some(c) = self.catchup.get_mut(&session_id) else {
             return;
         };
         if std::mem::take(&mut c.needs_barrier) {
@@ -204,8 +212,10 @@ impl Streamer {
                 barrier
                     .into_actor(self)
                     .map(move |res, act, ctx| match res {
-                        Ok(()) => act.read_catchup(ctx, key),
-                        Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
+                        Ok(()) => act.read_catchup(ctx, session_id),
+                        Err(e) => {
+                            act.drop_subscriber(session_id, 1011, &format!("catch-up failed: {e}"))
+                        }
                     }),
             );
             return;
@@ -215,8 +225,8 @@ impl Streamer {
             .log
             .read(c.after.clone(), up_to.clone(), self.cfg.catchup_batch);
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(rows) => act.send_catchup(ctx, key, rows, up_to),
-            Err(e) => act.drop_subscriber(key, 1011, &format!("catch-up failed: {e}")),
+            Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
+            Err(e) => act.drop_subscriber(session_id, 1011, &format!("catch-up failed: {e}")),
         }));
     }
 
@@ -233,7 +243,7 @@ impl Streamer {
             if sub.phase != Phase::CatchingUp || sub.backlog.len() <= limit {
                 continue;
             }
-            if let Some(c) = self.catchup.get_mut(&sub.key) {
+            if let Some(c) = self.catchup.get_mut(&sub.session_id) {
                 info!(
                     "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
                     sub.id,
@@ -249,23 +259,25 @@ impl Streamer {
     fn send_catchup(
         &mut self,
         ctx: &mut Context<Self>,
-        key: SubscriberId,
+        session_id: SessionId,
         rows: Vec<StoredChange>,
         read_up_to: Watermark,
     ) {
-        let token = self.token();
-        let (Some(sub), Some(c)) = (self.subscribers.get_mut(&key), self.catchup.get_mut(&key))
-        else {
+        let batch = self.next_token();
+        let (Some(sub), Some(c)) = (
+            self.subscribers.get_mut(&session_id),
+            self.catchup.get_mut(&session_id),
+        ) else {
             return;
         };
         if rows.is_empty() && c.up_to != read_up_to {
             // The target moved while this read was out: read on.
-            self.read_catchup(ctx, key);
+            self.read_catchup(ctx, session_id);
             return;
         }
         if rows.is_empty() {
             // Caught up: the backlog follows, then live changes.
-            self.catchup.remove(&key);
+            self.catchup.remove(&session_id);
             let backlog = std::mem::take(&mut sub.backlog);
             for change in &backlog {
                 sub.send(change, None);
@@ -289,13 +301,13 @@ impl Streamer {
             .count();
         // The batch's last frame is tracked: its ack asks for the next batch.
         if let Some(last) = sub.outbox.last_mut() {
-            last.token = Some(token);
+            last.token = Some(Token::CatchupBatch(batch));
         }
         sub.flush();
         if sent == 0 {
-            self.read_catchup(ctx, key);
+            self.read_catchup(ctx, session_id);
         } else {
-            c.waiting_token = Some(token);
+            c.waiting_batch = Some(batch);
         }
     }
 }

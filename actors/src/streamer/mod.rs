@@ -38,9 +38,9 @@ use log::warn;
 use serde::Serialize;
 
 use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
+use crate::session::SessionId;
 use crate::watermark::Watermark;
-use broadcast::SubscriberId;
-use flow::Current;
+use flow::TrackedSend;
 use ingest::Txn;
 use join::Catchup;
 use subscriber::Subscriber;
@@ -50,7 +50,7 @@ pub use ingest::{
 };
 pub use join::{Subscribe, SubscribeError, STATUS_FRAME};
 pub use purge::{GetPurgeState, PurgeAnswer, PurgeIfSafe, PurgeState, Purger};
-pub use session::{Outgoing, SessionGone, SessionProgress, ToSession};
+pub use session::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
 pub use subscriber::{Mode, Phase, SubscriberInfo};
 
 /// Tunables of the streamer.
@@ -107,11 +107,12 @@ pub struct Streamer {
     replica_version: Option<Watermark>,
     last_commit: Option<Watermark>,
     txn: Option<Txn>,
-    subscribers: BTreeMap<SubscriberId, Subscriber>,
-    /// Catch-up progress: subscriber → token of the batch it is acking.
-    catchup: HashMap<SubscriberId, Catchup>,
+    subscribers: BTreeMap<SessionId, Subscriber>,
+    /// Catch-up progress of the subscribers catching up.
+    catchup: HashMap<SessionId, Catchup>,
     bytes_since_tracked: usize,
-    current: Option<Current>,
+    /// The tracked send in flight, if any.
+    tracked_send: Option<TrackedSend>,
     next_token: u64,
     origin: Instant,
     upstream_connected: bool,
@@ -133,7 +134,7 @@ impl Streamer {
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
             bytes_since_tracked: 0,
-            current: None,
+            tracked_send: None,
             next_token: 1,
             origin: Instant::now(),
             upstream_connected: false,
@@ -148,7 +149,7 @@ impl Streamer {
         self.origin.elapsed().as_secs_f64() * 1000.0
     }
 
-    pub(super) fn token(&mut self) -> u64 {
+    pub(super) fn next_token(&mut self) -> u64 {
         self.next_token += 1;
         self.next_token
     }
@@ -159,8 +160,8 @@ impl Streamer {
             sub.flush();
         }
     }
-    pub(super) fn drop_subscriber(&mut self, key: SubscriberId, code: u16, reason: &str) {
-        if let Some(sub) = self.subscribers.get(&key) {
+    pub(super) fn drop_subscriber(&mut self, session_id: SessionId, code: u16, reason: &str) {
+        if let Some(sub) = self.subscribers.get(&session_id) {
             warn!("dropping subscriber {}: {reason}", sub.id);
             sub.session.do_send(ToSession::Close {
                 code,

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use actix::prelude::*;
 use log::info;
 
-use super::broadcast::SubscriberId;
 use super::Streamer;
+use crate::session::SessionId;
 use crate::watermark::Watermark;
 
 /// One frame for a session to write, with what its ack means.
@@ -23,7 +23,17 @@ pub struct Outgoing {
     /// Set on commits: acking this frame acks that commit watermark.
     pub commit: Option<Watermark>,
     /// Set on tracked frames: report this token when acked.
-    pub token: Option<u64>,
+    pub token: Option<Token>,
+}
+
+/// What the ack of a tracked frame lets go on. Numbered, so that an ack for a tracked frame
+/// that no longer waits (an earlier broadcast) is told apart from the current one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Token {
+    /// The tracked send of a broadcast: its ack counts towards the release (flow control).
+    Broadcast(u64),
+    /// The last frame of a catch-up batch: its ack asks for the next batch.
+    CatchupBatch(u64),
 }
 
 /// From the streamer to a subscriber's session.
@@ -40,41 +50,42 @@ pub enum ToSession {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct SessionProgress {
-    pub subscriber: SubscriberId,
+    pub session_id: SessionId,
     /// How many change frames (not counting `status`/`error`) the client has acked in all.
     pub acked_messages: u64,
     /// The newest commit watermark among the frames acked, if any.
     pub acked_commit: Option<Watermark>,
     /// Tokens of tracked frames acked.
-    pub tokens: Vec<u64>,
+    pub tokens: Vec<Token>,
 }
 
 /// From a session to the streamer: the session stopped (any reason).
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub struct SessionGone {
-    pub subscriber: SubscriberId,
+    pub session_id: SessionId,
 }
 
 impl Handler<SessionProgress> for Streamer {
     type Result = ();
     fn handle(&mut self, p: SessionProgress, ctx: &mut Context<Self>) {
-        let Some(sub) = self.subscribers.get_mut(&p.subscriber) else {
+        let Some(sub) = self.subscribers.get_mut(&p.session_id) else {
             return;
         };
         sub.progress(p.acked_messages, p.acked_commit);
         for token in p.tokens {
-            if self
-                .catchup
-                .get(&p.subscriber)
-                .is_some_and(|c| c.waiting_token == Some(token))
-            {
-                if let Some(c) = self.catchup.get_mut(&p.subscriber) {
-                    c.waiting_token = None;
+            match token {
+                Token::CatchupBatch(n) => {
+                    if let Some(c) = self
+                        .catchup
+                        .get_mut(&p.session_id)
+                        .filter(|c| c.waiting_batch == Some(n))
+                    {
+                        c.waiting_batch = None;
+                        self.read_catchup(ctx, p.session_id);
+                    }
                 }
-                self.read_catchup(ctx, p.subscriber);
-            } else {
-                self.broadcast_completed(ctx, p.subscriber, Some(token));
+                Token::Broadcast(n) => self.broadcast_completed(ctx, p.session_id, Some(n)),
             }
         }
     }
@@ -83,13 +94,13 @@ impl Handler<SessionProgress> for Streamer {
 impl Handler<SessionGone> for Streamer {
     type Result = ();
     fn handle(&mut self, g: SessionGone, ctx: &mut Context<Self>) {
-        if let Some(sub) = self.subscribers.remove(&g.subscriber) {
+        if let Some(sub) = self.subscribers.remove(&g.session_id) {
             info!(
                 "subscriber {} left at acked watermark={}",
                 sub.id, sub.acked
             );
         }
-        self.catchup.remove(&g.subscriber);
-        self.broadcast_completed(ctx, g.subscriber, None);
+        self.catchup.remove(&g.session_id);
+        self.broadcast_completed(ctx, g.session_id, None);
     }
 }

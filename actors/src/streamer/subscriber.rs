@@ -13,9 +13,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 use serde::Serialize;
 
-use super::broadcast::SubscriberId;
 use super::change::{Change, Kind};
-use super::session::{Outgoing, ToSession};
+use super::session::{Outgoing, ToSession, Token};
+use crate::session::SessionId;
 use crate::watermark::Watermark;
 
 /// `mode=backup` or anything else (`serving`).
@@ -66,7 +66,7 @@ pub struct SubscriberInfo {
 
 /// The streamer's record of one subscriber.
 pub struct Subscriber {
-    pub key: SubscriberId,
+    pub session_id: SessionId,
     pub id: String,
     pub mode: Mode,
     pub protocol: u32,
@@ -102,7 +102,7 @@ const MAX_SAMPLES: usize = 10;
 
 impl Subscriber {
     pub fn new(
-        key: SubscriberId,
+        session_id: SessionId,
         id: String,
         mode: Mode,
         protocol: u32,
@@ -110,7 +110,7 @@ impl Subscriber {
         session: Recipient<ToSession>,
     ) -> Subscriber {
         Subscriber {
-            key,
+            session_id,
             id,
             mode,
             protocol,
@@ -133,7 +133,7 @@ impl Subscriber {
     }
 
     /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered.
-    pub fn send_live(&mut self, change: &Arc<Change>, token: Option<u64>) -> Delivery {
+    pub fn send_live(&mut self, change: &Arc<Change>, token: Option<Token>) -> Delivery {
         match self.phase {
             Phase::CatchingUp => {
                 if change.watermark > self.watermark {
@@ -149,7 +149,7 @@ impl Subscriber {
     }
 
     /// Sends a change (catch-up, backlog or live) unless it is filtered.
-    pub fn send(&mut self, change: &Change, token: Option<u64>) -> Delivery {
+    pub fn send(&mut self, change: &Change, token: Option<Token>) -> Delivery {
         if change.watermark <= self.watermark || (change.needs_v5 && self.protocol < 5) {
             return Delivery::Filtered;
         }
