@@ -478,7 +478,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                         .await;
                     if let Some((_, s)) = sessions.get(res as usize - 1) {
                         s.do_send(ReservationEvent::Closed(
-                            change_streamer_actors::reservation::ReservationEnd::Replaced,
+                            change_streamer_actors::session::SessionEnd::Replaced,
                         ));
                     }
                 }

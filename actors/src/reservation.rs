@@ -25,18 +25,7 @@ use serde::Serialize;
 use crate::changelog::{ChangeLogState, GetChangeLogState};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
-use crate::session::SessionId;
-
-/// Why a reservation's session must close.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReservationEnd {
-    /// A newer reservation of the same task took over.
-    Replaced,
-    /// The task subscribed with `initial=true`.
-    EndedBySubscription,
-    /// The service is stopping.
-    Shutdown,
-}
+use crate::session::{SessionEnd, SessionId};
 
 /// What a reservation's session is told.
 #[derive(Message, Debug, Clone, PartialEq)]
@@ -47,7 +36,7 @@ pub enum ReservationEvent {
     /// The change log could not answer; the reservation is gone.
     Failed(String),
     /// The reservation ended; close the socket.
-    Closed(ReservationEnd),
+    Closed(SessionEnd),
 }
 
 /// The body of the status message, fields in wire order.
@@ -181,7 +170,7 @@ impl Handler<Reserve> for ReservationActor {
         if let Some(old) = self.remove(&task_id, None) {
             info!("reservation of task {task_id} replaced by a newer one (session {} -> {session_id})", old.session_id);
             old.session
-                .do_send(ReservationEvent::Closed(ReservationEnd::Replaced));
+                .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
             self.closed(&task_id, None);
         }
         info!("snapshot reservation opened by task {task_id} (session {session_id})");
@@ -260,9 +249,8 @@ impl Handler<EndBySubscription> for ReservationActor {
             "snapshot reservation of task {} ended by its subscription after {held} ms",
             msg.task_id
         );
-        res.session.do_send(ReservationEvent::Closed(
-            ReservationEnd::EndedBySubscription,
-        ));
+        res.session
+            .do_send(ReservationEvent::Closed(SessionEnd::EndedBySubscription));
         self.closed(&msg.task_id, Some(held));
         Some(held)
     }
@@ -274,7 +262,7 @@ impl Handler<CloseAll> for ReservationActor {
         for (task_id, res) in std::mem::take(&mut self.reservations) {
             info!("closing snapshot reservation of task {task_id}: service stopping");
             res.session
-                .do_send(ReservationEvent::Closed(ReservationEnd::Shutdown));
+                .do_send(ReservationEvent::Closed(SessionEnd::ServiceStop));
             self.closed(&task_id, None);
         }
     }

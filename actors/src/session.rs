@@ -1,9 +1,14 @@
-//! What the actors know of a websocket session: the number that names it ([`SessionId`]).
+//! What the actors know of a websocket session: the number that names it ([`SessionId`]) and
+//! why it ends ([`SessionEnd`]).
 //!
 //! Sessions live in the service; the actors that own their state (the streamer, the
 //! reservations) know a session only by this number and by the recipient it handed them. A
 //! session's later messages name its own number, so a stale session can never act on state that
 //! has passed to a newer one.
+//!
+//! Every close, whoever decides it (the reservations, the streamer, the session itself), is a
+//! [`SessionEnd`]; its close code and reason (SPEC §5) are written in one place,
+//! [`SessionEnd::close_frame`].
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,5 +29,86 @@ impl SessionId {
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
+    }
+}
+
+/// Why a session's socket closes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionEnd {
+    /// A newer reservation of the same task took over (1000).
+    Replaced,
+    /// The task subscribed with `initial=true`, which ends its reservation (1000).
+    EndedBySubscription,
+    /// A refused subscription's `error` frame was acked (1000).
+    ErrorAcked,
+    /// A refused subscription's `error` frame was not acked within a ping interval (1000).
+    ErrorNotAcked,
+    /// The service is stopping (1001).
+    ServiceStop,
+    /// The client broke the protocol: a bad ack, a binary frame, a websocket error (1002).
+    Protocol(String),
+    /// The service cannot serve the session: the change log is not initialized or cannot
+    /// answer, the streamer is gone (1011).
+    Unavailable(String),
+    /// The streamer dropped a subscriber it could no longer serve (1011).
+    Evicted(String),
+}
+
+/// Close reasons are at most 123 bytes (the close frame's payload limit less the code).
+pub const MAX_REASON: usize = 123;
+
+impl SessionEnd {
+    /// The close code (SPEC §5).
+    pub fn code(&self) -> u16 {
+        match self {
+            SessionEnd::Replaced
+            | SessionEnd::EndedBySubscription
+            | SessionEnd::ErrorAcked
+            | SessionEnd::ErrorNotAcked => 1000,
+            SessionEnd::ServiceStop => 1001,
+            SessionEnd::Protocol(_) => 1002,
+            SessionEnd::Unavailable(_) | SessionEnd::Evicted(_) => 1011,
+        }
+    }
+
+    /// The close code and the reason, cut to [`MAX_REASON`] bytes at a character boundary.
+    pub fn close_frame(&self) -> (u16, String) {
+        let reason = match self {
+            SessionEnd::Replaced => "replaced by a newer reservation of the same task",
+            SessionEnd::EndedBySubscription => "reservation ended: the task subscribed",
+            SessionEnd::ErrorAcked => "error acknowledged",
+            SessionEnd::ErrorNotAcked => "error sent; no ack",
+            SessionEnd::ServiceStop => "service stopping",
+            SessionEnd::Protocol(why) | SessionEnd::Unavailable(why) | SessionEnd::Evicted(why) => {
+                why
+            }
+        };
+        let mut end = reason.len().min(MAX_REASON);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        (self.code(), reason[..end].to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_reasons_are_cut_to_123_bytes_at_a_character_boundary() {
+        assert_eq!(
+            SessionEnd::Protocol("short".into()).close_frame(),
+            (1002, "short".to_string())
+        );
+        let long = "é".repeat(100); // 200 bytes
+        let (code, cut) = SessionEnd::Evicted(long).close_frame();
+        assert_eq!(code, 1011);
+        assert!(
+            cut.len() <= MAX_REASON && cut.len() >= MAX_REASON - 1,
+            "{}",
+            cut.len()
+        );
+        assert!(cut.chars().all(|c| c == 'é'));
     }
 }

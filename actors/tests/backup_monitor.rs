@@ -17,10 +17,9 @@ use change_streamer_actors::monitor::{
     Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop,
 };
 use change_streamer_actors::reservation::{
-    EndBySubscription, ListReservations, Release, ReservationActor, ReservationEnd,
-    ReservationEvent, Reserve,
+    EndBySubscription, ListReservations, Release, ReservationActor, ReservationEvent, Reserve,
 };
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session::{SessionEnd, SessionId};
 use litestream::{render_page, Answer, FakeLitestream};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
@@ -264,7 +263,7 @@ async fn only_keeps_one_reservation_per_id() {
     let e = events(&b1).await;
     assert_eq!(
         e.last(),
-        Some(&ReservationEvent::Closed(ReservationEnd::Replaced)),
+        Some(&ReservationEvent::Closed(SessionEnd::Replaced)),
         "{e:?}"
     );
     match events(&b2).await.as_slice() {
@@ -345,9 +344,7 @@ async fn pauses_cleanup_during_reservation() {
     );
     assert_eq!(
         events(&s).await.last(),
-        Some(&ReservationEvent::Closed(
-            ReservationEnd::EndedBySubscription
-        ))
+        Some(&ReservationEvent::Closed(SessionEnd::EndedBySubscription))
     );
     h.check().await;
     assert_eq!(h.scheduled().await, vec!["618p0bw8"]);

@@ -24,7 +24,8 @@ use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;
-use crate::session::{close, CLOSE_PROTOCOL_ERROR};
+use crate::session::close;
+use change_streamer_actors::session::SessionEnd;
 
 /// Protocol versions served.
 pub const MIN_PROTOCOL: u32 = 1;
@@ -140,7 +141,7 @@ impl Actor for Refusal {
     type Context = ws::WebsocketContext<Self>;
     fn started(&mut self, ctx: &mut Self::Context) {
         let reason = std::mem::take(&mut self.reason);
-        close(ctx, CLOSE_PROTOCOL_ERROR, &reason);
+        close(ctx, SessionEnd::Protocol(reason));
     }
 }
 

@@ -10,34 +10,18 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
+use change_streamer_actors::session::SessionEnd;
 use log::info;
 
-/// Close codes (SPEC §5).
-pub const CLOSE_NORMAL: u16 = 1000;
-pub const CLOSE_GOING_AWAY: u16 = 1001;
-pub const CLOSE_PROTOCOL_ERROR: u16 = 1002;
-pub const CLOSE_INTERNAL_ERROR: u16 = 1011;
-
-/// Close reasons are at most 123 bytes (the close frame's payload limit less the code).
-pub const MAX_REASON: usize = 123;
-
-/// Cuts `reason` to [`MAX_REASON`] bytes at a character boundary.
-pub fn truncate_reason(reason: &str) -> String {
-    let mut end = reason.len().min(MAX_REASON);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    reason[..end].to_string()
-}
-
-/// Closes the socket with `code` and `reason`, then stops the session.
-pub fn close<A>(ctx: &mut ws::WebsocketContext<A>, code: u16, reason: &str)
+/// Closes the socket with the code and reason of `end`, then stops the session.
+pub fn close<A>(ctx: &mut ws::WebsocketContext<A>, end: SessionEnd)
 where
     A: Actor<Context = ws::WebsocketContext<A>>,
 {
+    let (code, reason) = end.close_frame();
     ctx.close(Some(ws::CloseReason {
         code: ws::CloseCode::from(code),
-        description: Some(truncate_reason(reason)),
+        description: Some(reason),
     }));
     ctx.stop();
 }
@@ -83,12 +67,11 @@ pub fn client_frame<A: Live>(
         }
         Ok(ws::Message::Binary(_)) | Ok(ws::Message::Continuation(_)) => close(
             ctx,
-            CLOSE_PROTOCOL_ERROR,
-            "expected a text frame {\"ack\": n}",
+            SessionEnd::Protocol("expected a text frame {\"ack\": n}".into()),
         ),
         Err(e) => {
             log::warn!("{}: websocket error: {e}", act.describe());
-            close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+            close(ctx, SessionEnd::Protocol(e.to_string()));
         }
     }
     None
@@ -110,22 +93,4 @@ pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Dura
         }
         ctx.ping(b"");
     });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn close_reasons_are_cut_to_123_bytes_at_a_character_boundary() {
-        assert_eq!(truncate_reason("short"), "short");
-        let long = "é".repeat(100); // 200 bytes
-        let cut = truncate_reason(&long);
-        assert!(
-            cut.len() <= MAX_REASON && cut.len() >= MAX_REASON - 1,
-            "{}",
-            cut.len()
-        );
-        assert!(cut.chars().all(|c| c == 'é'));
-    }
 }

@@ -13,17 +13,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
-use change_streamer_actors::reservation::{
-    Release, ReservationActor, ReservationEnd, ReservationEvent, Reserve,
-};
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::reservation::{Release, ReservationActor, ReservationEvent, Reserve};
+use change_streamer_actors::session::{SessionEnd, SessionId};
 use log::warn;
 
 use super::framing::Framing;
-use super::{
-    client_frame, close, start_liveness, Live, Liveness, CLOSE_GOING_AWAY, CLOSE_INTERNAL_ERROR,
-    CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR,
-};
+use super::{client_frame, close, start_liveness, Live, Liveness};
 
 pub struct SnapshotSession {
     task_id: String,
@@ -92,18 +87,8 @@ impl Handler<ReservationEvent> for SnapshotSession {
                 let (_, frame) = self.framing.frame(&status.to_message());
                 ctx.text(frame);
             }
-            ReservationEvent::Failed(e) => close(ctx, CLOSE_INTERNAL_ERROR, &e),
-            ReservationEvent::Closed(ReservationEnd::Replaced) => close(
-                ctx,
-                CLOSE_NORMAL,
-                "replaced by a newer reservation of the same task",
-            ),
-            ReservationEvent::Closed(ReservationEnd::EndedBySubscription) => {
-                close(ctx, CLOSE_NORMAL, "reservation ended: the task subscribed")
-            }
-            ReservationEvent::Closed(ReservationEnd::Shutdown) => {
-                close(ctx, CLOSE_GOING_AWAY, "service stopping")
-            }
+            ReservationEvent::Failed(e) => close(ctx, SessionEnd::Unavailable(e)),
+            ReservationEvent::Closed(end) => close(ctx, end),
         }
     }
 }
@@ -113,7 +98,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SnapshotSession {
         if let Some(text) = client_frame(self, msg, ctx) {
             if let Err(e) = self.framing.ack(&text) {
                 warn!("{}: {e}", self.describe());
-                close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+                close(ctx, SessionEnd::Protocol(e.to_string()));
             }
         }
     }

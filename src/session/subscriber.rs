@@ -16,17 +16,14 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession, Token};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
 
 use super::framing::Framing;
-use super::{
-    client_frame, close, start_liveness, Live, Liveness, CLOSE_INTERNAL_ERROR, CLOSE_NORMAL,
-    CLOSE_PROTOCOL_ERROR,
-};
+use super::{client_frame, close, start_liveness, Live, Liveness};
 
 /// The checked query parameters of a subscription.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +73,7 @@ impl SubscriberSession {
 
     fn refused(&mut self, e: SubscribeError, ctx: &mut ws::WebsocketContext<Self>) {
         let Some(error_type) = e.error_type() else {
-            close(ctx, CLOSE_INTERNAL_ERROR, &e.to_string());
+            close(ctx, SessionEnd::Unavailable(e.to_string()));
             return;
         };
         let msg = serde_json::json!(["error", {"type": error_type, "message": e.to_string()}]);
@@ -84,13 +81,13 @@ impl SubscriberSession {
         ctx.text(frame);
         self.error_frame = Some(id);
         ctx.run_later(self.ping_interval, |_, ctx| {
-            close(ctx, CLOSE_NORMAL, "error sent; no ack");
+            close(ctx, SessionEnd::ErrorNotAcked);
         });
     }
 
     fn on_ack(&mut self, id: u64, ctx: &mut ws::WebsocketContext<Self>) {
         if self.error_frame.is_some_and(|e| id >= e) {
-            close(ctx, CLOSE_NORMAL, "error acknowledged");
+            close(ctx, SessionEnd::ErrorAcked);
             return;
         }
         let mut commit = None;
@@ -148,8 +145,7 @@ impl Actor for SubscriberSession {
             .map(|res, act, ctx| match res {
                 Err(e) => close(
                     ctx,
-                    CLOSE_INTERNAL_ERROR,
-                    &format!("streamer unavailable: {e}"),
+                    SessionEnd::Unavailable(format!("streamer unavailable: {e}")),
                 ),
                 Ok(Err(e)) => act.refused(e, ctx),
                 Ok(Ok(())) => {
@@ -186,7 +182,7 @@ impl Handler<ToSession> for SubscriberSession {
                     ctx.text(text);
                 }
             }
-            ToSession::Close { code, reason } => close(ctx, code, &reason),
+            ToSession::Close(end) => close(ctx, end),
         }
     }
 }
@@ -198,7 +194,7 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SubscriberSession
                 Ok(id) => self.on_ack(id, ctx),
                 Err(e) => {
                     warn!("{}: {e}", self.describe());
-                    close(ctx, CLOSE_PROTOCOL_ERROR, &e.to_string());
+                    close(ctx, SessionEnd::Protocol(e.to_string()));
                 }
             }
         }

@@ -213,9 +213,7 @@ impl Streamer {
                     .into_actor(self)
                     .map(move |res, act, ctx| match res {
                         Ok(()) => act.read_catchup(ctx, session_id),
-                        Err(e) => {
-                            act.drop_subscriber(session_id, 1011, &format!("catch-up failed: {e}"))
-                        }
+                        Err(e) => act.drop_subscriber(session_id, format!("catch-up failed: {e}")),
                     }),
             );
             return;
@@ -226,7 +224,7 @@ impl Streamer {
             .read(c.after.clone(), up_to.clone(), self.cfg.catchup_batch);
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
-            Err(e) => act.drop_subscriber(session_id, 1011, &format!("catch-up failed: {e}")),
+            Err(e) => act.drop_subscriber(session_id, format!("catch-up failed: {e}")),
         }));
     }
 

@@ -38,7 +38,7 @@ use log::warn;
 use serde::Serialize;
 
 use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
-use crate::session::SessionId;
+use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 use flow::TrackedSend;
 use ingest::Txn;
@@ -160,13 +160,13 @@ impl Streamer {
             sub.flush();
         }
     }
-    pub(super) fn drop_subscriber(&mut self, session_id: SessionId, code: u16, reason: &str) {
+    /// Closes the session of a subscriber that can no longer be served; its `SessionGone`
+    /// then removes it.
+    pub(super) fn drop_subscriber(&mut self, session_id: SessionId, reason: String) {
         if let Some(sub) = self.subscribers.get(&session_id) {
             warn!("dropping subscriber {}: {reason}", sub.id);
-            sub.session.do_send(ToSession::Close {
-                code,
-                reason: reason.to_string(),
-            });
+            sub.session
+                .do_send(ToSession::Close(SessionEnd::Evicted(reason)));
         }
     }
 }
@@ -196,10 +196,8 @@ impl Handler<CloseAllSubscribers> for Streamer {
     type Result = ();
     fn handle(&mut self, _: CloseAllSubscribers, _: &mut Context<Self>) {
         for sub in self.subscribers.values() {
-            sub.session.do_send(ToSession::Close {
-                code: 1001,
-                reason: "service stopping".into(),
-            });
+            sub.session
+                .do_send(ToSession::Close(SessionEnd::ServiceStop));
         }
     }
 }

@@ -12,7 +12,7 @@ use actix::prelude::*;
 use log::info;
 
 use super::Streamer;
-use crate::session::SessionId;
+use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// One frame for a session to write, with what its ack means.
@@ -42,8 +42,8 @@ pub enum Token {
 pub enum ToSession {
     /// Write these frames, in order. Live subscribers that need no filtering share one list.
     Send(Arc<Vec<Outgoing>>),
-    /// Close the socket with this code and reason.
-    Close { code: u16, reason: String },
+    /// Close the socket.
+    Close(SessionEnd),
 }
 
 /// From a session to the streamer: the client acked through message `acked_messages`.
