@@ -82,7 +82,6 @@ pub struct PendingWatermark {
 pub struct CleanupState {
     pub cleanup_delay_ms: i64,
     pub paused: bool,
-    pub paused_for: Vec<String>,
     pub last_scheduled_watermark: Option<Watermark>,
     pub pending_watermarks: Vec<PendingWatermark>,
     pub cleanups_scheduled_total: u64,
@@ -193,7 +192,6 @@ impl CleanupActor {
         CleanupState {
             cleanup_delay_ms: self.cleanup_delay_ms,
             paused: !self.reservations.is_empty(),
-            paused_for: self.reservations.iter().cloned().collect(),
             last_scheduled_watermark: self.last_scheduled.clone(),
             pending_watermarks: self
                 .watermarks

@@ -100,15 +100,12 @@ pub struct ReservationInfo {
     pub task_id: String,
     #[serde(rename = "heldMs")]
     pub held_ms: i64,
-    #[serde(skip)]
-    pub status_sent: bool,
 }
 
 struct Reservation {
     session_id: SessionId,
     started_ms: i64,
     session: Recipient<ReservationEvent>,
-    status_sent: bool,
 }
 
 /// See the module documentation.
@@ -180,7 +177,6 @@ impl Handler<Reserve> for ReservationActor {
                 session_id,
                 started_ms: self.clock.now_ms(),
                 session,
-                status_sent: false,
             },
         );
         self.cleanup.do_send(ReservationOpened {
@@ -206,7 +202,6 @@ impl Handler<Reserve> for ReservationActor {
                 };
                 match state {
                     Ok(s) => {
-                        res.status_sent = true;
                         res.session
                             .do_send(ReservationEvent::Status(SnapshotStatus {
                                 tag: "status",
@@ -278,7 +273,6 @@ impl Handler<ListReservations> for ReservationActor {
             .map(|(t, r)| ReservationInfo {
                 task_id: t.clone(),
                 held_ms: now - r.started_ms,
-                status_sent: r.status_sent,
             })
             .collect();
         list.sort_by(|a, b| a.task_id.cmp(&b.task_id));

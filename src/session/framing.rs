@@ -62,14 +62,6 @@ impl Framing {
         self.last_acked = ack;
         Ok(ack)
     }
-
-    pub fn last_sent(&self) -> u64 {
-        self.last_sent
-    }
-
-    pub fn last_acked(&self) -> u64 {
-        self.last_acked
-    }
 }
 
 #[cfg(test)]

@@ -89,10 +89,6 @@ impl Broadcast {
         self.released
     }
 
-    pub fn majority(&self) -> usize {
-        self.majority
-    }
-
     pub fn pending(&self) -> impl Iterator<Item = SessionId> + '_ {
         self.pending.iter().copied()
     }
@@ -168,7 +164,7 @@ mod tests {
     fn check_progress_below_majority_waits_forever() {
         // 5 subscribers: majority 3. Two finished = majority minus one.
         let mut b = Broadcast::new((1..=5).map(SessionId), 0.0);
-        assert_eq!(b.majority(), 3);
+        assert_eq!(b.majority, 3);
         b.mark_completed(SessionId(1), 10.0);
         b.mark_completed(SessionId(2), 20.0);
         assert!(!b.check_progress(1000.0, 1_000_000.0));
@@ -206,7 +202,7 @@ mod tests {
     #[test]
     fn one_subscriber_is_its_own_majority() {
         let mut b = Broadcast::new(ids([7]), 0.0);
-        assert_eq!(b.majority(), 1);
+        assert_eq!(b.majority, 1);
         assert!(!b.check_progress(0.0, 1e9));
         assert!(b.mark_completed(SessionId(7), 5.0));
     }

@@ -23,14 +23,14 @@ pub enum Kind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// The commit watermark of the change's transaction.
-    pub watermark: Watermark,
-    pub kind: Kind,
+    pub(super) watermark: Watermark,
+    pub(super) kind: Kind,
     /// `["data", {...}]` etc.
-    pub message: Arc<str>,
+    pub(super) message: Arc<str>,
     /// Bytes of payload, for flow control's "about every 64 KiB".
-    pub payload_len: usize,
+    pub(super) payload_len: usize,
     /// `update-table-metadata`, which protocol < 5 does not know.
-    pub needs_v5: bool,
+    pub(super) needs_v5: bool,
 }
 
 /// The tag that protocol < 5 subscribers must not receive.

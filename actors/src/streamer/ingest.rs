@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use super::change::{Change, Kind};
 use super::Streamer;
 use crate::changelog::{ChangeKind, ChangeLogError, Transaction};
-use crate::upstream::protocol::UpstreamMessage;
+use crate::upstream::protocol::{self, UpstreamMessage};
 use crate::watermark::Watermark;
 
 /// A batch of upstream messages, in order.
@@ -58,15 +58,6 @@ impl std::fmt::Debug for UpstreamAck {
 pub type DurableFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), ChangeLogError>> + Send>>;
 
-impl UpstreamAck {
-    pub fn commit_frame(w: &Watermark) -> String {
-        format!(r#"["status",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#)
-    }
-    pub fn status_frame(w: &Watermark) -> String {
-        format!(r#"["status",{{"ack":true}},{{"watermark":"{w}"}}]"#)
-    }
-}
-
 /// The change source broke the rules of a transaction; the connection must be dropped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -77,12 +68,9 @@ pub struct ProtocolViolation(pub String);
 #[rtype(result = "()")]
 pub enum UpstreamEvent {
     /// Connected, resuming after `resume_after`, the change log's last durable commit.
-    Connected {
-        resume_after: Option<Watermark>,
-    },
+    Connected { resume_after: Option<Watermark> },
     /// Connection ended; a transaction in progress is rolled back.
     Disconnected,
-    ResetRequired(String),
 }
 
 /// The transaction in progress.
@@ -141,7 +129,7 @@ impl Streamer {
                 if ack {
                     acks.push(UpstreamAck {
                         durable: None,
-                        frame: Some(UpstreamAck::status_frame(&watermark)),
+                        frame: Some(protocol::status_ack(&watermark)),
                     });
                 }
                 Ok(None)
@@ -237,7 +225,7 @@ impl Streamer {
             if !t.skip_ack {
                 acks.push(UpstreamAck {
                     durable: None,
-                    frame: Some(UpstreamAck::commit_frame(&watermark)),
+                    frame: Some(protocol::commit_ack(&watermark)),
                 });
             }
             self.activate_queued(ctx);
@@ -256,7 +244,7 @@ impl Streamer {
         });
         acks.push(UpstreamAck {
             durable: Some(Box::pin(durable)),
-            frame: (!t.skip_ack).then(|| UpstreamAck::commit_frame(&watermark)),
+            frame: (!t.skip_ack).then(|| protocol::commit_ack(&watermark)),
         });
         self.trim_backlogs();
         self.activate_queued(ctx);
@@ -333,7 +321,6 @@ impl Handler<UpstreamEvent> for Streamer {
                 self.abort_txn(ctx);
                 self.flush_all();
             }
-            UpstreamEvent::ResetRequired(m) => self.reset_required = Some(m),
         }
     }
 }

@@ -20,7 +20,7 @@ use crate::session::SessionId;
 use crate::watermark::Watermark;
 
 /// The initial frame of a subscription (protocol ≥ 2).
-pub const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
+const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
 
 /// A replica asks to subscribe.
 #[derive(Message)]

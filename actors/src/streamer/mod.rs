@@ -21,21 +21,20 @@
 //! another party lives in its own file: [`ingest`] (the upstream client), [`join`] (a new
 //! subscriber), [`session`] (a subscriber's session), [`flow`] (the tracked send), [`purge`].
 
-pub mod broadcast;
-pub mod change;
-pub mod flow;
-pub mod ingest;
-pub mod join;
-pub mod purge;
-pub mod session;
-pub mod subscriber;
+mod broadcast;
+mod change;
+mod flow;
+mod ingest;
+mod join;
+mod purge;
+mod session;
+mod subscriber;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use log::warn;
-use serde::Serialize;
 
 use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
 use crate::session::{SessionEnd, SessionId};
@@ -48,7 +47,7 @@ use subscriber::Subscriber;
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
-pub use join::{Subscribe, SubscribeError, STATUS_FRAME};
+pub use join::{Subscribe, SubscribeError};
 pub use purge::{GetPurgeState, PurgeAnswer, PurgeIfSafe, PurgeState, Purger};
 pub use session::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
 pub use subscriber::{Mode, Phase, SubscriberInfo};
@@ -88,8 +87,7 @@ pub struct CloseAllSubscribers;
 #[rtype(result = "StreamerState")]
 pub struct GetStreamerState;
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StreamerState {
     pub upstream_connected: bool,
     pub reset_required: Option<String>,

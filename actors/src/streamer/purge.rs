@@ -18,7 +18,6 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use log::{info, warn};
-use serde::Serialize;
 
 use super::Streamer;
 use crate::cleanup::ScheduleCleanup;
@@ -47,8 +46,7 @@ pub enum PurgeAnswer {
 #[rtype(result = "PurgeState")]
 pub struct GetPurgeState;
 
-#[derive(Debug, Clone, Serialize, PartialEq, Default)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct PurgeState {
     pub scheduled: Vec<Watermark>,
     pub last_purged_before: Option<Watermark>,

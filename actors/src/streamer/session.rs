@@ -40,8 +40,8 @@ pub enum Token {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum ToSession {
-    /// Write these frames, in order. Live subscribers that need no filtering share one list.
-    Send(Arc<Vec<Outgoing>>),
+    /// Write these frames, in order.
+    Send(Vec<Outgoing>),
     /// Close the socket.
     Close(SessionEnd),
 }

@@ -66,24 +66,22 @@ pub struct SubscriberInfo {
 
 /// The streamer's record of one subscriber.
 pub struct Subscriber {
-    pub session_id: SessionId,
-    pub id: String,
-    pub mode: Mode,
-    pub protocol: u32,
-    pub session: Recipient<ToSession>,
-    pub phase: Phase,
+    pub(super) session_id: SessionId,
+    pub(super) id: String,
+    pub(super) mode: Mode,
+    pub(super) protocol: u32,
+    pub(super) session: Recipient<ToSession>,
+    pub(super) phase: Phase,
     /// Last commit sent.
-    pub watermark: Watermark,
+    pub(super) watermark: Watermark,
     /// Last commit acked.
-    pub acked: Watermark,
+    pub(super) acked: Watermark,
     /// Live changes received while catching up.
-    pub backlog: Vec<Arc<Change>>,
+    pub(super) backlog: Vec<Arc<Change>>,
     /// Frames queued for this session alone in the current streamer turn.
-    pub outbox: Vec<Outgoing>,
-    /// In the current turn, this subscriber takes the streamer's shared frames.
-    pub shared: bool,
-    pub sent_messages: u64,
-    pub acked_messages: u64,
+    pub(super) outbox: Vec<Outgoing>,
+    pub(super) sent_messages: u64,
+    pub(super) acked_messages: u64,
     samples: VecDeque<(f64, u64)>,
 }
 
@@ -120,7 +118,6 @@ impl Subscriber {
             watermark,
             backlog: Vec::new(),
             outbox: Vec::new(),
-            shared: false,
             sent_messages: 0,
             acked_messages: 0,
             samples: VecDeque::new(),
@@ -178,28 +175,11 @@ impl Subscriber {
         self.sent_messages += 1;
     }
 
-    /// Whether this subscriber can take a turn's shared frames, starting with `first`: live,
-    /// knows every message kind, has nothing of its own queued, and needs no filtering.
-    pub fn can_share(&self, first: &Change) -> bool {
-        self.phase == Phase::Live
-            && self.protocol >= 5
-            && self.outbox.is_empty()
-            && first.watermark > self.watermark
-    }
-
-    /// Accounts for a change it receives through the shared frames.
-    pub fn sent_shared(&mut self, change: &Change) {
-        if change.kind == Kind::Commit {
-            self.watermark = change.watermark.clone();
-        }
-        self.sent_messages += 1;
-    }
-
     /// Hands the outbox to the session.
     pub fn flush(&mut self) {
         if !self.outbox.is_empty() {
             let frames = std::mem::take(&mut self.outbox);
-            self.session.do_send(ToSession::Send(Arc::new(frames)));
+            self.session.do_send(ToSession::Send(frames));
         }
     }
 

@@ -1,4 +1,5 @@
-//! The custom change source's wire messages (SPEC §4), parsed from text frames.
+//! The custom change source's wire format (SPEC §4): the messages it sends, parsed from text
+//! frames, and the acks we send back.
 //!
 //! Each frame is one JSON array. Payloads stay text (`RawValue`), so what is stored and
 //! forwarded is byte-for-byte what arrived; only the small third elements are decoded. Frame-level
@@ -37,6 +38,16 @@ pub enum UpstreamMessage {
     ResetRequired {
         message: String,
     },
+}
+
+/// The ack of a stored commit: `["status",{"tag":"commit"},{"watermark":W}]`.
+pub fn commit_ack(w: &Watermark) -> String {
+    format!(r#"["status",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#)
+}
+
+/// The echo of a `status` message that asked for an ack: `["status",{"ack":true},{"watermark":W}]`.
+pub fn status_ack(w: &Watermark) -> String {
+    format!(r#"["status",{{"ack":true}},{{"watermark":"{w}"}}]"#)
 }
 
 /// A frame that breaks the protocol.
@@ -222,6 +233,18 @@ mod tests {
             Ok(UpstreamMessage::ResetRequired {
                 message: "slot lost".into()
             })
+        );
+    }
+
+    #[test]
+    fn builds_acks() {
+        assert_eq!(
+            commit_ack(&w("0a")),
+            r#"["status",{"tag":"commit"},{"watermark":"0a"}]"#
+        );
+        assert_eq!(
+            status_ack(&w("0b")),
+            r#"["status",{"ack":true},{"watermark":"0b"}]"#
         );
     }
 
