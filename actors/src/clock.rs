@@ -6,8 +6,10 @@
 //! `SystemTime::now()` themselves, so tests (and the differential replay) can move time by hand
 //! and replay the seed's scenarios to the millisecond without sleeping.
 //!
-//! Timers (the poll interval, the purge delay, the flow-control padding) still run on the
-//! runtime's real timers: a test that wants to avoid them drives the actors by message instead.
+//! Timers (the poll interval, the purge delay, the flow-control padding) run on the runtime's
+//! clock (tokio time, through actix's `run_later`/`run_interval`), and the streamer's and
+//! purger's "now" is read from the same clock (`tokio::time::Instant`): a test pauses it with
+//! `tokio::time::pause()` and moves it with `advance()` instead of sleeping.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;

@@ -2,8 +2,13 @@
 //! log, fed upstream batches directly, broadcasting to fake subscriber sessions that ack at once
 //! or never. Every change is sent tracked here (a 1-byte flow-control budget), so each batch
 //! waits for its release, and the release time can be measured.
+//!
+//! The flow-control tests pause the runtime's clock (`tokio::time::pause()`): the streamer's
+//! timers and "now" run on it, so a release due `padding` after the third ack comes exactly
+//! then, and "still held after 300 ms" takes no real time. The change log's writes are real I/O
+//! on their own thread: each test awaits the durability of what it stored before relying on it.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
@@ -11,10 +16,13 @@ use change_streamer_actors::session::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
-use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession, Token};
+use change_streamer_actors::streamer::{
+    Mode, Phase, SessionGone, SessionProgress, ToSession, Token,
+};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// A subscriber session that acks everything at once, or nothing (`stalled`).
 struct FakeSession {
@@ -121,6 +129,11 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
         .unwrap();
     assert_eq!(reply.consumed, 3);
     assert!(reply.release.is_none());
+    for ack in reply.acks {
+        if let Some(durable) = ack.durable {
+            durable.await.expect("initial sync stored");
+        }
+    }
     let mut sessions = Vec::new();
     for (i, &stalled) in stalled.iter().enumerate() {
         let session_id = SessionId(1000 + i as u64);
@@ -149,18 +162,12 @@ async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
             .expect("subscribed");
         sessions.push(s);
     }
-    // Let every subscriber become live.
-    for _ in 0..100 {
-        let st = streamer.send(GetStreamerState).await.unwrap();
-        if st
-            .subscribers
-            .iter()
-            .all(|s| format!("{:?}", s.phase) == "Live")
-        {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(5)).await;
-    }
+    // Subscribed at the last commit, each is live at once: nothing to catch up.
+    let st = streamer.send(GetStreamerState).await.unwrap();
+    assert!(
+        st.subscribers.iter().all(|s| s.phase == Phase::Live),
+        "{st:?}"
+    );
     Setup {
         _dir: dir,
         streamer,
@@ -186,6 +193,23 @@ async fn released(release: oneshot::Receiver<()>, why: &str) {
         .expect(why);
 }
 
+/// Waits until `done` holds, yielding to the actors in between: for waits on the change log's
+/// reads, real I/O that the runtime's clock does not drive. Fails after 10 s of real time.
+async fn until<F, Fut>(what: &str, mut done: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !done().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
 /// Sends one message; returns the release receiver of its tracked send, if it waits.
 async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver<()>> {
     let reply = s
@@ -199,7 +223,8 @@ async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver<()>
 }
 
 #[actix_rt::test]
-async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
+async fn five_subscribers_two_stalled_release_padding_after_the_third_ack() {
+    tokio::time::pause();
     let padding = 100.0;
     let s = setup(padding, &[false, false, false, true, true]).await;
     let mut latencies = Vec::new();
@@ -213,11 +238,11 @@ async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
             latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    // The three fast ones ack within a millisecond or so of the send: the release comes padding
-    // after the third ack, and no later than padding + 50 ms.
+    // The three fast ones ack at the send's instant (the clock is paused): the release comes
+    // padding after the third ack, give or take the timer's millisecond resolution.
     for l in &latencies {
         assert!(
-            *l >= padding - 1.0 && *l <= padding + 50.0,
+            *l >= padding && *l <= padding + 1.0,
             "release after {l:.1} ms: {latencies:?}"
         );
     }
@@ -231,6 +256,7 @@ async fn five_subscribers_two_stalled_release_within_padding_plus_50ms() {
 
 #[actix_rt::test]
 async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
+    tokio::time::pause();
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(
@@ -248,6 +274,7 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
 
 #[actix_rt::test]
 async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
+    tokio::time::pause();
     let s = setup(0.0, &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 200, "released too early").await;
@@ -262,6 +289,7 @@ async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
 
 #[actix_rt::test]
 async fn negative_padding_waits_for_all() {
+    tokio::time::pause();
     let s = setup(-1000.0, &[false, false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(
@@ -283,6 +311,7 @@ async fn no_subscribers_means_no_wait() {
 
 #[actix_rt::test]
 async fn two_subscribers_one_stalled_never_release_early() {
+    tokio::time::pause();
     let s = setup(0.0, &[false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 300, "majority of 2 is 2").await;
@@ -391,7 +420,12 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
         .await
         .unwrap()
         .unwrap();
-    actix_rt::time::sleep(Duration::from_millis(50)).await;
+    // Its first catch-up batch is read from the change log and sent.
+    until("the first catch-up batch", || {
+        let session = session.clone();
+        async move { !session.send(Commits).await.unwrap().is_empty() }
+    })
+    .await;
     // Live changes keep coming; its backlog never holds more than the limit plus a transaction.
     for n in 131..=200 {
         streamer.send(UpstreamBatch(txn(n))).await.unwrap().unwrap();
@@ -400,16 +434,16 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
         assert!(sub.pending <= 10 + 20 + 3, "backlog not bounded: {sub:?}");
     }
     // It now acks as fast as it is fed, and ends up with every transaction once, in order.
-    for _ in 0..500 {
-        session.send(AckNow).await.unwrap();
-        let st = streamer.send(GetStreamerState).await.unwrap();
-        if format!("{:?}", st.subscribers[0].phase) == "Live"
-            && session.send(Commits).await.unwrap().len() == 100
-        {
-            break;
+    until("the catch-up to end", || {
+        let (session, streamer) = (session.clone(), streamer.clone());
+        async move {
+            session.send(AckNow).await.unwrap();
+            let st = streamer.send(GetStreamerState).await.unwrap();
+            st.subscribers[0].phase == Phase::Live
+                && session.send(Commits).await.unwrap().len() == 100
         }
-        actix_rt::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await;
     let commits = session.send(Commits).await.unwrap();
     assert_eq!(commits, (101..=200).map(w).collect::<Vec<_>>());
 }

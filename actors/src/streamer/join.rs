@@ -26,7 +26,8 @@ const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
 #[derive(Message)]
 #[rtype(result = "Result<(), SubscribeError>")]
 pub struct Subscribe {
-    /// Unique per session; names the subscriber in [`SessionProgress`] and [`SessionGone`].
+    /// Names the subscriber in [`SessionProgress`](super::SessionProgress) and
+    /// [`SessionGone`](super::SessionGone).
     pub session_id: SessionId,
     pub id: String,
     pub mode: Mode,

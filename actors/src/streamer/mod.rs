@@ -31,7 +31,9 @@ mod session;
 mod subscriber;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use actix::prelude::*;
 use log::warn;
@@ -112,6 +114,8 @@ pub struct Streamer {
     /// The tracked send in flight, if any.
     tracked_send: Option<TrackedSend>,
     next_token: u64,
+    /// The zero of the streamer's millisecond scale. Flow control's "now" and its timers both
+    /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
     origin: Instant,
     upstream_connected: bool,
     reset_required: Option<String>,

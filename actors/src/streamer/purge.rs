@@ -14,10 +14,11 @@
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
+use tokio::time::Instant;
 
 use super::Streamer;
 use crate::cleanup::ScheduleCleanup;
@@ -60,6 +61,8 @@ pub struct PurgeState {
 pub struct Purger {
     streamer: Recipient<PurgeIfSafe>,
     delay: Duration,
+    /// Each scheduled watermark and when it is next checked, on the runtime's clock (tokio time,
+    /// which tests can pause), the clock its timer runs on.
     scheduled: BTreeMap<Watermark, Instant>,
     checking: bool,
     timer: Option<SpawnHandle>,
