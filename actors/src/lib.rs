@@ -5,8 +5,10 @@
 //! [`reservation::ReservationActor`] holds the snapshot reservations that pause it. The change
 //! side: [`upstream`] reads the change source, [`streamer`] stores each transaction in the
 //! [`changelog`] and broadcasts it to subscribers with consensus flow control, and purges the
-//! log when a scheduled cleanup is safe. Each actor owns its state; they talk by the typed
-//! messages defined beside them. Time comes from an injected [`clock::Clock`].
+//! log when a scheduled cleanup is safe. [`session`] is what both sides know of a websocket
+//! session: its number and why it ends. Each actor owns its state; they talk by the typed
+//! messages defined beside them. Time comes from an injected [`clock::Clock`] or, for timers,
+//! the runtime's (pausable) clock.
 
 pub mod changelog;
 pub mod cleanup;

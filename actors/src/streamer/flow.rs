@@ -33,6 +33,7 @@ pub(super) struct TrackedSend {
 }
 
 impl Streamer {
+    /// Forwards one change to the active subscribers, tracked if the flow-control budget is
     /// spent. Returns the release receiver when the upstream must wait.
     pub(super) fn forward(
         &mut self,

@@ -203,6 +203,7 @@ impl Streamer {
         }
     }
 
+    /// Reads the next catch-up batch, after a durability barrier when the target moved.
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
         let Some(c) = self.catchup.get_mut(&session_id) else {
             return;
@@ -255,6 +256,8 @@ impl Streamer {
         }
     }
 
+    /// Sends a catch-up batch, its last frame tracked; an empty read ends the catch-up: the
+    /// backlog follows, then live changes.
     fn send_catchup(
         &mut self,
         ctx: &mut Context<Self>,

@@ -33,10 +33,9 @@ mod subscriber;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use actix::prelude::*;
 use log::warn;
+use tokio::time::Instant;
 
 use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
 use crate::session::{SessionEnd, SessionId};
@@ -147,16 +146,18 @@ impl Streamer {
         }
     }
 
+    /// Milliseconds since the streamer started, on the runtime's clock.
     pub(super) fn now_ms(&self) -> f64 {
         self.origin.elapsed().as_secs_f64() * 1000.0
     }
 
+    /// A fresh number for a tracked frame ([`Token`]).
     pub(super) fn next_token(&mut self) -> u64 {
         self.next_token += 1;
         self.next_token
     }
 
-    /// Forwards one change to the active subscribers, tracked if the flow-control budget is
+    /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
         for sub in self.subscribers.values_mut() {
             sub.flush();

@@ -85,8 +85,9 @@ pub fn start(cfg: UpstreamConfig, log: ChangeLog, streamer: Addr<Streamer>) -> U
     }
 }
 
+/// Why a connection to the change source ended.
 #[derive(Debug, thiserror::Error)]
-enum SessionEnd {
+enum ConnectionEnd {
     #[error("stopped")]
     Stopped,
     #[error("change source closed the connection{0}")]
@@ -139,9 +140,9 @@ async fn run(
             .finish();
         let connect = client.ws(url.as_str()).max_frame_size(MAX_FRAME).connect();
         let end = tokio::select! {
-            _ = &mut stop => SessionEnd::Stopped,
+            _ = &mut stop => ConnectionEnd::Stopped,
             res = connect => match res {
-                Err(e) => SessionEnd::Ws(format!("connecting: {e}")),
+                Err(e) => ConnectionEnd::Ws(format!("connecting: {e}")),
                 Ok((_, framed)) => {
                     info!("connected to change source (resuming after watermark={:?})", state.max_watermark.as_ref().map(|w| w.to_string()));
                     backoff = cfg.first_backoff;
@@ -153,7 +154,7 @@ async fn run(
             },
         };
         match end {
-            SessionEnd::Stopped => {
+            ConnectionEnd::Stopped => {
                 info!("upstream client stopped");
                 return;
             }
@@ -179,10 +180,10 @@ struct Fragments(Option<BytesMut>);
 
 impl Fragments {
     /// Returns a whole text message, `Ok(None)` for a non-text frame to ignore, or an error.
-    fn take(&mut self, frame: Frame) -> Result<Option<String>, SessionEnd> {
+    fn take(&mut self, frame: Frame) -> Result<Option<String>, ConnectionEnd> {
         let text = |b: &[u8]| {
             String::from_utf8(b.to_vec())
-                .map_err(|_| SessionEnd::Violation("text frame is not UTF-8".into()))
+                .map_err(|_| ConnectionEnd::Violation("text frame is not UTF-8".into()))
         };
         match frame {
             Frame::Text(b) => text(&b).map(Some),
@@ -193,7 +194,7 @@ impl Fragments {
             Frame::Continuation(Item::Continue(b)) => {
                 self.0
                     .as_mut()
-                    .ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?
+                    .ok_or_else(|| ConnectionEnd::Violation("stray continuation".into()))?
                     .extend_from_slice(&b);
                 Ok(None)
             }
@@ -201,15 +202,15 @@ impl Fragments {
                 let mut all = self
                     .0
                     .take()
-                    .ok_or_else(|| SessionEnd::Violation("stray continuation".into()))?;
+                    .ok_or_else(|| ConnectionEnd::Violation("stray continuation".into()))?;
                 all.extend_from_slice(&b);
                 text(&all).map(Some)
             }
             Frame::Binary(_) | Frame::Continuation(Item::FirstBinary(_)) => {
-                Err(SessionEnd::Violation("binary frame".into()))
+                Err(ConnectionEnd::Violation("binary frame".into()))
             }
             Frame::Ping(_) | Frame::Pong(_) => Ok(None),
-            Frame::Close(reason) => Err(SessionEnd::Closed(
+            Frame::Close(reason) => Err(ConnectionEnd::Closed(
                 reason
                     .map(|r| format!(" ({:?} {})", r.code, r.description.unwrap_or_default()))
                     .unwrap_or_default(),
@@ -222,7 +223,7 @@ async fn session(
     framed: actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
     streamer: &Addr<Streamer>,
     stop: &mut oneshot::Receiver<()>,
-) -> SessionEnd {
+) -> ConnectionEnd {
     let (mut sink, mut stream) = framed.split();
     let mut acks: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut waiting: VecDeque<UpstreamMessage> = VecDeque::new();
@@ -234,8 +235,8 @@ async fn session(
         if release.is_none() && !waiting.is_empty() {
             let batch: Vec<UpstreamMessage> = waiting.drain(..).collect();
             match streamer.send(UpstreamBatch(batch)).await {
-                Err(_) => return SessionEnd::StreamerGone,
-                Ok(Err(v)) => return SessionEnd::Violation(v.0),
+                Err(_) => return ConnectionEnd::StreamerGone,
+                Ok(Err(v)) => return ConnectionEnd::Violation(v.0),
                 Ok(Ok(reply)) => {
                     for ack in reply.acks {
                         acks.push_back(Box::pin(async move {
@@ -254,16 +255,16 @@ async fn session(
             biased;
             _ = &mut *stop => {
                 let _ = sink.send(WsMessage::Close(Some(awc::ws::CloseCode::Away.into()))).await;
-                return SessionEnd::Stopped;
+                return ConnectionEnd::Stopped;
             }
             Some(ack) = acks.next(), if !acks.is_empty() => match ack {
                 Ok(Some(frame)) => {
                     if let Err(e) = sink.send(WsMessage::Text(frame.into())).await {
-                        return SessionEnd::Ws(e.to_string());
+                        return ConnectionEnd::Ws(e.to_string());
                     }
                 }
                 Ok(None) => {}
-                Err(e) => return SessionEnd::ChangeLog(e),
+                Err(e) => return ConnectionEnd::ChangeLog(e),
             },
             _ = async { if let Some(r) = release.as_mut() { let _ = r.await; } }, if release.is_some() => {
                 release = None;
@@ -272,13 +273,13 @@ async fn session(
                 let mut next = Some(frame);
                 while let Some(frame) = next.take() {
                     let frame = match frame {
-                        None => return SessionEnd::Closed(String::new()),
-                        Some(Err(e)) => return SessionEnd::Ws(e.to_string()),
+                        None => return ConnectionEnd::Closed(String::new()),
+                        Some(Err(e)) => return ConnectionEnd::Ws(e.to_string()),
                         Some(Ok(f)) => f,
                     };
                     if let Frame::Ping(p) = &frame {
                         if let Err(e) = sink.send(WsMessage::Pong(p.clone())).await {
-                            return SessionEnd::Ws(e.to_string());
+                            return ConnectionEnd::Ws(e.to_string());
                         }
                     }
                     match fragments.take(frame) {
@@ -292,7 +293,7 @@ async fn session(
                                 if !before.is_empty() {
                                     let _ = streamer.send(UpstreamBatch(before)).await;
                                 }
-                                return SessionEnd::Violation(e.to_string());
+                                return ConnectionEnd::Violation(e.to_string());
                             }
                         },
                     }
