@@ -22,8 +22,20 @@ use super::Streamer;
 use crate::session::SessionId;
 use crate::watermark::Watermark;
 
+/// The streamer's flow-control state.
+#[derive(Default)]
+pub(super) struct FlowControl {
+    /// Payload bytes forwarded since the last tracked send.
+    bytes_since_tracked: usize,
+    /// The tracked send in flight, if any.
+    tracked_send: Option<TrackedSend>,
+    pub(super) tracked_sends: u64,
+    pub(super) releases_all: u64,
+    pub(super) releases_consensus: u64,
+}
+
 /// The tracked send in flight.
-pub(super) struct TrackedSend {
+struct TrackedSend {
     broadcast: Broadcast,
     /// Its number, as in [`Token::Broadcast`].
     token: u64,
@@ -41,17 +53,17 @@ impl Streamer {
         change: Change,
     ) -> Option<oneshot::Receiver<()>> {
         let change = Arc::new(change);
-        self.bytes_since_tracked += change.payload_len;
-        let tracked =
-            self.bytes_since_tracked >= self.cfg.flow_control_bytes && self.tracked_send.is_none();
+        self.flow.bytes_since_tracked += change.payload_len;
+        let tracked = self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
+            && self.flow.tracked_send.is_none();
         if !tracked {
             for sub in self.subscribers.values_mut() {
                 sub.send_live(&change, None);
             }
             return None;
         }
-        self.bytes_since_tracked = 0;
-        self.tracked_sends += 1;
+        self.flow.bytes_since_tracked = 0;
+        self.flow.tracked_sends += 1;
         let token = self.next_token();
         let now = self.now_ms();
         let active: Vec<SessionId> = self
@@ -69,11 +81,11 @@ impl Streamer {
             }
         }
         if broadcast.is_done() {
-            self.releases_all += 1;
+            self.flow.releases_all += 1;
             return None;
         }
         let (tx, rx) = oneshot::channel();
-        self.tracked_send = Some(TrackedSend {
+        self.flow.tracked_send = Some(TrackedSend {
             broadcast,
             token,
             watermark: change.watermark.clone(),
@@ -88,7 +100,7 @@ impl Streamer {
     fn arm_release_timer(&mut self, ctx: &mut Context<Self>) {
         let padding = self.cfg.padding_ms;
         let now = self.now_ms();
-        let Some(cur) = self.tracked_send.as_mut() else {
+        let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
         };
         if let Some(t) = cur.timer.take() {
@@ -103,7 +115,7 @@ impl Streamer {
     fn check_release(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         let padding = self.cfg.padding_ms;
-        let Some(cur) = self.tracked_send.as_mut() else {
+        let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
         };
         if cur.broadcast.check_progress(padding, now) {
@@ -114,13 +126,13 @@ impl Streamer {
     }
 
     fn finish_broadcast(&mut self) {
-        let Some(cur) = self.tracked_send.take() else {
+        let Some(cur) = self.flow.tracked_send.take() else {
             return;
         };
         let now = self.now_ms();
         match cur.broadcast.released() {
             Some(Release::Consensus) => {
-                self.releases_consensus += 1;
+                self.flow.releases_consensus += 1;
                 let pending: Vec<String> = cur
                     .broadcast
                     .pending()
@@ -143,7 +155,7 @@ impl Streamer {
                 );
             }
             _ => {
-                self.releases_all += 1;
+                self.flow.releases_all += 1;
                 debug!(
                     "flow control: watermark={} acked by all after {:.1} ms",
                     cur.watermark,
@@ -162,7 +174,7 @@ impl Streamer {
         token: Option<u64>,
     ) {
         let now = self.now_ms();
-        let Some(cur) = self.tracked_send.as_mut() else {
+        let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
         };
         if token.is_some_and(|t| t != cur.token) {

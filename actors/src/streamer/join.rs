@@ -15,7 +15,7 @@ use super::change::Change;
 use super::session::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
-use crate::changelog::StoredChange;
+use crate::changelog::{ChangeLogStats, StoredChange};
 use crate::session::SessionId;
 use crate::watermark::Watermark;
 
@@ -101,49 +101,65 @@ impl Handler<Subscribe> for Streamer {
         let stats = self.log.stats();
         let has_commit = self.log.has_commit(watermark.clone());
         Box::pin(
-            async move { (stats.await, has_commit.await) }.into_actor(self).map(
-                move |(stats, has_commit), act, ctx| {
-                    let checked = (|| {
-                        let stats = stats.map_err(|e| SubscribeError::Unavailable(e.to_string()))?;
-                        let has_commit = has_commit.map_err(|e| SubscribeError::Unavailable(e.to_string()))?;
-                        let ours = act.replica_version.clone().or(stats.replica_version.clone());
-                        let Some(ours) = ours else { return Err(SubscribeError::NotInitialized) };
-                        if ours.as_str() != replica_version {
-                            return Err(SubscribeError::WrongReplicaVersion {
-                                ours: ours.to_string(),
-                                requested: replica_version.clone(),
-                            });
-                        }
-                        stats.can_serve_from(&watermark, has_commit).map_err(|earliest| {
-                            SubscribeError::WatermarkTooOld {
-                                earliest: earliest.to_string(),
-                                requested: watermark.to_string(),
-                            }
-                        })
-                    })();
-                    match checked {
-                        Err(e) => {
-                            info!("subscription of {id} refused: {e}");
-                            act.subscribers.remove(&session_id);
-                            Err(e)
-                        }
-                        Ok(()) => {
-                            let Some(sub) = act.subscribers.get_mut(&session_id) else {
-                                return Ok(()); // the session left meanwhile
-                            };
-                            info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
-                            if act.txn.is_some() {
-                                sub.phase = Phase::Queued;
-                            } else {
-                                act.activate(ctx, session_id);
-                            }
-                            Ok(())
-                        }
+            async move { (stats.await, has_commit.await) }
+                .into_actor(self)
+                .map(move |(stats, has_commit), act, ctx| {
+                    let checked = stats
+                        .and_then(|stats| Ok((stats, has_commit?)))
+                        .map_err(|e| SubscribeError::Unavailable(e.to_string()))
+                        .and_then(|(stats, has_commit)| {
+                            let ours = act
+                                .replica_version
+                                .clone()
+                                .or(stats.replica_version.clone());
+                            check(ours, &stats, has_commit, &replica_version, &watermark)
+                        });
+                    if let Err(e) = checked {
+                        info!("subscription of {id} refused: {e}");
+                        act.subscribers.remove(&session_id);
+                        return Err(e);
                     }
-                },
-            ),
+                    let Some(sub) = act.subscribers.get_mut(&session_id) else {
+                        return Ok(()); // the session left meanwhile
+                    };
+                    info!(
+                        "subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}"
+                    );
+                    if act.txn.is_some() {
+                        sub.phase = Phase::Queued;
+                    } else {
+                        act.activate(ctx, session_id);
+                    }
+                    Ok(())
+                }),
         )
     }
+}
+
+/// Whether a subscription can be served: the change log is initialized (`ours`), the replica
+/// is of the same replicaVersion, and the change log still holds what follows its watermark.
+fn check(
+    ours: Option<Watermark>,
+    stats: &ChangeLogStats,
+    has_commit: bool,
+    replica_version: &str,
+    watermark: &Watermark,
+) -> Result<(), SubscribeError> {
+    let Some(ours) = ours else {
+        return Err(SubscribeError::NotInitialized);
+    };
+    if ours.as_str() != replica_version {
+        return Err(SubscribeError::WrongReplicaVersion {
+            ours: ours.to_string(),
+            requested: replica_version.to_string(),
+        });
+    }
+    stats
+        .can_serve_from(watermark, has_commit)
+        .map_err(|earliest| SubscribeError::WatermarkTooOld {
+            earliest: earliest.to_string(),
+            requested: watermark.to_string(),
+        })
 }
 
 impl Streamer {

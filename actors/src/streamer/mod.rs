@@ -40,7 +40,7 @@ use tokio::time::Instant;
 use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
 use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
-use flow::TrackedSend;
+use flow::FlowControl;
 use ingest::Txn;
 use join::Catchup;
 use subscriber::Subscriber;
@@ -109,18 +109,13 @@ pub struct Streamer {
     subscribers: BTreeMap<SessionId, Subscriber>,
     /// Catch-up progress of the subscribers catching up.
     catchup: HashMap<SessionId, Catchup>,
-    bytes_since_tracked: usize,
-    /// The tracked send in flight, if any.
-    tracked_send: Option<TrackedSend>,
+    flow: FlowControl,
     next_token: u64,
     /// The zero of the streamer's millisecond scale. Flow control's "now" and its timers both
     /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
     origin: Instant,
     upstream_connected: bool,
     reset_required: Option<String>,
-    releases_all: u64,
-    releases_consensus: u64,
-    tracked_sends: u64,
 }
 
 impl Streamer {
@@ -134,15 +129,11 @@ impl Streamer {
             txn: None,
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
-            bytes_since_tracked: 0,
-            tracked_send: None,
+            flow: FlowControl::default(),
             next_token: 1,
             origin: Instant::now(),
             upstream_connected: false,
             reset_required: None,
-            releases_all: 0,
-            releases_consensus: 0,
-            tracked_sends: 0,
         }
     }
 
@@ -212,9 +203,9 @@ impl Handler<GetStreamerState> for Streamer {
             upstream_connected: self.upstream_connected,
             reset_required: self.reset_required.clone(),
             subscribers: self.subscribers.values().map(Subscriber::info).collect(),
-            releases_all: self.releases_all,
-            releases_consensus: self.releases_consensus,
-            tracked_sends: self.tracked_sends,
+            releases_all: self.flow.releases_all,
+            releases_consensus: self.flow.releases_consensus,
+            tracked_sends: self.flow.tracked_sends,
             last_commit: self.last_commit.clone(),
         })
     }
