@@ -18,10 +18,11 @@ fn shared_dir() -> PathBuf {
     if let Ok(p) = std::env::var(SHARED_DIR) {
         return PathBuf::from(p);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join("..")
-        .join("shared")
+    // CARGO_MANIFEST_DIR is `<repository>/test-support`.
+    let repository = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support sits in the repository");
+    repository.parent().unwrap_or(repository).join("shared")
 }
 
 /// What keeps the peer from running here, with how to get it; `None` when nothing does.
@@ -48,16 +49,16 @@ fn missing() -> Option<String> {
 /// line on stderr saying so, or a panic with that line if `CHANGE_STREAMER_REQUIRE_PEER=1`.
 pub fn installed_peer() -> Option<(tempfile::TempDir, PathBuf)> {
     if let Some(why) = missing() {
-        let line = format!("comparison with the original implementation skipped: {why}");
+        let line = format!("the original implementation cannot run: {why}");
         assert!(
             std::env::var(REQUIRE_PEER).as_deref() != Ok("1"),
-            "{line} ({REQUIRE_PEER}=1 requires it)"
+            "{line}; {REQUIRE_PEER}=1 makes this a failure"
         );
         // Straight to stderr: the test harness captures `eprintln!` of passing tests, and a skip
         // must be seen.
         let _ = writeln!(
             std::io::stderr(),
-            "{line} (set {REQUIRE_PEER}=1 to fail instead)"
+            "{line}; skipped ({REQUIRE_PEER}=1 makes this a failure)"
         );
         return None;
     }
