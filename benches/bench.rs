@@ -6,9 +6,6 @@
 //! is run in the same invocation with the same parameters and the ratio is printed; pass
 //! `--no-peer` to skip it. Figures and the machine they were taken on are in `BENCHMARKS.md`.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::collections::HashMap;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +22,7 @@ use change_streamer_actors::streamer::{
 use change_streamer_actors::streamer::{Mode, SessionProgress, ToSession, Token};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support as support;
 use serde_json::{json, Value};
 use support::client::{Seen, WsClient};
 use support::{litestream, upstream};

@@ -19,23 +19,17 @@
 //! `/status` and `/metrics`; on Ctrl-C (or after `--seconds`) a summary line, then it stops
 //! everything cleanly.
 
-#[path = "../tests/support/client.rs"]
-mod client;
-#[path = "../tests/support/litestream.rs"]
-mod litestream;
-#[path = "../tests/support/upstream.rs"]
-mod upstream;
-
 use std::cell::RefCell;
 use std::io::{IsTerminal, Write};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use client::{Seen, TestService, WsClient};
-use litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{self, FakeUpstream};
 use serde_json::Value;
-use upstream::FakeUpstream;
 
 const REPLICAS: usize = 3;
 

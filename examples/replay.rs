@@ -1,24 +1,22 @@
-//! Differential replay: runs one scenario of `../shared/peer/scenarios/` against the real
-//! backup-monitor actors and prints the same JSON lines as the peer's
-//! `backup-monitor-replay.mjs`, so the two can be compared line for line.
+//! Differential replay: runs one scenario of `test-support/fixtures/scenarios/` (vendored from
+//! the peer harness's `scenarios/`) against the real backup-monitor actors and prints the same
+//! JSON lines as the peer's `backup-monitor-replay.mjs`, so the two can be compared line for
+//! line.
 //!
 //! ```sh
-//! cargo run --example replay -- ../shared/peer/scenarios/06-extends-cleanup-delay.json
+//! cargo run --example replay -- test-support/fixtures/scenarios/06-extends-cleanup-delay.json
 //! ```
 //!
 //! The actors are the production ones: [`MonitorActor`] polling a real HTTP endpoint (the
-//! fake litestream of `tests/support`, on an ephemeral loopback port), [`CleanupActor`] and
-//! [`ReservationActor`], all reading an injected manual clock set to each step's `at`. Around
-//! them sit only recorders: the purge side (records `ScheduleCleanup`), each reservation's
-//! session (records what it is told), and the change log (answers the status, or fails, or
-//! holds the answer until `releaseStatus`, as the scenario says). Checks are explicit `check`
+//! fake litestream of `change-streamer-test-support`, on an ephemeral loopback port),
+//! [`CleanupActor`] and [`ReservationActor`], all reading an injected manual clock set to each
+//! step's `at`. Around them sit only recorders: the purge side (records `ScheduleCleanup`), each
+//! reservation's session (records what it is told), and the change log (answers the status, or
+//! fails, or holds the answer until `releaseStatus`, as the scenario says). Checks are explicit `check`
 //! steps, as in the seed's tests; the monitor does not poll by itself here.
 //!
 //! Events of one step are printed in the peer's canonical order: cleanups first, then each
 //! reservation's events by reservation number.
-
-#[path = "../tests/support/litestream.rs"]
-mod litestream;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -34,7 +32,7 @@ use change_streamer_actors::reservation::{
     CloseAll, EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
 };
 use change_streamer_actors::session::SessionId;
-use litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 

@@ -3,15 +3,15 @@
 //! rollback on an upstream drop, errors type 1 and 2, the reservation ended by an initial
 //! subscription, the ack-gated purge, and a restart that keeps the change log.
 
-mod support;
-
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use serde_json::{json, Value};
-use support::client::{TestService, WsClient};
-use support::litestream::{render_page, Answer, FakeLitestream};
-use support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{insert, txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::json;
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
@@ -23,17 +23,6 @@ fn changes_url(svc: &TestService, id: &str, watermark: u64, extra: &str) -> Stri
         w(100),
         w(watermark)
     ))
-}
-
-async fn wait_status(svc: &TestService, what: &str, mut cond: impl FnMut(&Value) -> bool) -> Value {
-    for _ in 0..1000 {
-        let st = svc.status().await;
-        if cond(&st) {
-            return st;
-        }
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{what} never happened: {}", svc.status().await);
 }
 
 /// Reads (and acks) messages until the commit of `last`; returns the transactions' commit
@@ -88,7 +77,7 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
     for n in 100..110 {
         up.send(txn(n, 3));
     }
-    wait_status(&svc, "10 transactions stored", |s| {
+    svc.wait_status("10 transactions stored", |s| {
         s["changeLog"]["maxWatermark"] == json!(w(109))
     })
     .await;
@@ -106,7 +95,12 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
         r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
         w(114)
     );
-    support::upstream::wait_until(Duration::from_secs(5), || up.acks().contains(&last_ack)).await;
+    wait_until(
+        "the last commit acked upstream",
+        Duration::from_secs(5),
+        || up.acks().contains(&last_ack),
+    )
+    .await;
     let expected: Vec<String> = (100..115)
         .map(|n| {
             format!(
@@ -185,10 +179,8 @@ async fn no_gap_and_no_duplicate_while_subscribers_join_and_leave() {
 async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
     let (id, _) = c.msg().await; // status
     c.ack(id).await;
@@ -225,10 +217,8 @@ async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
 async fn wrong_replica_version_is_error_type_1_then_closed_after_its_ack() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
     let mut c =
         WsClient::connect(&svc.ws("/replication/v6/changes?id=r&replicaVersion=999&watermark=00"))
             .await;
@@ -247,7 +237,7 @@ async fn unservable_watermarks_are_error_type_2() {
     let (svc, up) = service_with_upstream(&["--ping-interval-ms", "300"]).await;
     up.send(txn(100, 1));
     up.send(txn(102, 1));
-    wait_status(&svc, "stored", |s| {
+    svc.wait_status("stored", |s| {
         s["changeLog"]["maxWatermark"] == json!(w(102))
     })
     .await;
@@ -303,10 +293,8 @@ async fn initial_subscription_ends_the_reservation_and_grows_the_delay() {
     ])
     .await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
     let mut res = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=task-1")).await;
     let (id, _) = res.msg().await;
     res.ack(id).await;
@@ -321,10 +309,9 @@ async fn initial_subscription_ends_the_reservation_and_grows_the_delay() {
     .await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
     assert_eq!(res.closed().await.0, 1000);
-    let st = wait_status(&svc, "reservation ended", |s| {
-        s["reservations"] == json!([])
-    })
-    .await;
+    let st = svc
+        .wait_status("reservation ended", |s| s["reservations"] == json!([]))
+        .await;
     let delay = st["backup"]["cleanupDelayMs"].as_i64().unwrap();
     assert!(
         delay >= 400,
@@ -354,7 +341,7 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     for n in 100..105 {
         up.send(txn(n, 2));
     }
-    wait_status(&svc, "stored", |s| {
+    svc.wait_status("stored", |s| {
         s["changeLog"]["maxWatermark"] == json!(w(104))
     })
     .await;
@@ -374,10 +361,12 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
         "/db",
         &[(Some(w(104).as_str()), "s3", "1.0".into())],
     ));
-    let st = wait_status(&svc, "cleanup scheduled and blocked", |s| {
-        s["backup"]["lastScheduledWatermark"] == json!(w(104)) && s["purge"]["waiting"].is_string()
-    })
-    .await;
+    let st = svc
+        .wait_status("cleanup scheduled and blocked", |s| {
+            s["backup"]["lastScheduledWatermark"] == json!(w(104))
+                && s["purge"]["waiting"].is_string()
+        })
+        .await;
     assert_eq!(st["purge"]["rowsPurged"], 0);
     assert!(
         st["purge"]["waiting"].as_str().unwrap().contains("lagging"),
@@ -386,10 +375,9 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
     // Now it catches up and acks everything: the purge goes through, keeping the newest txn.
     let got = read_txns(&mut lag, 104).await;
     assert_eq!(got, vec![102, 103, 104]);
-    let st = wait_status(&svc, "purged", |s| {
-        s["purge"]["rowsPurged"].as_u64() > Some(0)
-    })
-    .await;
+    let st = svc
+        .wait_status("purged", |s| s["purge"]["rowsPurged"].as_u64() > Some(0))
+        .await;
     assert_eq!(st["changeLog"]["minWatermark"], json!(w(104)));
     assert_eq!(st["changeLog"]["rows"], 4);
     assert_eq!(st["purge"]["lastPurgedBefore"], json!(w(104)));
@@ -412,7 +400,7 @@ async fn restart_keeps_the_change_log_and_resumes_upstream() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
     up.send(txn(101, 4));
-    wait_status(&svc, "stored", |s| {
+    svc.wait_status("stored", |s| {
         s["changeLog"]["maxWatermark"] == json!(w(101))
     })
     .await;
@@ -442,14 +430,9 @@ async fn restart_keeps_the_change_log_and_resumes_upstream() {
 async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
-    up.send(vec![format!(
-        r#"["data",{}]"#,
-        support::upstream::insert(1)
-    )]);
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
+    up.send(vec![format!(r#"["data",{}]"#, insert(1))]);
     up.wait_connections(2).await;
     let mut bad = txn(101, 1);
     bad[2] = format!(
@@ -468,10 +451,8 @@ async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
 async fn protocol_v4_does_not_receive_update_table_metadata() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
     let url4 = svc.ws(&format!(
         "/replication/v4/changes?id=old&replicaVersion={}&watermark={}",
         w(100),
@@ -512,10 +493,8 @@ async fn protocol_v4_does_not_receive_update_table_metadata() {
 async fn service_stop_closes_subscriptions_with_1001() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
-    wait_status(&svc, "initial sync", |s| {
-        s["replicaVersion"] == json!(w(100))
-    })
-    .await;
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
     let mut c = WsClient::connect(&changes_url(&svc, "r", 100, "")).await;
     let (id, _) = c.msg().await;
     c.ack(id).await;
@@ -537,13 +516,17 @@ async fn upstream_status_is_echoed_after_durability_and_reset_required_is_shown(
         r#"["control",{"tag":"reset-required","message":"replication slot lost"}]"#.to_string(),
     );
     up.send(frames);
-    let st = wait_status(&svc, "reset shown", |s| {
-        s["upstream"]["resetRequired"] == json!(true)
-    })
-    .await;
+    let st = svc
+        .wait_status("reset shown", |s| {
+            s["upstream"]["resetRequired"] == json!(true)
+        })
+        .await;
     assert_eq!(st["upstream"]["resetMessage"], "replication slot lost");
     let echo = format!(r#"["status",{{"ack":true}},{{"watermark":"{}"}}]"#, w(100));
-    support::upstream::wait_until(Duration::from_secs(5), || up.acks().len() >= 2).await;
+    wait_until("two acks upstream", Duration::from_secs(5), || {
+        up.acks().len() >= 2
+    })
+    .await;
     actix_rt::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         up.acks(),

@@ -4,13 +4,13 @@
 //! replicas that restored and subscribed, cleanups scheduled from litestream's reports, rows
 //! purged, the stalled replica released by consensus and then dropped.
 
-mod support;
-
 use std::process::Command;
+
+use change_streamer_test_support::example_bin;
 
 #[test]
 fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
-    let out = Command::new(support::example_bin("demo"))
+    let out = Command::new(example_bin("demo"))
         .args(["--seconds", "15"])
         .output()
         .expect("run demo");

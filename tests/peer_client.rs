@@ -2,17 +2,17 @@
 //! `../shared/peer/http-client-probe.mjs`, reserves a snapshot, then subscribes with
 //! `initial=true` as a restoring replica does; its reservation must end (close 1000) and it
 //! must receive the status and the transactions after its watermark, all accepted by its own
-//! message validation. Skipped (with a note) where node is not installed.
-
-mod support;
+//! message validation. Skipped, with one line saying what is missing, where node or the peer
+//! harness is not there (a failure instead with `CHANGE_STREAMER_REQUIRE_PEER=1`).
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::installed_peer;
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::{json, Value};
-use support::client::TestService;
-use support::upstream::{txn, FakeUpstream};
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
@@ -27,7 +27,7 @@ fn lines(out: &[u8]) -> Vec<Value> {
 
 #[actix_rt::test]
 async fn the_original_client_reserves_subscribes_and_follows() {
-    let Some((_tmp, peer)) = support::installed_peer() else {
+    let Some((_tmp, peer)) = installed_peer() else {
         return;
     };
     let up = FakeUpstream::start().await;
@@ -45,12 +45,10 @@ async fn the_original_client_reserves_subscribes_and_follows() {
     for n in 100..103 {
         up.send(txn(n, 2));
     }
-    for _ in 0..300 {
-        if svc.status().await["changeLog"]["maxWatermark"] == json!(w(102)) {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
+    svc.wait_status("three transactions stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(102))
+    })
+    .await;
     let uri = format!("ws://{}", svc.base());
 
     // The restoring replica holds its reservation...
@@ -69,18 +67,10 @@ async fn the_original_client_reserves_subscribes_and_follows() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("node");
-    let mut held = false;
-    for _ in 0..500 {
-        if svc.status().await["reservations"]
-            .as_array()
-            .is_some_and(|r| r.len() == 1)
-        {
-            held = true;
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(held, "the JS client's reservation never showed in /status");
+    svc.wait_status("the JS client's reservation shown in /status", |s| {
+        s["reservations"].as_array().is_some_and(|r| r.len() == 1)
+    })
+    .await;
     actix_rt::time::sleep(Duration::from_millis(300)).await;
 
     // ...then subscribes with initial=true from the backup's watermark.

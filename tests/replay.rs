@@ -1,36 +1,33 @@
 //! Differential replay of the seed's backup-monitor scenarios: every scenario in
-//! `../shared/peer/scenarios/` is replayed by `examples/replay.rs` against the real actors, and
-//! its output must equal the scenario's `*.expected.jsonl` (recorded from the original
-//! implementation) line for line. Where node is installed, the original is also run live on the
-//! same scenarios and must agree.
+//! `test-support/fixtures/scenarios/` (vendored from `shared/peer/scenarios/`) is replayed by
+//! `examples/replay.rs` against the real actors, and its output must equal the scenario's
+//! `*.expected.jsonl` (recorded from the original implementation) line for line. Where node and
+//! the peer harness are there, the original is also run live on the same scenarios and must
+//! agree; elsewhere that test says what is missing and skips (fails with
+//! `CHANGE_STREAMER_REQUIRE_PEER=1`).
 //!
 //! No scenario here needs an exception: the shared ones only exercise behaviour where SPEC and
 //! the original agree. (Where they differ, on malformed litestream samples, SPEC §8.2 governs
 //! and `actors/src/litestream.rs` tests it.)
 
-mod support;
-
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use change_streamer_test_support::fixtures::{scenarios as vendored, scenarios_dir};
+use change_streamer_test_support::{example_bin, installed_peer};
+
 fn scenarios() -> Vec<PathBuf> {
-    let dir = support::shared_dir().join("peer").join("scenarios");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
+    let files = vendored();
     assert!(
         files.len() >= 8,
         "expected the eight shared scenarios in {}",
-        dir.display()
+        scenarios_dir().display()
     );
     files
 }
 
-fn ours(scenario: &PathBuf) -> String {
-    let out = Command::new(support::example_bin("replay"))
+fn ours(scenario: &Path) -> String {
+    let out = Command::new(example_bin("replay"))
         .arg(scenario)
         .output()
         .expect("run replay");
@@ -62,7 +59,7 @@ fn every_shared_scenario_matches_the_recorded_original() {
 
 #[test]
 fn every_shared_scenario_matches_the_live_original() {
-    let Some((_tmp, peer)) = support::installed_peer() else {
+    let Some((_tmp, peer)) = installed_peer() else {
         return;
     };
     for s in scenarios() {

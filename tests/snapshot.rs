@@ -1,13 +1,12 @@
 //! End to end: snapshot reservations over real websockets against the real server (SPEC §6,
 //! §5, §11, §12), with a fake change source feeding the change log.
 
-mod support;
-
 use std::time::Duration;
 
+use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
-use support::client::{Seen, TestService, WsClient};
-use support::upstream::{txn, wait_until, FakeUpstream};
 
 const BACKUP: &str = "s3://bucket/replica";
 
@@ -21,21 +20,11 @@ async fn initialized(extra: &[&str]) -> (TestService, FakeUpstream) {
     upstream.wait_connections(1).await;
     upstream.send(txn(100, 1));
     upstream.send(txn(101, 2));
-    wait_for_rows(&svc, 7).await;
+    svc.wait_status("the change log holds 7 rows", |s| {
+        s["changeLog"]["rows"] == json!(7)
+    })
+    .await;
     (svc, upstream)
-}
-
-async fn wait_for_rows(svc: &TestService, rows: u64) {
-    for _ in 0..500 {
-        if svc.status().await["changeLog"]["rows"] == json!(rows) {
-            return;
-        }
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "change log never reached {rows} rows: {}",
-        svc.status().await
-    );
 }
 
 #[actix_rt::test]
@@ -71,14 +60,10 @@ async fn one_reservation_per_task_and_the_replaced_sockets_late_stop_keeps_the_n
     assert_eq!(st["reservations"].as_array().map(Vec::len), Some(1), "{st}");
     assert_eq!(st["backup"]["paused"], true);
     second.close().await;
-    wait_until(Duration::from_secs(5), || true).await;
-    for _ in 0..100 {
-        if svc.status().await["reservations"] == json!([]) {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(svc.status().await["backup"]["paused"], false);
+    let st = svc
+        .wait_status("no reservation left", |s| s["reservations"] == json!([]))
+        .await;
+    assert_eq!(st["backup"]["paused"], false, "{st}");
     svc.stop().await;
 }
 
@@ -89,14 +74,9 @@ async fn dropped_reservation_ends_without_extending_the_delay() {
     c.msg().await;
     actix_rt::time::sleep(Duration::from_millis(300)).await;
     c.close().await;
-    for _ in 0..100 {
-        if svc.status().await["reservations"] == json!([]) {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    let st = svc.status().await;
-    assert_eq!(st["reservations"], json!([]));
+    let st = svc
+        .wait_status("no reservation left", |s| s["reservations"] == json!([]))
+        .await;
     assert_eq!(
         st["backup"]["cleanupDelayMs"], 10,
         "a dropped reservation must not grow the delay: {st}"
@@ -179,13 +159,10 @@ async fn a_bad_ack_closes_with_1002_and_ends_the_reservation_as_a_drop() {
     c.msg().await;
     c.send_text("not json".into()).await;
     assert_eq!(c.closed().await.0, 1002);
-    for _ in 0..100 {
-        if svc.status().await["reservations"] == json!([]) {
-            break;
-        }
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(svc.status().await["reservations"], json!([]));
+    svc.wait_status("both reservations ended", |s| {
+        s["reservations"] == json!([])
+    })
+    .await;
     svc.stop().await;
 }
 

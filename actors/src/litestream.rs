@@ -126,14 +126,7 @@ pub fn parse_progress_page(body: &str) -> Result<ProgressPage, PageError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn fixture(name: &str) -> String {
-        let path = format!(
-            "{}/../../shared/fixtures/{name}",
-            env!("CARGO_MANIFEST_DIR")
-        );
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-    }
+    use change_streamer_test_support::fixtures::litestream_page as fixture;
 
     #[test]
     fn reads_the_litestream_fork_page() {

@@ -3,9 +3,6 @@
 //! HTTP metrics endpoint on an ephemeral port. Time is moved by hand, never slept through. One
 //! test per behaviour of the seed (`backup-monitor.ts` and its tests), then the cases SPEC adds.
 
-#[path = "../../tests/support/litestream.rs"]
-mod litestream;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,18 +17,10 @@ use change_streamer_actors::reservation::{
     EndBySubscription, ListReservations, Release, ReservationActor, ReservationEvent, Reserve,
 };
 use change_streamer_actors::session::{SessionEnd, SessionId};
-use litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::fixtures::litestream_page;
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
-
-/// A litestream page from `../shared/fixtures/`.
-fn fixture(name: &str) -> String {
-    let path = format!(
-        "{}/../../shared/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 /// Records what the purge side is told.
 #[derive(Default)]
@@ -453,7 +442,7 @@ async fn aborts_inflight_fetch_on_stop() {
 async fn records_watermarks_from_two_replicas() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_745_456_500_000);
-    let body = fixture("litestream-two-replicas.txt");
+    let body = litestream_page("litestream-two-replicas.txt");
     h.metrics.set_body(body);
     assert_eq!(
         h.check().await,
@@ -488,7 +477,7 @@ async fn records_watermarks_from_two_replicas() {
 async fn ignores_and_counts_invalid_watermarks() {
     let h = Harness::new(100_000).await;
     h.clock.set_ms(1_746_057_600_000);
-    let body = fixture("litestream-bad-watermarks.txt");
+    let body = litestream_page("litestream-bad-watermarks.txt");
     h.metrics.set_body(body);
     assert_eq!(
         h.check().await,
@@ -536,7 +525,7 @@ async fn metrics_endpoint_returning_500_is_a_poll_error() {
 
 #[actix_rt::test]
 async fn metrics_endpoint_returning_garbage_is_a_poll_error() {
-    let garbage = fixture("litestream-garbage.txt");
+    let garbage = litestream_page("litestream-garbage.txt");
     failed_poll_still_schedules(
         Answer {
             body: garbage,

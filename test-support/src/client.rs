@@ -1,16 +1,11 @@
-//! A websocket client speaking the service's framing (SPEC §5), on awc, plus the service
-//! started in-process on an ephemeral port with a fresh data directory.
-
-#![allow(dead_code)]
+//! A websocket client speaking the service's framing (SPEC §5), on awc: reads messages and
+//! closes, answers pings, acks.
 
 use std::time::Duration;
 
 use actix_codec::Framed;
 use awc::ws::{Codec, Frame, Message};
 use awc::BoxedSocket;
-use change_streamer::{Config, Service};
-use change_streamer_actors::clock::Clock;
-use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 
@@ -125,78 +120,5 @@ impl WsClient {
             }
         })
         .await;
-    }
-}
-
-/// The service on 127.0.0.1:0 with `args`, a temporary data dir unless one is given.
-pub struct TestService {
-    pub service: Option<Service>,
-    pub dir: tempfile::TempDir,
-}
-
-impl TestService {
-    pub async fn start(args: &[&str]) -> TestService {
-        let dir = tempfile::tempdir().expect("tempdir");
-        Self::start_in(dir, args).await
-    }
-
-    pub async fn start_in(dir: tempfile::TempDir, args: &[&str]) -> TestService {
-        let data = dir.path().to_string_lossy().to_string();
-        let mut all = vec![
-            "change-streamer",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--data-dir",
-            &data,
-        ];
-        all.extend_from_slice(args);
-        let config = Config::try_parse_from(all).expect("config");
-        let service = Service::start(config, Clock::System)
-            .await
-            .expect("start service");
-        TestService {
-            service: Some(service),
-            dir,
-        }
-    }
-
-    pub fn base(&self) -> String {
-        format!(
-            "127.0.0.1:{}",
-            self.service.as_ref().expect("running").addr().port()
-        )
-    }
-
-    pub fn ws(&self, path: &str) -> String {
-        format!("ws://{}{}", self.base(), path)
-    }
-
-    pub async fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = awc::Client::new()
-            .get(format!("http://{}{}", self.base(), path))
-            .send()
-            .await
-            .expect("http get");
-        let body = resp.body().limit(16 << 20).await.expect("body");
-        (
-            resp.status().as_u16(),
-            String::from_utf8_lossy(&body).into_owned(),
-        )
-    }
-
-    pub async fn status(&self) -> Value {
-        let (code, body) = self.get("/status").await;
-        assert_eq!(code, 200, "{body}");
-        serde_json::from_str(&body).expect("status JSON")
-    }
-
-    /// Stops the service; returns its data directory for a restart.
-    pub async fn stop(mut self) -> tempfile::TempDir {
-        if let Some(s) = self.service.take() {
-            s.stop().await;
-        }
-        self.dir
     }
 }

@@ -3,8 +3,6 @@
 //! can misbehave exactly as needed: answer any status and body, hold the answer (`hang`) until
 //! released, or drop the connection without answering (`reset`).
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

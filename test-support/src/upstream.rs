@@ -2,8 +2,6 @@
 //! that records each connection's query and the acks it receives, and sends whatever frames
 //! the test gives it. It serves one connection at a time (the service keeps one).
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,6 +10,8 @@ use actix::prelude::*;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_web_actors::ws;
 use change_streamer_actors::watermark::Watermark;
+
+use crate::wait::wait_until;
 
 #[derive(Default)]
 struct State {
@@ -129,7 +129,12 @@ impl FakeUpstream {
 
     /// Waits until at least `n` connections were made.
     pub async fn wait_connections(&self, n: usize) {
-        wait_until(Duration::from_secs(20), || self.queries().len() >= n).await;
+        wait_until(
+            "connections to the fake change source",
+            Duration::from_secs(20),
+            || self.queries().len() >= n,
+        )
+        .await;
         // Let the connection's actor start.
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
@@ -149,18 +154,6 @@ impl FakeUpstream {
 
     pub async fn stop(&self) {
         self.server.stop(false).await;
-    }
-}
-
-/// Polls `cond` every 10 ms until it holds; panics after `limit`.
-pub async fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + limit;
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "condition not met within {limit:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -1,0 +1,29 @@
+//! What the tests, examples and benchmarks of change-streamer share: the fake outside world
+//! (litestream's `/metrics`, the change source), a websocket client, the service in-process
+//! (feature `service`), the vendored fixtures, the peer harness, and waiting on a condition.
+
+pub mod client;
+pub mod fixtures;
+pub mod litestream;
+pub mod peer;
+#[cfg(feature = "service")]
+pub mod service;
+pub mod upstream;
+pub mod wait;
+
+use std::path::{Path, PathBuf};
+
+pub use peer::installed_peer;
+
+/// A built example binary (cargo builds examples for `cargo test`).
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("examples").join(name);
+    assert!(
+        bin.exists(),
+        "{} is not built; run `cargo test` (which builds examples)",
+        bin.display()
+    );
+    bin
+}
