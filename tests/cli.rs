@@ -115,3 +115,66 @@ fn a_flag_overrides_its_environment_variable() {
         "{text}"
     );
 }
+
+/// Start-up errors that happen after parsing (binding, the data directory) must be a single
+/// clear line: no second copy from the logger, no actor left to panic when the runtime goes.
+fn assert_one_clean_error(text: &str, needle: &str) {
+    assert!(!text.contains("panicked"), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+    assert_eq!(lines.len(), 1, "expected one line naming {needle}:\n{text}");
+}
+
+#[test]
+fn a_port_in_use_is_one_error_line_without_a_panic() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(
+        &["--host", "127.0.0.1", "--port", &port, "--data-dir", &data],
+        &[],
+    );
+    assert_ne!(code, 0, "{text}");
+    assert_one_clean_error(&text, "--port");
+}
+
+#[test]
+fn a_bad_host_is_one_error_line_without_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(&["--host", "256.0.0.1", "--data-dir", &data], &[]);
+    assert_ne!(code, 0, "{text}");
+    assert_one_clean_error(&text, "--host");
+}
+
+#[test]
+fn a_bad_environment_value_names_the_flag_and_the_variable() {
+    let (code, text) = run(&[], &[("ZERO_PURGE_DELAY_MS", "-5")]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--purge-delay-ms") && text.contains("ZERO_PURGE_DELAY_MS"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(
+        &["--data-dir", &data],
+        &[("ZERO_CHANGE_STREAMER_HOST", "256.0.0.1")],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--host") && text.contains("ZERO_CHANGE_STREAMER_HOST"),
+        "{text}"
+    );
+    assert_one_clean_error(&text, "--host");
+}
+
+#[test]
+fn a_flag_given_on_the_command_line_is_not_blamed_on_the_environment() {
+    let (code, text) = run(&["--purge-delay-ms", "-5"], &[("ZERO_PURGE_DELAY_MS", "7")]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--purge-delay-ms") && !text.contains("ZERO_PURGE_DELAY_MS"),
+        "{text}"
+    );
+}
