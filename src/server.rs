@@ -1,11 +1,13 @@
 //! Starting and stopping the whole service.
 //!
-//! [`Service::start`] opens the change log, starts the actors (streamer and purger always; the
+//! [`Service::start`] opens the change log, binds the listening socket (so that a refused
+//! address fails before anything else runs), starts the actors (streamer and purger always; the
 //! backup monitor's three actors when `--litestream-backup-url` is set), the upstream client
 //! when `--upstream` is set, and the HTTP server, and returns once it is listening.
-//! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop polling, close every
-//! reservation and subscription with 1001, stop reading upstream, stop the HTTP server, and
-//! wait until everything queued on the change log is durable.
+//! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
+//! close every reservation and subscription with 1001, stop reading upstream, wait until every
+//! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
+//! queued on the change log is durable, then stop every actor.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;

@@ -119,3 +119,79 @@ async fn a_websocket_path_without_an_upgrade_is_400_with_one_line_and_unknown_pa
     }
     svc.stop().await;
 }
+
+/// A subscriber id is client input: in `/metrics` it is a label value, escaped per the text
+/// format so that a Prometheus parser reads back exactly the id, and the standard `process_*`
+/// metrics are there.
+#[actix_rt::test]
+async fn metrics_parse_with_process_metrics_and_an_escaped_subscriber_id() {
+    use change_streamer_actors::watermark::Watermark;
+    use support::upstream::{txn, FakeUpstream};
+
+    let up = FakeUpstream::start().await;
+    let url = up.url();
+    let svc = TestService::start(&["--upstream", &url]).await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    let rv = Watermark::from_u64(100).to_string();
+    let mut polls = 0;
+    while svc.status().await["replicaVersion"] != serde_json::json!(rv) {
+        polls += 1;
+        assert!(polls < 500, "the initial sync never arrived");
+        actix_rt::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let id = "a\"b\\c\nd";
+    let mut c = WsClient::connect(&svc.ws(&format!(
+        "/replication/v6/changes?id=a%22b%5Cc%0Ad&replicaVersion={rv}&watermark={rv}"
+    )))
+    .await;
+    let (first, _) = c.msg().await;
+    c.ack(first).await;
+
+    let (code, text) = svc.get("/metrics").await;
+    assert_eq!(code, 200, "{text}");
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("/metrics parses");
+    for name in [
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+        "change_streamer_subscribers",
+        "change_streamer_changes_stored_total",
+    ] {
+        assert!(
+            scrape.samples.iter().any(|s| s.metric == name),
+            "{name} missing from\n{text}"
+        );
+    }
+    let pending = scrape
+        .samples
+        .iter()
+        .find(|s| s.metric == "change_streamer_subscriber_pending_messages")
+        .unwrap_or_else(|| panic!("no per-subscriber sample in\n{text}"));
+    // prometheus-parse hands back the label value as written; undo the text format's escapes.
+    let written = pending.labels.get("id").expect("an id label");
+    assert_eq!(unescape_label(written), id, "{text}");
+    assert_eq!(pending.labels.get("mode"), Some("serving"));
+    c.close().await;
+    svc.stop().await;
+}
+
+/// The Prometheus text format's label value escapes: `\\`, `\"` and `\n`.
+fn unescape_label(v: &str) -> String {
+    let mut out = String::new();
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
+}

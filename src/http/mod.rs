@@ -7,6 +7,7 @@
 //! `/healthz`, `/metrics` and `/status` is 404.
 
 pub mod changes;
+pub mod metrics;
 pub mod query;
 pub mod snapshot;
 pub mod status;
@@ -65,7 +66,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(changes::changes),
     )
     .route("/healthz", web::get().to(status::healthz))
-    .route("/metrics", web::get().to(status::metrics))
+    .route("/metrics", web::get().to(metrics::metrics))
     .route("/status", web::get().to(status::status))
     .default_service(web::to(not_found));
 }
