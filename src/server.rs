@@ -120,7 +120,7 @@ impl Service {
             purger,
             log: log.clone(),
             backup,
-            guard: drain.guard(),
+            guards: drain.guards(),
         };
         let app_state = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
@@ -196,10 +196,8 @@ impl Service {
             purger,
             log,
             backup,
-            guard,
             ..
         } = state;
-        drop(guard);
         // No new connections from here on; the open ones get the notice.
         server.pause().await;
         if let Some(b) = &backup {
@@ -210,18 +208,14 @@ impl Service {
         if let Some(u) = upstream {
             u.stop().await;
         }
-        // Each session drops its guard once its close frame is written and it has stopped;
-        // the workers drop the application's copy when the server stops.
-        let (drained, ()) = futures_util::future::join(drain.wait(SESSION_DRAIN), async {
-            server.stop(true).await
-        })
-        .await;
-        if !drained {
+        // Each session drops its guard once its close frame is written and it has stopped.
+        if !drain.wait(SESSION_DRAIN).await {
             warn!(
                 "sessions still open {} s after the stop notice; stopping without them",
                 SESSION_DRAIN.as_secs()
             );
         }
+        server.stop(true).await;
         match log.barrier().await {
             Ok(()) => info!("change log flushed"),
             Err(e) => warn!("change log flush at stop: {e}"),

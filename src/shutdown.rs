@@ -5,7 +5,9 @@
 //! `mpsc::Sender` (its [`ShutdownGuard`]) for exactly as long as it lives. The receiver's
 //! `recv()` returns `None` only once every sender is gone, so after the close-all notice the
 //! stop awaits that, bounded, instead of guessing how long the close frames take (the shape of
-//! tokio-rs/mini-redis's `shutdown_complete`).
+//! tokio-rs/mini-redis's `shutdown_complete`). The HTTP handlers reach the channel through a
+//! [`Guards`] (a weak sender), so the application's own copies, which live until the HTTP server
+//! is gone, do not count: the stop learns that the sessions ended without stopping the server.
 
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
@@ -27,7 +29,18 @@ pub struct ShutdownGuard {
     _held: mpsc::Sender<()>,
 }
 
-/// Waits until every [`ShutdownGuard`] it handed out is dropped.
+/// Hands out [`ShutdownGuard`]s while the stop has not begun; holding one does not delay it.
+#[derive(Clone, Debug)]
+pub struct Guards(mpsc::WeakSender<()>);
+
+impl Guards {
+    /// A guard for a new session; `None` once the stop has begun and every session has gone.
+    pub fn guard(&self) -> Option<ShutdownGuard> {
+        self.0.upgrade().map(|tx| ShutdownGuard { _held: tx })
+    }
+}
+
+/// Waits until every [`ShutdownGuard`] handed out is dropped.
 #[derive(Debug)]
 pub struct Drain {
     guard: ShutdownGuard,
@@ -45,8 +58,8 @@ impl Default for Drain {
 }
 
 impl Drain {
-    pub fn guard(&self) -> ShutdownGuard {
-        self.guard.clone()
+    pub fn guards(&self) -> Guards {
+        Guards(self.guard._held.downgrade())
     }
 
     /// Drops its own guard, then waits until every other one is dropped, at most `limit`.
@@ -63,7 +76,7 @@ impl Drain {
 /// ends it (close, error, dropped connection), and the session code needs no change.
 struct Guarded {
     body: BoxBody,
-    _guard: ShutdownGuard,
+    _guard: Option<ShutdownGuard>,
 }
 
 impl MessageBody for Guarded {
@@ -82,7 +95,7 @@ impl MessageBody for Guarded {
 }
 
 /// `response` (a websocket upgrade) holding `guard` until its session ends.
-pub fn hold_until_closed(response: HttpResponse, guard: ShutdownGuard) -> HttpResponse {
+pub fn hold_until_closed(response: HttpResponse, guard: Option<ShutdownGuard>) -> HttpResponse {
     response
         .map_body(|_, body| Guarded {
             body,
@@ -108,3 +121,33 @@ macro_rules! halts {
 }
 
 halts!(Streamer, Purger, CleanupActor, ReservationActor);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[actix_rt::test]
+    async fn the_drain_waits_until_every_session_guard_is_dropped() {
+        let drain = Drain::default();
+        let guards = drain.guards();
+        let session = guards.guard().expect("a guard before the stop");
+        let waiting = actix_rt::spawn(drain.wait(Duration::from_secs(10)));
+        for _ in 0..10 {
+            actix_rt::task::yield_now().await;
+        }
+        assert!(!waiting.is_finished(), "returned while a session lives");
+        drop(session);
+        assert!(waiting.await.expect("join"), "all guards dropped");
+        assert!(
+            guards.guard().is_none(),
+            "no new guard once the stop is done"
+        );
+    }
+
+    #[actix_rt::test]
+    async fn the_drain_gives_up_at_its_bound() {
+        let drain = Drain::default();
+        let _session = drain.guards().guard();
+        assert!(!drain.wait(Duration::ZERO).await);
+    }
+}

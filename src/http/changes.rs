@@ -68,7 +68,7 @@ pub async fn changes(
         state.backup.as_ref().map(|b| b.reservations.clone()),
         state.config.ping_interval(),
     );
-    start_session(session, &req, stream, &state.guard)
+    start_session(session, &req, stream, &state.guards)
 }
 
 #[cfg(test)]

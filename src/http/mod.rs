@@ -29,7 +29,7 @@ use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;
 use crate::session::{close, CLOSE_PROTOCOL_ERROR};
-use crate::shutdown::{hold_until_closed, ShutdownGuard};
+use crate::shutdown::{hold_until_closed, Guards};
 
 /// Protocol versions served.
 pub const MIN_PROTOCOL: u32 = 1;
@@ -44,8 +44,8 @@ pub struct AppState {
     pub log: ChangeLog,
     /// Present when the backup monitor is enabled (`--litestream-backup-url`).
     pub backup: Option<BackupActors>,
-    /// Handed to every websocket session; the stop waits until all are dropped.
-    pub guard: ShutdownGuard,
+    /// A guard for every websocket session; the stop waits until all are dropped.
+    pub guards: Guards,
 }
 
 #[derive(Clone)]
@@ -169,12 +169,12 @@ where
     Either::Left(ready(Ok(req.into_response(response))))
 }
 
-/// Starts a websocket session that holds `guard` for as long as it lives.
+/// Starts a websocket session that holds a shutdown guard for as long as it lives.
 pub fn start_session<A>(
     session: A,
     req: &HttpRequest,
     stream: web::Payload,
-    guard: &ShutdownGuard,
+    guards: &Guards,
 ) -> Result<HttpResponse, actix_web::Error>
 where
     A: Actor<Context = ws::WebsocketContext<A>>
@@ -182,7 +182,7 @@ where
 {
     Ok(hold_until_closed(
         ws::start(session, req, stream)?,
-        guard.clone(),
+        guards.guard(),
     ))
 }
 

@@ -37,5 +37,5 @@ pub async fn snapshot(
         backup.reservations.clone(),
         state.config.ping_interval(),
     );
-    start_session(session, &req, stream, &state.guard)
+    start_session(session, &req, stream, &state.guards)
 }
