@@ -12,6 +12,7 @@ fn main() -> std::process::ExitCode {
         let service = Service::start(config, change_streamer_actors::clock::Clock::System).await?;
         wait_for_signal().await;
         service.stop().await;
+        actix_rt::System::current().stop();
         Ok::<(), change_streamer::server::StartError>(())
     });
     match result {
