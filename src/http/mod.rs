@@ -28,7 +28,7 @@ use change_streamer_actors::streamer::purge::Purger;
 use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;
-use crate::session::{close, CLOSE_PROTOCOL_ERROR};
+use crate::session::{close, truncate_reason, CLOSE_PROTOCOL_ERROR};
 use crate::shutdown::{hold_until_closed, Guards};
 
 /// Protocol versions served.
@@ -209,7 +209,12 @@ pub fn refuse(
     stream: web::Payload,
     reason: String,
 ) -> Result<HttpResponse, actix_web::Error> {
-    log::info!("refusing {} {}: {reason}", req.path(), req.query_string());
+    // The query is client input of any length: the log line shows its start only.
+    log::info!(
+        "refusing {} {}: {reason}",
+        req.path(),
+        truncate_reason(req.query_string())
+    );
     ws::start(Refusal { reason }, req, stream)
 }
 
