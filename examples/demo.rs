@@ -147,13 +147,30 @@ fn n(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
 }
 
-fn metric(text: &str, name: &str) -> f64 {
+/// A count from the `/metrics` text (the text format writes every value as a float).
+fn metric(text: &str, name: &str) -> u64 {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v.round() as u64)
 }
+
+/// What the view's words and numbers mean, printed once at start.
+const LEGEND: &str = "\
+legend:
+  watermarks (e.g. 3lgdk) are the upstream's commit positions as LexiVersions: base-36 strings
+    that sort in commit order; the log spans min..max of them
+  reservations [task ms]: replicas restoring a snapshot; while any is open (paused) nothing the
+    backup may still need is purged
+  cleanup delay: how long after litestream reports a watermark backed up before its cleanup
+  cleanups scheduled / purge queue: cleanups made from litestream's reports / those waiting for
+    their purge check (--purge-delay-ms); rows purged: change-log rows deleted by them
+  flow control: sends that wait for acks; released by all (every subscriber acked) or by
+    consensus (a majority acked and the others had --flow-control-consensus-padding-seconds)
+  replicas: backup follows the stream and is what litestream backs up; r1..r3 reserve, restore,
+    then subscribe; stalled stops reading after 4 s and is dropped once it misses a ping
+";
 
 fn commits(st: &Value) -> u64 {
     let w = |k: &str| {
@@ -171,6 +188,15 @@ fn commits(st: &Value) -> u64 {
     ) {
         (Some(max), Some(rv)) => max - rv + 1,
         _ => 0,
+    }
+}
+
+/// The line printed when subscriber `id` is no longer connected.
+fn departure(t: u64, id: &str, consensus: u64) -> String {
+    if id == "stalled" {
+        format!("t={t:>3}s  stalled dropped: it stopped reading, so it answered no ping within the 3 s --ping-interval-ms (until then flow control released {consensus} sends by consensus without it)")
+    } else {
+        format!("t={t:>3}s  {id} is no longer subscribed")
     }
 }
 
@@ -266,6 +292,7 @@ async fn run(seconds: Option<u64>) {
         svc.dir.path().display()
     );
     println!("  upstream {up_url}   litestream {lite_url}   Ctrl-C to stop\n");
+    println!("{LEGEND}");
 
     up.wait_connections(1).await;
     actix_rt::spawn(write_transactions(up.clone(), 200));
@@ -311,6 +338,9 @@ async fn run(seconds: Option<u64>) {
     let start = Instant::now();
     let mut tick = actix_rt::time::interval(Duration::from_secs(1));
     let mut warmed = false;
+    // Subscribers seen so far, and one line for each that has left since.
+    let mut seen: Vec<String> = Vec::new();
+    let mut departures: Vec<String> = Vec::new();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
@@ -324,7 +354,32 @@ async fn run(seconds: Option<u64>) {
         }
         let st = svc.status().await;
         let (_, metrics) = svc.get("/metrics").await;
-        let subscribed = st["subscribers"].as_array().map(Vec::len).unwrap_or(0);
+        let ids: Vec<String> = st["subscribers"]
+            .as_array()
+            .map(|s| {
+                s.iter()
+                    .filter_map(|s| s["id"].as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let subscribed = ids.len();
+        let consensus = metric(
+            &metrics,
+            "change_streamer_flow_control_releases_total{mode=\"consensus\"}",
+        );
+        for gone in seen.iter().filter(|id| !ids.contains(id)) {
+            let line = departure(t, gone, consensus);
+            if !tty {
+                println!("{line}");
+            }
+            departures.push(line);
+        }
+        seen.retain(|id| ids.contains(id));
+        for id in ids {
+            if !seen.contains(&id) {
+                seen.push(id);
+            }
+        }
         if !warmed {
             let total = REPLICAS + 2;
             warmed = subscribed >= total;
@@ -340,13 +395,18 @@ async fn run(seconds: Option<u64>) {
             print!("\x1b[2J\x1b[H");
         }
         print!("{}", view(t, &st, &metrics));
+        if tty {
+            for line in &departures {
+                println!("{line}");
+            }
+        }
         let _ = std::io::stdout().flush();
     }
 
     let st = svc.status().await;
     let (_, metrics) = svc.get("/metrics").await;
     let summary = serde_json::json!({
-        "seconds": start.elapsed().as_secs_f64(),
+        "seconds": start.elapsed().as_secs(),
         "transactionsStored": commits(&st),
         "changesStored": metric(&metrics, "change_streamer_changes_stored_total"),
         "rowsPurged": n(&st["purge"]["rowsPurged"]),

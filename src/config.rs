@@ -7,7 +7,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 
 /// Streams an upstream database's change log to replicas over websockets, and purges the log
 /// only once litestream has backed it up, no replica is restoring an older backup, and every
@@ -122,6 +124,92 @@ impl Config {
     /// The cleanup delay the service starts with.
     pub fn starting_cleanup_delay_ms(&self) -> u64 {
         self.initial_cleanup_delay_ms.max(self.min_cleanup_delay_ms)
+    }
+}
+
+/// Parses the command line and the environment; on a bad value prints clap's message, naming
+/// the environment variable too when that is where the value came from, and exits non-zero.
+/// The matches tell later errors where each value came from ([`env_sources`]).
+pub fn parse_or_exit() -> (Config, ArgMatches) {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match parse_from(&args) {
+        Ok(parsed) => parsed,
+        Err(e) => e.exit(),
+    }
+}
+
+/// [`parse_or_exit`] without the exit.
+fn parse_from(args: &[std::ffi::OsString]) -> Result<(Config, ArgMatches), clap::Error> {
+    let mut command = Config::command();
+    let matches = command
+        .try_get_matches_from_mut(args)
+        .map_err(|e| name_env_source(e, &command, args))?;
+    let config = Config::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    Ok((config, matches))
+}
+
+/// A value that failed to parse has no `value_source` (there are no matches yet), so the source
+/// is told the way clap chose it: the flag was not on the command line and its variable is set.
+fn name_env_source(
+    mut e: clap::Error,
+    command: &clap::Command,
+    args: &[std::ffi::OsString],
+) -> clap::Error {
+    if !matches!(
+        e.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return e;
+    }
+    let Some(ContextValue::String(shown)) = e.get(ContextKind::InvalidArg).cloned() else {
+        return e;
+    };
+    let Some(arg) = command.get_arguments().find(|a| {
+        a.get_long()
+            .is_some_and(|long| shown.starts_with(&format!("--{long}")))
+    }) else {
+        return e;
+    };
+    let (Some(long), Some(env)) = (arg.get_long(), arg.get_env()) else {
+        return e;
+    };
+    let flag = format!("--{long}");
+    let on_command_line = args.iter().skip(1).any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    if !on_command_line && std::env::var_os(env).is_some() {
+        e.insert(
+            ContextKind::InvalidArg,
+            ContextValue::String(format!(
+                "{shown} (from environment variable {})",
+                env.to_string_lossy()
+            )),
+        );
+    }
+    e
+}
+
+/// For the flags `ids` whose value came from the environment, ` (--flag from VARIABLE, …)`;
+/// empty when none did.
+pub fn env_sources(matches: &ArgMatches, ids: &[&str]) -> String {
+    let command = Config::command();
+    let named: Vec<String> = ids
+        .iter()
+        .filter(|id| matches.value_source(id) == Some(ValueSource::EnvVariable))
+        .filter_map(|id| command.get_arguments().find(|a| a.get_id() == *id))
+        .filter_map(|a| {
+            Some(format!(
+                "--{} from {}",
+                a.get_long()?,
+                a.get_env()?.to_string_lossy()
+            ))
+        })
+        .collect();
+    if named.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", named.join(", "))
     }
 }
 

@@ -5,6 +5,7 @@ pub mod config;
 pub mod http;
 pub mod server;
 pub mod session;
+pub mod shutdown;
 
 pub use config::Config;
 pub use server::Service;

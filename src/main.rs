@@ -1,24 +1,28 @@
 //! The `change-streamer` binary: parse the configuration, start the service, stop it
 //! gracefully on SIGINT or SIGTERM.
 
-use change_streamer::{Config, Service};
-use clap::Parser;
+use change_streamer::config;
+use change_streamer::Service;
 
 fn main() -> std::process::ExitCode {
-    let config = Config::parse();
+    let (config, matches) = config::parse_or_exit();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         let service = Service::start(config, change_streamer_actors::clock::Clock::System).await?;
         wait_for_signal().await;
         service.stop().await;
+        actix_rt::System::current().stop();
         Ok::<(), change_streamer::server::StartError>(())
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            log::error!("{e}");
-            eprintln!("change-streamer: {e}");
+            // One line, on stderr, whether or not logging is on.
+            eprintln!(
+                "change-streamer: {e}{}",
+                config::env_sources(&matches, e.flags())
+            );
             std::process::ExitCode::FAILURE
         }
     }

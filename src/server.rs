@@ -1,17 +1,20 @@
 //! Starting and stopping the whole service.
 //!
-//! [`Service::start`] opens the change log, starts the actors (streamer and purger always; the
+//! [`Service::start`] opens the change log, binds the listening socket (so that a refused
+//! address fails before anything else runs), starts the actors (streamer and purger always; the
 //! backup monitor's three actors when `--litestream-backup-url` is set), the upstream client
 //! when `--upstream` is set, and the HTTP server, and returns once it is listening.
-//! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop polling, close every
-//! reservation and subscription with 1001, stop reading upstream, stop the HTTP server, and
-//! wait until everything queued on the change log is durable.
+//! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
+//! close every reservation and subscription with 1001, stop reading upstream, wait until every
+//! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
+//! queued on the change log is durable, then stop every actor.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError};
 use change_streamer_actors::cleanup::CleanupActor;
@@ -24,7 +27,8 @@ use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use log::{info, warn};
 
 use crate::config::Config;
-use crate::http::{routes, AppState, BackupActors};
+use crate::http::{limit_header_size, routes, AppState, BackupActors};
+use crate::shutdown::{Drain, Halt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -37,12 +41,23 @@ pub enum StartError {
     },
 }
 
+impl StartError {
+    /// The ids of the flags whose values the error is about.
+    pub fn flags(&self) -> &'static [&'static str] {
+        match self {
+            StartError::ChangeLog(_) => &["data_dir"],
+            StartError::Bind { .. } => &["host", "port"],
+        }
+    }
+}
+
 /// A running service.
 pub struct Service {
     addr: SocketAddr,
     state: AppState,
     server: actix_web::dev::ServerHandle,
     upstream: Option<UpstreamHandle>,
+    drain: Drain,
 }
 
 impl Service {
@@ -52,6 +67,9 @@ impl Service {
         let config = Arc::new(config);
         let log = ChangeLog::open(&config.data_dir)?;
         let stats = log.stats().await?;
+        // Bind before any actor starts, so that a refused address stops nothing but this.
+        let listener = listen(&config.host, config.port)?;
+        let drain = Drain::default();
 
         let streamer_cfg = StreamerConfig {
             padding_ms: config.padding_ms(),
@@ -102,33 +120,30 @@ impl Service {
             purger,
             log: log.clone(),
             backup,
+            guards: drain.guards(),
         };
         let app_state = web::Data::new(state.clone());
-        let bind = (config.host.clone(), config.port);
-        let server =
-            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
-                // Replication frames are small and latency matters: no Nagle delay.
-                .on_connect(|conn, _| {
-                    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                        let _ = tcp.set_nodelay(true);
-                    }
-                })
-                .workers(2)
-                .shutdown_timeout(5)
-                .disable_signals()
-                .bind(bind.clone())
-                .map_err(|source| StartError::Bind {
-                    addr: format!("{}:{}", bind.0, bind.1),
-                    source,
-                })?;
-        let addr = server
-            .addrs()
-            .first()
-            .copied()
-            .ok_or_else(|| StartError::Bind {
-                addr: format!("{}:{}", bind.0, bind.1),
-                source: std::io::Error::other("no address bound"),
-            })?;
+        let server = HttpServer::new(move || {
+            App::new()
+                .wrap_fn(limit_header_size)
+                .app_data(app_state.clone())
+                .configure(routes)
+        })
+        // Replication frames are small and latency matters: no Nagle delay.
+        .on_connect(|conn, _| {
+            if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+                let _ = tcp.set_nodelay(true);
+            }
+        })
+        .workers(2)
+        .shutdown_timeout(5)
+        .disable_signals()
+        .listen(listener.listener)
+        .map_err(|source| StartError::Bind {
+            addr: listener.name.clone(),
+            source,
+        })?;
+        let addr = listener.addr;
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
@@ -152,6 +167,7 @@ impl Service {
             state,
             server: handle,
             upstream,
+            drain,
         })
     }
 
@@ -164,23 +180,93 @@ impl Service {
         &self.state
     }
 
-    /// Graceful stop (see the module documentation).
-    pub async fn stop(mut self) {
+    /// Graceful stop (see the module documentation). Nothing here sleeps: each step awaits
+    /// the one before it, and only the wait for the sessions is bounded ([`SESSION_DRAIN`]).
+    pub async fn stop(self) {
         info!("stopping change-streamer");
-        if let Some(b) = &self.state.backup {
+        let Service {
+            state,
+            server,
+            upstream,
+            drain,
+            ..
+        } = self;
+        let AppState {
+            streamer,
+            purger,
+            log,
+            backup,
+            ..
+        } = state;
+        // No new connections from here on; the open ones get the notice.
+        server.pause().await;
+        if let Some(b) = &backup {
             let _ = b.monitor.send(Stop).await;
             let _ = b.reservations.send(CloseAll).await;
         }
-        let _ = self.state.streamer.send(CloseAllSubscribers).await;
-        if let Some(u) = self.upstream.take() {
+        let _ = streamer.send(CloseAllSubscribers).await;
+        if let Some(u) = upstream {
             u.stop().await;
         }
-        // Let the sessions write their close frames before the server goes.
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-        self.server.stop(true).await;
-        match self.state.log.barrier().await {
-            Ok(()) => info!("change log flushed; stopped"),
+        // Each session drops its guard once its close frame is written and it has stopped.
+        if !drain.wait(SESSION_DRAIN).await {
+            warn!(
+                "sessions still open {} s after the stop notice; stopping without them",
+                SESSION_DRAIN.as_secs()
+            );
+        }
+        server.stop(true).await;
+        match log.barrier().await {
+            Ok(()) => info!("change log flushed"),
             Err(e) => warn!("change log flush at stop: {e}"),
         }
+        if let Some(b) = backup {
+            let _ =
+                futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt)).await;
+        }
+        let _ = futures_util::future::join(purger.send(Halt), streamer.send(Halt)).await;
+        info!("stopped");
     }
+}
+
+/// How long the stop waits for the sessions to close after the notice.
+pub const SESSION_DRAIN: Duration = Duration::from_secs(10);
+
+/// A bound listening socket, and how to name it in errors.
+struct Listening {
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+    name: String,
+}
+
+/// Binds `host:port` (address reuse on, as actix-web's own `bind` does).
+fn listen(host: &str, port: u16) -> Result<Listening, StartError> {
+    let name = format!("{host}:{port}");
+    let bind_error = |source| StartError::Bind {
+        addr: name.clone(),
+        source,
+    };
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(bind_error)?
+        .next()
+        .ok_or_else(|| bind_error(std::io::Error::other("the host resolves to no address")))?;
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(bind_error)?;
+    socket.set_reuseaddr(true).map_err(bind_error)?;
+    socket.bind(addr).map_err(bind_error)?;
+    let listener = socket
+        .listen(1024)
+        .and_then(|l| l.into_std())
+        .map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok(Listening {
+        listener,
+        addr,
+        name,
+    })
 }

@@ -1,7 +1,12 @@
-//! The binary's edge (SPEC §2, §12): `--help`, and bad flag or environment values rejected at
-//! start, exiting non-zero with a message naming the flag.
+//! The binary's edge (SPEC §2, §12): `--help`, bad flag or environment values rejected at
+//! start, exiting non-zero with a message naming the flag, and the graceful stop on SIGTERM.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
 
 fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_change-streamer"));
@@ -114,4 +119,159 @@ fn a_flag_overrides_its_environment_variable() {
         text.contains("--data-dir") && !text.contains("--purge-delay-ms"),
         "{text}"
     );
+}
+
+/// Start-up errors that happen after parsing (binding, the data directory) must be a single
+/// clear line: no second copy from the logger, no actor left to panic when the runtime goes.
+fn assert_one_clean_error(text: &str, needle: &str) {
+    assert!(!text.contains("panicked"), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains(needle)).collect();
+    assert_eq!(lines.len(), 1, "expected one line naming {needle}:\n{text}");
+}
+
+#[test]
+fn a_port_in_use_is_one_error_line_without_a_panic() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(
+        &["--host", "127.0.0.1", "--port", &port, "--data-dir", &data],
+        &[],
+    );
+    assert_ne!(code, 0, "{text}");
+    assert_one_clean_error(&text, "--port");
+}
+
+#[test]
+fn a_bad_host_is_one_error_line_without_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(&["--host", "256.0.0.1", "--data-dir", &data], &[]);
+    assert_ne!(code, 0, "{text}");
+    assert_one_clean_error(&text, "--host");
+}
+
+#[test]
+fn a_bad_environment_value_names_the_flag_and_the_variable() {
+    let (code, text) = run(&[], &[("ZERO_PURGE_DELAY_MS", "-5")]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--purge-delay-ms") && text.contains("ZERO_PURGE_DELAY_MS"),
+        "{text}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let (code, text) = run(
+        &["--data-dir", &data],
+        &[("ZERO_CHANGE_STREAMER_HOST", "256.0.0.1")],
+    );
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--host") && text.contains("ZERO_CHANGE_STREAMER_HOST"),
+        "{text}"
+    );
+    assert_one_clean_error(&text, "--host");
+}
+
+#[test]
+fn a_flag_given_on_the_command_line_is_not_blamed_on_the_environment() {
+    let (code, text) = run(&["--purge-delay-ms", "-5"], &[("ZERO_PURGE_DELAY_MS", "7")]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("--purge-delay-ms") && !text.contains("ZERO_PURGE_DELAY_MS"),
+        "{text}"
+    );
+}
+
+/// The address the binary logs once it listens (`listening on ADDR`).
+fn listening_addr(stderr: std::process::ChildStderr) -> String {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .expect("the service never said where it listens")
+}
+
+#[actix_rt::test]
+async fn sigterm_closes_subscriptions_and_reservations_with_1001_and_exits_0() {
+    let up = FakeUpstream::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--upstream",
+            &up.url(),
+        ])
+        .args([
+            "--litestream-backup-url",
+            "s3://bucket/replica",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .env("RUST_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the binary");
+    let addr = listening_addr(child.stderr.take().expect("stderr"));
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    let rv = change_streamer_actors::watermark::Watermark::from_u64(100).to_string();
+    let status = format!("http://{addr}/status");
+    let started = Instant::now();
+    loop {
+        let mut resp = awc::Client::new()
+            .get(&status)
+            .send()
+            .await
+            .expect("status");
+        let st: serde_json::Value = resp.json().await.expect("status JSON");
+        if st["replicaVersion"] == serde_json::json!(rv) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no initial sync: {st}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut sub = WsClient::connect(&format!(
+        "ws://{addr}/replication/v6/changes?id=r&replicaVersion={rv}&watermark={rv}"
+    ))
+    .await;
+    let (id, _) = sub.msg().await;
+    sub.ack(id).await;
+    let mut res = WsClient::connect(&format!("ws://{addr}/replication/v6/snapshot?taskID=t")).await;
+    let (id, _) = res.msg().await;
+    res.ack(id).await;
+
+    let stopping = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    assert_eq!(sub.closed().await.0, 1001);
+    assert_eq!(res.closed().await.0, 1001);
+    let exit = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGTERM"
+        );
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+    eprintln!("stopped in {:?}", stopping.elapsed());
+    up.stop().await;
 }

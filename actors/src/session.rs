@@ -83,12 +83,17 @@ impl SessionEnd {
                 why
             }
         };
-        let mut end = reason.len().min(MAX_REASON);
-        while !reason.is_char_boundary(end) {
-            end -= 1;
-        }
-        (self.code(), reason[..end].to_string())
+        (self.code(), truncate_reason(reason).to_string())
     }
+}
+
+/// `text` cut to [`MAX_REASON`] bytes at a character boundary.
+pub fn truncate_reason(text: &str) -> &str {
+    let mut end = text.len().min(MAX_REASON);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 #[cfg(test)]

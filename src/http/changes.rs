@@ -4,11 +4,10 @@
 use std::collections::HashMap;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use actix_web_actors::ws;
 use change_streamer_actors::streamer::Mode;
 use change_streamer_actors::watermark::Watermark;
 
-use super::{open_websocket, query_map, refuse, AppState, Opening};
+use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
 use crate::session::subscriber::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
@@ -59,7 +58,7 @@ pub async fn changes(
         Opening::Answer(response) => return Ok(response),
         Opening::Refuse(reason) => return refuse(&req, stream, reason),
     };
-    let params = match parse_params(v, &query_map(&req)) {
+    let params = match query_map(&req).and_then(|q| parse_params(v, &q)) {
         Ok(p) => p,
         Err(reason) => return refuse(&req, stream, reason),
     };
@@ -69,7 +68,7 @@ pub async fn changes(
         state.backup.as_ref().map(|b| b.reservations.clone()),
         state.config.ping_interval(),
     );
-    ws::start(session, &req, stream)
+    start_session(session, &req, stream, &state.guards)
 }
 
 #[cfg(test)]

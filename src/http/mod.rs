@@ -7,6 +7,8 @@
 //! `/healthz`, `/metrics` and `/status` is 404.
 
 pub mod changes;
+pub mod metrics;
+pub mod query;
 pub mod snapshot;
 pub mod status;
 
@@ -14,6 +16,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use actix::prelude::*;
+use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
+use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 use change_streamer_actors::changelog::ChangeLog;
@@ -25,7 +29,8 @@ use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;
 use crate::session::close;
-use change_streamer_actors::session::SessionEnd;
+use crate::shutdown::{hold_until_closed, Guards};
+use change_streamer_actors::session::{truncate_reason, SessionEnd};
 
 /// Protocol versions served.
 pub const MIN_PROTOCOL: u32 = 1;
@@ -40,6 +45,8 @@ pub struct AppState {
     pub log: ChangeLog,
     /// Present when the backup monitor is enabled (`--litestream-backup-url`).
     pub backup: Option<BackupActors>,
+    /// A guard for every websocket session; the stop waits until all are dropped.
+    pub guards: Guards,
 }
 
 #[derive(Clone)]
@@ -60,7 +67,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(changes::changes),
     )
     .route("/healthz", web::get().to(status::healthz))
-    .route("/metrics", web::get().to(status::metrics))
+    .route("/metrics", web::get().to(metrics::metrics))
     .route("/status", web::get().to(status::status))
     .default_service(web::to(not_found));
 }
@@ -71,27 +78,21 @@ async fn not_found() -> HttpResponse {
         .body("not found\n")
 }
 
-/// `v6` → 6; anything else is not one of our paths.
-pub fn parse_version(segment: &str) -> Option<u32> {
+/// `v6` → `"6"`: the digits of a version segment, however many; anything else is not one of
+/// our paths.
+pub fn version_digits(segment: &str) -> Option<&str> {
     let digits = segment.strip_prefix('v')?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
 }
 
-/// The refusal for an unsupported protocol version.
-pub fn unsupported_version(v: u32) -> String {
-    format!("Cannot service client at protocol v{v}. Supported protocols: [v{MIN_PROTOCOL} ... v{MAX_PROTOCOL}]")
+/// The refusal for an unsupported protocol version (`digits` as the client sent them).
+pub fn unsupported_version(digits: &str) -> String {
+    format!("Cannot service client at protocol v{digits}. Supported protocols: [v{MIN_PROTOCOL} ... v{MAX_PROTOCOL}]")
 }
 
-/// The query string as a map (first value of each name wins).
-pub fn query_map(req: &HttpRequest) -> HashMap<String, String> {
-    let mut map = HashMap::new();
-    for (k, v) in url::form_urlencoded::parse(req.query_string().as_bytes()) {
-        map.entry(k.into_owned()).or_insert_with(|| v.into_owned());
-    }
-    map
+/// The query string of `req` (see [`query`]); the error is the close reason.
+pub fn query_map(req: &HttpRequest) -> Result<HashMap<String, String>, String> {
+    query::parse_query(req.query_string())
 }
 
 /// A 400 for a websocket path requested without an upgrade, or `None` when it is an upgrade.
@@ -116,7 +117,7 @@ pub enum Opening {
 /// The checks both websocket endpoints start with: one of our paths, an upgrade, a supported
 /// protocol version.
 pub fn open_websocket(req: &HttpRequest, version: &str) -> Opening {
-    let Some(v) = parse_version(version) else {
+    let Some(digits) = version_digits(version) else {
         return Opening::Answer(
             HttpResponse::NotFound()
                 .content_type("text/plain")
@@ -126,10 +127,64 @@ pub fn open_websocket(req: &HttpRequest, version: &str) -> Opening {
     if let Some(bad) = require_upgrade(req) {
         return Opening::Answer(bad);
     }
-    if !(MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) {
-        return Opening::Refuse(unsupported_version(v));
+    match digits.parse::<u32>() {
+        Ok(v) if (MIN_PROTOCOL..=MAX_PROTOCOL).contains(&v) => Opening::Proceed(v),
+        _ => Opening::Refuse(unsupported_version(digits)),
     }
-    Opening::Proceed(v)
+}
+
+/// The most request header bytes (names, values and their separators) served.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+
+/// Answers 431 to a request whose headers total more than [`MAX_HEADER_BYTES`] (SPEC §12);
+/// actix-http's own limit is the 128 KiB read buffer, not a header budget.
+pub fn limit_header_size<S>(
+    req: ServiceRequest,
+    srv: &S,
+) -> futures_util::future::Either<
+    futures_util::future::Ready<Result<ServiceResponse, actix_web::Error>>,
+    S::Future,
+>
+where
+    S: Service<ServiceRequest, Response = ServiceResponse, Error = actix_web::Error>,
+{
+    use futures_util::future::{ready, Either};
+    // Each header line is `name: value\r\n`.
+    let total: usize = req
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    if total <= MAX_HEADER_BYTES {
+        return Either::Right(srv.call(req));
+    }
+    log::info!(
+        "refusing {}: {total} bytes of request headers (limit {MAX_HEADER_BYTES})",
+        req.path()
+    );
+    let response = HttpResponse::build(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+        .content_type("text/plain")
+        .body(format!(
+            "request headers total {total} bytes; the limit is {MAX_HEADER_BYTES}\n"
+        ));
+    Either::Left(ready(Ok(req.into_response(response))))
+}
+
+/// Starts a websocket session that holds a shutdown guard for as long as it lives.
+pub fn start_session<A>(
+    session: A,
+    req: &HttpRequest,
+    stream: web::Payload,
+    guards: &Guards,
+) -> Result<HttpResponse, actix_web::Error>
+where
+    A: Actor<Context = ws::WebsocketContext<A>>
+        + StreamHandler<Result<ws::Message, ws::ProtocolError>>,
+{
+    Ok(hold_until_closed(
+        ws::start(session, req, stream)?,
+        guards.guard(),
+    ))
 }
 
 /// A websocket that closes at once with 1002 and `reason`.
@@ -155,7 +210,12 @@ pub fn refuse(
     stream: web::Payload,
     reason: String,
 ) -> Result<HttpResponse, actix_web::Error> {
-    log::info!("refusing {} {}: {reason}", req.path(), req.query_string());
+    // The query is client input of any length: the log line shows its start only.
+    log::info!(
+        "refusing {} {}: {reason}",
+        req.path(),
+        truncate_reason(req.query_string())
+    );
     ws::start(Refusal { reason }, req, stream)
 }
 
@@ -165,13 +225,16 @@ mod tests {
 
     #[test]
     fn versions() {
-        assert_eq!(parse_version("v6"), Some(6));
-        assert_eq!(parse_version("v10"), Some(10));
-        assert_eq!(parse_version("6"), None);
-        assert_eq!(parse_version("vx"), None);
-        assert_eq!(parse_version("v"), None);
+        assert_eq!(version_digits("v6"), Some("6"));
         assert_eq!(
-            unsupported_version(7),
+            version_digits("v99999999999999999999"),
+            Some("99999999999999999999")
+        );
+        assert_eq!(version_digits("6"), None);
+        assert_eq!(version_digits("vx"), None);
+        assert_eq!(version_digits("v"), None);
+        assert_eq!(
+            unsupported_version("7"),
             "Cannot service client at protocol v7. Supported protocols: [v1 ... v6]"
         );
     }

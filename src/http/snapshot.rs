@@ -2,9 +2,8 @@
 //! [`SnapshotSession`].
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use actix_web_actors::ws;
 
-use super::{open_websocket, query_map, refuse, AppState, Opening};
+use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
 use crate::session::snapshot::SnapshotSession;
 
 pub async fn snapshot(
@@ -19,7 +18,10 @@ pub async fn snapshot(
         Opening::Answer(response) => return Ok(response),
         Opening::Refuse(reason) => return refuse(&req, stream, reason),
     }
-    let task_id = query_map(&req).remove("taskID").unwrap_or_default();
+    let task_id = match query_map(&req) {
+        Ok(mut q) => q.remove("taskID").unwrap_or_default(),
+        Err(reason) => return refuse(&req, stream, reason),
+    };
     if task_id.is_empty() {
         return refuse(&req, stream, "Missing taskID in snapshot request".into());
     }
@@ -35,5 +37,5 @@ pub async fn snapshot(
         backup.reservations.clone(),
         state.config.ping_interval(),
     );
-    ws::start(session, &req, stream)
+    start_session(session, &req, stream, &state.guards)
 }

@@ -1,8 +1,6 @@
-//! Operator endpoints (SPEC §11): `/healthz`, `/status` (JSON) and `/metrics` (Prometheus
-//! text). Both views are rendered from one [`Observation`], gathered by asking each actor for
-//! its state, so they always agree.
-
-use std::fmt::Write as _;
+//! Operator endpoints (SPEC §11): `/healthz` and `/status` (JSON), and the [`Observation`] that
+//! `/status` and `/metrics` ([`super::metrics`]) are both rendered from, gathered by asking each
+//! actor for its state, so they always agree.
 
 use actix_web::{web, HttpResponse};
 use change_streamer_actors::changelog::ChangeLogStats;
@@ -11,7 +9,6 @@ use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
 use change_streamer_actors::streamer::{GetPurgeState, PurgeState};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
-use change_streamer_actors::streamer::{Mode, SubscriberInfo};
 use serde_json::json;
 
 use super::AppState;
@@ -62,7 +59,7 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
     Ok(obs)
 }
 
-fn unavailable(e: Unavailable) -> HttpResponse {
+pub(super) fn unavailable(e: Unavailable) -> HttpResponse {
     HttpResponse::ServiceUnavailable()
         .content_type("text/plain")
         .body(format!("{e}\n"))
@@ -117,168 +114,4 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
             "waiting": o.purge.waiting,
         },
     })
-}
-
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    match observe(&state).await {
-        Ok(o) => HttpResponse::Ok()
-            .content_type("text/plain; version=0.0.4; charset=utf-8")
-            .body(metrics_text(&state, &o)),
-        Err(e) => unavailable(e),
-    }
-}
-
-pub fn metrics_text(state: &AppState, o: &Observation) -> String {
-    let mut out = String::new();
-    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, f64)]| {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
-    };
-    let c = o.cleanup.as_ref();
-    let delay_ms = c
-        .map(|c| c.cleanup_delay_ms)
-        .unwrap_or(state.config.starting_cleanup_delay_ms() as i64);
-    metric(
-        "change_streamer_reservations",
-        "gauge",
-        "Open snapshot reservations.",
-        &[("", o.reservations.len() as f64)],
-    );
-    metric(
-        "change_streamer_cleanup_delay_seconds",
-        "gauge",
-        "Current cleanup delay.",
-        &[("", delay_ms as f64 / 1000.0)],
-    );
-    metric(
-        "change_streamer_backup_watermarks_pending",
-        "gauge",
-        "Backed-up watermarks recorded and not yet scheduled for cleanup.",
-        &[(
-            "",
-            c.map(|c| c.pending_watermarks.len()).unwrap_or(0) as f64,
-        )],
-    );
-    metric(
-        "change_streamer_cleanups_scheduled_total",
-        "counter",
-        "Cleanups scheduled by the backup monitor.",
-        &[(
-            "",
-            c.map(|c| c.cleanups_scheduled_total).unwrap_or(0) as f64,
-        )],
-    );
-    metric(
-        "change_streamer_litestream_poll_errors_total",
-        "counter",
-        "Failed polls of litestream's metrics.",
-        &[("", o.monitor.poll_errors_total as f64)],
-    );
-    metric(
-        "change_streamer_litestream_polls_total",
-        "counter",
-        "Polls of litestream's metrics.",
-        &[("", o.monitor.polls_total as f64)],
-    );
-    metric(
-        "change_streamer_invalid_watermarks_total",
-        "counter",
-        "litestream progress samples ignored for an invalid watermark or time.",
-        &[("", o.monitor.invalid_watermarks_total as f64)],
-    );
-    metric(
-        "change_streamer_changes_stored_total",
-        "counter",
-        "Changes stored in the change log since start.",
-        &[("", o.log.changes_stored_total as f64)],
-    );
-    metric(
-        "change_streamer_changes_purged_total",
-        "counter",
-        "Changes purged from the change log since start.",
-        &[("", o.log.changes_purged_total as f64)],
-    );
-    metric(
-        "change_streamer_change_log_rows",
-        "gauge",
-        "Rows in the change log.",
-        &[("", o.log.rows as f64)],
-    );
-    metric(
-        "change_streamer_subscribers",
-        "gauge",
-        "Connected subscribers.",
-        &[("", o.streamer.subscribers.len() as f64)],
-    );
-    metric(
-        "change_streamer_flow_control_releases_total",
-        "counter",
-        "Tracked sends released, by all acks or by consensus.",
-        &[
-            ("{mode=\"all\"}", o.streamer.releases_all as f64),
-            ("{mode=\"consensus\"}", o.streamer.releases_consensus as f64),
-        ],
-    );
-    metric(
-        "change_streamer_upstream_connected",
-        "gauge",
-        "1 while connected to the change source.",
-        &[(
-            "",
-            if o.streamer.upstream_connected {
-                1.0
-            } else {
-                0.0
-            },
-        )],
-    );
-    metric(
-        "change_streamer_purges_total",
-        "counter",
-        "Purges carried out.",
-        &[("", o.purge.purges as f64)],
-    );
-    let labels: Vec<String> = o
-        .streamer
-        .subscribers
-        .iter()
-        .map(|s| {
-            let mode = if s.mode == Mode::Backup {
-                "backup"
-            } else {
-                "serving"
-            };
-            format!("{{id=\"{}\",mode=\"{mode}\"}}", escape_label(&s.id))
-        })
-        .collect();
-    let per_sub = |f: &dyn Fn(&SubscriberInfo) -> f64| -> Vec<(&str, f64)> {
-        labels
-            .iter()
-            .zip(&o.streamer.subscribers)
-            .map(|(l, s)| (l.as_str(), f(s)))
-            .collect()
-    };
-    metric(
-        "change_streamer_subscriber_pending_messages",
-        "gauge",
-        "Messages sent to a subscriber and not yet acked, plus its catch-up backlog.",
-        &per_sub(&|s| s.pending as f64),
-    );
-    metric(
-        "change_streamer_subscriber_process_rate",
-        "gauge",
-        "Messages a subscriber acked per second, over the last ten seconds.",
-        &per_sub(&|s| s.process_rate),
-    );
-    out
-}
-
-/// Escapes a Prometheus label value.
-fn escape_label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
