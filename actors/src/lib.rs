@@ -16,4 +16,6 @@ pub mod monitor;
 pub mod reservation;
 pub mod streamer;
 pub mod upstream;
+pub mod vfs;
+pub mod vfs_reader;
 pub mod watermark;
