@@ -100,10 +100,6 @@ impl VfsReader {
         }
     }
 
-    pub fn source(&self) -> &VfsSource {
-        &self.source
-    }
-
     /// Starts a reader if none runs and waits until it has loaded the extension, within
     /// `timeout`. The service calls this at start to reject a `--litestream-vfs` that cannot be
     /// loaded.
