@@ -22,6 +22,10 @@ use crate::vfs_reader::{Reply, Request, ENV_EXTENSION, ENV_QUERY};
 /// The default `--backup-watermark-query`.
 pub const DEFAULT_WATERMARK_QUERY: &str = r#"SELECT stateVersion FROM "_zero.replicationState""#;
 
+/// The change-streamer binary whose hidden subcommand the service runs as its reader, when it
+/// is not the running executable; see [`HelperCommand::for_service`].
+pub const ENV_READER: &str = "CHANGE_STREAMER_VFS_READER";
+
 /// How to start a reader process: a program that runs [`crate::vfs_reader::run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelperCommand {
@@ -30,11 +34,17 @@ pub struct HelperCommand {
 }
 
 impl HelperCommand {
-    /// The running executable with the hidden subcommand
-    /// [`SUBCOMMAND`](crate::vfs_reader::SUBCOMMAND): what the service binary uses.
-    pub fn current_exe() -> std::io::Result<HelperCommand> {
+    /// The reader the service starts: a change-streamer binary run with the hidden
+    /// [`SUBCOMMAND`](crate::vfs_reader::SUBCOMMAND). That binary is `$`[`ENV_READER`] when set
+    /// (tests that run the service inside the test process point it at the real binary), the
+    /// running executable otherwise.
+    pub fn for_service() -> std::io::Result<HelperCommand> {
+        let program = match std::env::var_os(ENV_READER) {
+            Some(p) => PathBuf::from(p),
+            None => std::env::current_exe()?,
+        };
         Ok(HelperCommand {
-            program: std::env::current_exe()?,
+            program,
             args: vec![crate::vfs_reader::SUBCOMMAND.into()],
         })
     }

@@ -21,8 +21,9 @@ use change_streamer_actors::monitor::{
     VFS_REPLICA,
 };
 use change_streamer_actors::vfs::{
-    HelperCommand, VfsError, VfsReader, VfsSource, DEFAULT_WATERMARK_QUERY,
+    HelperCommand, VfsError, VfsReader, VfsSource, DEFAULT_WATERMARK_QUERY, ENV_READER,
 };
+use change_streamer_actors::vfs_reader::SUBCOMMAND;
 use rusqlite::Connection;
 use tempfile::TempDir;
 
@@ -439,6 +440,23 @@ async fn an_extension_that_cannot_be_loaded_is_reported_at_start() {
     assert!(reader.start(Duration::from_secs(3)).await.is_err());
     let mut good = VfsReader::new(r.source(DEFAULT_WATERMARK_QUERY));
     good.start(Duration::from_secs(3)).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn the_service_runs_the_reader_named_by_its_environment() {
+    std::env::set_var(ENV_READER, READER);
+    let helper = HelperCommand::for_service().unwrap();
+    assert_eq!(
+        (helper.program.as_path(), helper.args.as_slice()),
+        (Path::new(READER), &[SUBCOMMAND.into()][..])
+    );
+    let r = Replicated::new("0a");
+    let mut source = r.source(DEFAULT_WATERMARK_QUERY);
+    source.helper = helper;
+    VfsReader::new(source)
+        .start(Duration::from_secs(3))
+        .await
+        .unwrap();
 }
 
 #[actix_rt::test]
