@@ -14,9 +14,9 @@
 //! because watermarks recorded earlier may have become due.
 //!
 //! Polls never overlap: a [`Check`] that arrives while one is in flight waits for that one's
-//! outcome instead of starting another. [`Stop`] aborts the request in flight (dropping the
-//! future closes the connection) and stops the actor, so nothing from a half-read answer is
-//! ever recorded.
+//! outcome instead of starting another. [`Stop`] aborts the poll in flight (dropping the
+//! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
+//! a half-read answer is ever recorded.
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
