@@ -19,4 +19,6 @@ pub mod reservation;
 pub mod session;
 pub mod streamer;
 pub mod upstream;
+pub mod vfs;
+pub mod vfs_reader;
 pub mod watermark;

@@ -39,7 +39,8 @@ pub enum PageError {
 
 /// Parses a `/metrics` body.
 ///
-/// An empty body yields nothing (litestream may not have replicated yet). A non-empty body
+/// An empty body yields nothing here; the monitor treats a page without any progress sample
+/// as a poll error (SPEC §8.1: stock litestream exports none). A non-empty body
 /// without a single parseable sample is garbage and an error. Progress samples with an empty,
 /// missing or non-LexiVersion `watermark`, or a value that is not a finite, non-negative
 /// number, are reported in [`ProgressPage::invalid`], never returned as samples.

@@ -1,15 +1,22 @@
-//! `MonitorActor`: the backup monitor's eyes (SPEC §8.1).
+//! `MonitorActor`: the backup monitor's eyes (SPEC §8.1, §8.1b).
 //!
-//! Every poll interval it GETs litestream's `/metrics`, reads the `litestream_replica_progress`
-//! samples (see [`crate::litestream`]) and hands them to the [`CleanupActor`] as one
-//! [`PollResult`], which records them and then schedules. A failed poll (network error, non-2xx,
-//! no answer within the timeout, garbage) is a warning, a counted error and an *empty* result:
-//! scheduling still runs, because watermarks recorded earlier may have become due.
+//! Every poll interval it reads what is backed up from its [`BackupSource`] and hands it to the
+//! [`CleanupActor`] as one [`PollResult`], which records it and then schedules:
+//! - [`BackupSource::Metrics`]: GET litestream's `/metrics` and read the
+//!   `litestream_replica_progress` samples (see [`crate::litestream`]); only Zero's litestream
+//!   fork exports them, so a page without any is an error that points at `--litestream-vfs`.
+//! - [`BackupSource::Vfs`]: read the watermark out of the backup itself through litestream 0.5's
+//!   VFS (see [`crate::vfs`]): one sample of replica `vfs`, backed up at the time of the first
+//!   poll that read that watermark (stock litestream says nothing more precise).
+//!
+//! A failed poll (network error, non-2xx, no answer within the timeout, garbage, no backup yet,
+//! a failing query) is a warning, a counted error and an *empty* result: scheduling still runs,
+//! because watermarks recorded earlier may have become due.
 //!
 //! Polls never overlap: a [`Check`] that arrives while one is in flight waits for that one's
-//! outcome instead of starting another. [`Stop`] aborts the request in flight (dropping the
-//! future closes the connection) and stops the actor, so nothing from a half-read answer is
-//! ever recorded.
+//! outcome instead of starting another. [`Stop`] aborts the poll in flight (dropping the
+//! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
+//! a half-read answer is ever recorded.
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
@@ -21,15 +28,50 @@ use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::cleanup::{CleanupActor, PollResult};
-use crate::litestream::{parse_progress_page, BackupSample};
+use crate::clock::Clock;
+use crate::litestream::{parse_progress_page, BackupSample, PROGRESS_METRIC};
+use crate::vfs::{VfsError, VfsReader, VfsSource};
+use crate::watermark::Watermark;
 
 /// The most a metrics page may weigh; litestream's is a few KiB per database.
 const MAX_PAGE_BYTES: usize = 64 << 20;
 
+/// The replica name of the observations read through the VFS.
+pub const VFS_REPLICA: &str = "vfs";
+
+/// Where the monitor reads what is backed up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackupSource {
+    /// `--litestream-metrics-url`: Zero's litestream fork's `/metrics`.
+    Metrics { url: String },
+    /// `--litestream-vfs`: the backup itself, through stock litestream 0.5's VFS.
+    Vfs(VfsSource),
+}
+
+impl BackupSource {
+    /// `/status` `backup.source`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackupSource::Metrics { .. } => "metrics",
+            BackupSource::Vfs(_) => "vfs",
+        }
+    }
+
+    /// What is polled, for log lines.
+    fn describe(&self) -> String {
+        match self {
+            BackupSource::Metrics { url } => format!("metrics at {url}"),
+            BackupSource::Vfs(v) => format!("the backup at {} through the VFS", v.backup_url),
+        }
+    }
+}
+
 /// How the monitor polls.
 #[derive(Debug, Clone)]
 pub struct MonitorConfig {
-    pub metrics_url: String,
+    pub source: BackupSource,
+    /// Dates the observations of the VFS source.
+    pub clock: Clock,
     /// Period of the automatic polls; the first comes one interval after start.
     pub interval: Duration,
     /// No answer within this is a failed poll (SPEC: `min(interval, 10 s)`).
@@ -39,9 +81,21 @@ pub struct MonitorConfig {
 }
 
 impl MonitorConfig {
+    /// Polls the metrics page at `metrics_url`.
     pub fn new(metrics_url: impl Into<String>, interval: Duration) -> Self {
+        Self::with_source(
+            BackupSource::Metrics {
+                url: metrics_url.into(),
+            },
+            interval,
+        )
+    }
+
+    /// Polls `source`, dating observations by the system clock.
+    pub fn with_source(source: BackupSource, interval: Duration) -> Self {
         MonitorConfig {
-            metrics_url: metrics_url.into(),
+            source,
+            clock: Clock::System,
             interval,
             timeout: interval.min(Duration::from_secs(10)),
             poll_automatically: true,
@@ -53,9 +107,10 @@ impl MonitorConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub enum PollOutcome {
-    /// The page was read: `samples` valid progress samples, `invalid` rejected ones.
+    /// The page (or the backup) was read: `samples` valid samples, `invalid` rejected ones.
     Read { samples: usize, invalid: usize },
-    /// Network error, non-2xx, timeout or garbage.
+    /// Network error, non-2xx, timeout, garbage, a page without progress samples; no backup
+    /// yet, or a failing query.
     Failed(String),
     /// The monitor stopped before the poll finished.
     Aborted,
@@ -84,6 +139,9 @@ pub struct MonitorStats {
     pub poll_errors_total: u64,
     pub invalid_watermarks_total: u64,
     pub last_poll_ok: Option<bool>,
+    /// The watermark the latest poll read from the backup (VFS source only; `None` when that
+    /// poll failed).
+    pub backup_watermark: Option<Watermark>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,13 +154,23 @@ enum FetchError {
     Body(String),
     #[error("{0}")]
     Page(#[from] crate::litestream::PageError),
+    #[error("the page holds no {PROGRESS_METRIC} sample: only Zero's litestream fork exports it; with stock litestream 0.5, read the backup itself with --litestream-vfs")]
+    MissingMetric,
 }
+
+/// What one poll produced, before it is handed to the cleanup actor.
+type Observed = (Vec<BackupSample>, PollOutcome);
 
 /// See the module documentation.
 pub struct MonitorActor {
     cfg: MonitorConfig,
     cleanup: Addr<CleanupActor>,
     client: Option<awc::Client>,
+    /// The VFS reader, taken out while a poll uses it (a cancelled poll drops it, killing the
+    /// reader process).
+    vfs: Option<VfsReader>,
+    /// The watermark the VFS source last read, and when it was first read.
+    vfs_first_read: Option<(Watermark, i64)>,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
@@ -115,6 +183,8 @@ impl MonitorActor {
             cfg,
             cleanup,
             client: None,
+            vfs: None,
+            vfs_first_read: None,
             in_flight: None,
             waiters: Vec::new(),
             stats: MonitorStats::default(),
@@ -126,8 +196,28 @@ impl MonitorActor {
         if self.in_flight.is_some() || self.stopping {
             return;
         }
+        let poll = match &self.cfg.source {
+            BackupSource::Metrics { url } => self.poll_metrics(url.clone()),
+            BackupSource::Vfs(source) => self.poll_vfs(source.clone()),
+        };
+        let handle = ctx.spawn(poll.then(|(samples, outcome), act, _| {
+            act.stats.polls_total += 1;
+            act.cleanup
+                .send(PollResult { samples })
+                .into_actor(act)
+                .map(move |_, act, _| {
+                    act.in_flight = None;
+                    for w in act.waiters.drain(..) {
+                        let _ = w.send(outcome.clone());
+                    }
+                })
+        }));
+        self.in_flight = Some(handle);
+    }
+
+    /// SPEC §8.1: one GET of the metrics page, bounded by the timeout.
+    fn poll_metrics(&mut self, url: String) -> ResponseActFuture<Self, Observed> {
         let client = self.client.get_or_insert_with(awc::Client::default).clone();
-        let url = self.cfg.metrics_url.clone();
         let timeout = self.cfg.timeout;
         let fetch = async move {
             let mut resp = client
@@ -155,42 +245,100 @@ impl MonitorActor {
                     body: first_line,
                 });
             }
-            Ok(parse_progress_page(&text)?)
+            let page = parse_progress_page(&text)?;
+            if page.samples.is_empty() && page.invalid.is_empty() {
+                return Err(FetchError::MissingMetric);
+            }
+            Ok(page)
         };
-        let handle = ctx.spawn(fetch.into_actor(self).then(|res, act, _| {
-            act.stats.polls_total += 1;
-            let (samples, outcome): (Vec<BackupSample>, PollOutcome) = match res {
-                Ok(page) => {
-                    for reason in &page.invalid {
-                        warn!("ignoring litestream sample: {reason}");
-                    }
-                    act.stats.invalid_watermarks_total += page.invalid.len() as u64;
-                    act.stats.last_poll_ok = Some(true);
-                    debug!("metrics poll read {} sample(s)", page.samples.len());
-                    let outcome = PollOutcome::Read {
-                        samples: page.samples.len(),
-                        invalid: page.invalid.len(),
-                    };
-                    (page.samples, outcome)
+        Box::pin(fetch.into_actor(self).map(|res, act, _| match res {
+            Ok(page) => {
+                for reason in &page.invalid {
+                    warn!("ignoring litestream sample: {reason}");
                 }
-                Err(e) => {
-                    warn!("unable to fetch metrics at {}: {e}", act.cfg.metrics_url);
-                    act.stats.poll_errors_total += 1;
-                    act.stats.last_poll_ok = Some(false);
-                    (Vec::new(), PollOutcome::Failed(e.to_string()))
-                }
-            };
-            act.cleanup
-                .send(PollResult { samples })
-                .into_actor(act)
-                .map(move |_, act, _| {
-                    act.in_flight = None;
-                    for w in act.waiters.drain(..) {
-                        let _ = w.send(outcome.clone());
-                    }
-                })
-        }));
-        self.in_flight = Some(handle);
+                act.stats.invalid_watermarks_total += page.invalid.len() as u64;
+                act.stats.last_poll_ok = Some(true);
+                debug!("metrics poll read {} sample(s)", page.samples.len());
+                let outcome = PollOutcome::Read {
+                    samples: page.samples.len(),
+                    invalid: page.invalid.len(),
+                };
+                (page.samples, outcome)
+            }
+            Err(e) => act.failed(e.to_string()),
+        }))
+    }
+
+    /// SPEC §8.1b: one read of the backup through the VFS reader, bounded by the timeout (the
+    /// reader kills its process when that passes). The reader travels with the poll and comes
+    /// back when it ends.
+    fn poll_vfs(&mut self, source: VfsSource) -> ResponseActFuture<Self, Observed> {
+        let mut reader = self.vfs.take().unwrap_or_else(|| VfsReader::new(source));
+        let timeout = self.cfg.timeout;
+        let read = async move {
+            let res = reader.read(timeout).await;
+            (reader, res)
+        };
+        Box::pin(read.into_actor(self).map(|(reader, res), act, _| {
+            act.vfs = Some(reader);
+            act.vfs_observed(res)
+        }))
+    }
+
+    /// Turns what the VFS reader read into one sample of replica [`VFS_REPLICA`], dated by the
+    /// first poll that read that watermark.
+    fn vfs_observed(&mut self, res: Result<String, VfsError>) -> Observed {
+        let text = match res {
+            Ok(text) => text,
+            Err(e) => return self.failed(e.to_string()),
+        };
+        self.stats.last_poll_ok = Some(true);
+        let watermark = match Watermark::parse(&text) {
+            Ok(w) => w,
+            Err(e) => {
+                warn!("ignoring the backup's watermark: {e} (replica {VFS_REPLICA:?})");
+                self.stats.invalid_watermarks_total += 1;
+                self.stats.backup_watermark = None;
+                return (
+                    Vec::new(),
+                    PollOutcome::Read {
+                        samples: 0,
+                        invalid: 1,
+                    },
+                );
+            }
+        };
+        let first_read_ms = match &self.vfs_first_read {
+            Some((w, at)) if *w == watermark => *at,
+            _ => {
+                let now = self.cfg.clock.now_ms();
+                debug!("the backup holds watermark={watermark}");
+                self.vfs_first_read = Some((watermark.clone(), now));
+                now
+            }
+        };
+        self.stats.backup_watermark = Some(watermark.clone());
+        let sample = BackupSample {
+            watermark,
+            replica: VFS_REPLICA.to_string(),
+            backed_up_at_ms: first_read_ms,
+        };
+        (
+            vec![sample],
+            PollOutcome::Read {
+                samples: 1,
+                invalid: 0,
+            },
+        )
+    }
+
+    /// A failed poll: a warning, a counted error, nothing observed.
+    fn failed(&mut self, reason: String) -> Observed {
+        warn!("unable to read {}: {reason}", self.cfg.source.describe());
+        self.stats.poll_errors_total += 1;
+        self.stats.last_poll_ok = Some(false);
+        self.stats.backup_watermark = None;
+        (Vec::new(), PollOutcome::Failed(reason))
     }
 }
 
@@ -199,8 +347,8 @@ impl Actor for MonitorActor {
 
     fn started(&mut self, ctx: &mut Context<Self>) {
         log::info!(
-            "monitoring backups at {} every {} ms",
-            self.cfg.metrics_url,
+            "monitoring {} every {} ms",
+            self.cfg.source.describe(),
             self.cfg.interval.as_millis()
         );
         if self.cfg.poll_automatically {
@@ -228,8 +376,8 @@ impl Handler<Stop> for MonitorActor {
         self.stopping = true;
         if let Some(h) = self.in_flight.take() {
             log::info!(
-                "aborting the metrics request in flight to {}",
-                self.cfg.metrics_url
+                "aborting the poll in flight of {}",
+                self.cfg.source.describe()
             );
             ctx.cancel_future(h);
         }
