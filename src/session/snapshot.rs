@@ -103,6 +103,11 @@ impl Handler<ReservationEvent> for SnapshotSession {
             ReservationEvent::Closed(ReservationEnd::Shutdown) => {
                 close(ctx, CLOSE_GOING_AWAY, "service stopping")
             }
+            ReservationEvent::Closed(ReservationEnd::Expired { max_ms }) => close(
+                ctx,
+                CLOSE_INTERNAL_ERROR,
+                &format!("reservation held longer than --max-reservation-ms ({max_ms} ms)"),
+            ),
         }
     }
 }
