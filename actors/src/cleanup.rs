@@ -16,6 +16,12 @@
 //! A reservation that merely drops (crash, replacement, shutdown) says nothing about how long a
 //! restore takes, so it never grows the delay.
 //!
+//! ### Why it is written down
+//! Everything it decides protects a replica that may be restoring right now, so it must survive
+//! a restart, `kill -9` included (SPEC §3, §13): with a change log to persist to, every change
+//! (a recorded watermark, a scheduled one, a grown delay) is queued on the change log's writer
+//! as it is made, before it is acted on, and read back at the next start ([`CleanupActor::restore`]).
+//!
 //! [`MonitorActor`]: crate::monitor::MonitorActor
 //! [`ReservationActor`]: crate::reservation::ReservationActor
 
@@ -25,6 +31,7 @@ use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
+use crate::changelog::{ChangeLog, RecordedWatermark, SafetyState, StateChange};
 use crate::clock::{format_rfc3339_ms, Clock};
 use crate::litestream::BackupSample;
 use crate::watermark::Watermark;
@@ -101,6 +108,8 @@ pub struct CleanupActor {
     reservations: BTreeSet<String>,
     target: Recipient<ScheduleCleanup>,
     scheduled_total: u64,
+    /// Where decisions are written down; `None` keeps them in memory only (the replay).
+    store: Option<ChangeLog>,
 }
 
 impl CleanupActor {
@@ -121,12 +130,58 @@ impl CleanupActor {
             reservations: BTreeSet::new(),
             target,
             scheduled_total: 0,
+            store: None,
         }
+    }
+
+    /// Takes back what a previous run wrote down: the learned delay (never below this run's
+    /// starting delay), the recorded watermarks and the last scheduled one; and writes every
+    /// later decision to `store`.
+    pub fn restore(mut self, state: &SafetyState, store: ChangeLog) -> Self {
+        if let Some(ms) = state
+            .cleanup_delay_ms
+            .filter(|ms| *ms > self.cleanup_delay_ms)
+        {
+            info!("cleanup delay is {ms} ms, as learned before the restart");
+            self.cleanup_delay_ms = ms;
+        }
+        self.last_scheduled = state.last_scheduled.clone();
+        for r in &state.recorded {
+            self.watermarks.insert(
+                r.watermark.clone(),
+                Recorded {
+                    replica: r.replica.clone(),
+                    backed_up_at_ms: r.backed_up_ms,
+                },
+            );
+        }
+        self.store = Some(store);
+        self
+    }
+
+    /// Queues `change` on the change log's writer (in order with everything queued before) and
+    /// logs a failure. The write is queued by this call, so whatever the actor does next is
+    /// ordered after it.
+    fn write_down(&self, change: StateChange, ctx: &mut Context<Self>) {
+        let Some(store) = &self.store else {
+            return;
+        };
+        let what = format!("{change:?}");
+        store
+            .save_state(change)
+            .into_actor(self)
+            .map(move |r, _, _| {
+                if let Err(e) = r {
+                    warn!("cleanup state could not be written down ({what}): {e}");
+                }
+            })
+            .spawn(ctx);
     }
 
     /// SPEC §8.2: keep a sample only if it is newer than the last scheduled watermark and not
     /// already recorded; its first sighting's backup time is the one that counts.
-    fn record(&mut self, samples: Vec<BackupSample>) {
+    fn record(&mut self, samples: Vec<BackupSample>, ctx: &mut Context<Self>) {
+        let mut new = Vec::new();
         for s in samples {
             if self
                 .last_scheduled
@@ -142,6 +197,11 @@ impl CleanupActor {
                 s.replica,
                 format_rfc3339_ms(s.backed_up_at_ms)
             );
+            new.push(RecordedWatermark {
+                watermark: s.watermark.clone(),
+                replica: s.replica.clone(),
+                backed_up_ms: s.backed_up_at_ms,
+            });
             self.watermarks.insert(
                 s.watermark,
                 Recorded {
@@ -150,12 +210,15 @@ impl CleanupActor {
                 },
             );
         }
+        if !new.is_empty() {
+            self.write_down(StateChange::Recorded(new), ctx);
+        }
     }
 
     /// SPEC §8.3: unless paused, schedule the greatest watermark whose backup is at least
     /// `cleanupDelay` old and forget every recorded watermark up to it. Only the greatest is
     /// scheduled because cleaning up to it covers all the smaller ones.
-    fn schedule(&mut self) {
+    fn schedule(&mut self, ctx: &mut Context<Self>) {
         if !self.reservations.is_empty() {
             let tasks: Vec<&str> = self.reservations.iter().map(String::as_str).collect();
             info!("cleanup paused for snapshot(s): {}", tasks.join(","));
@@ -176,6 +239,7 @@ impl CleanupActor {
         self.watermarks.remove(&due);
         self.last_scheduled = Some(due.clone());
         self.scheduled_total += 1;
+        self.write_down(StateChange::Scheduled(due.clone()), ctx);
         if self
             .target
             .try_send(ScheduleCleanup {
@@ -214,9 +278,9 @@ impl Actor for CleanupActor {
 
 impl Handler<PollResult> for CleanupActor {
     type Result = ();
-    fn handle(&mut self, msg: PollResult, _: &mut Context<Self>) {
-        self.record(msg.samples);
-        self.schedule();
+    fn handle(&mut self, msg: PollResult, ctx: &mut Context<Self>) {
+        self.record(msg.samples, ctx);
+        self.schedule(ctx);
     }
 }
 
@@ -230,12 +294,13 @@ impl Handler<ReservationOpened> for CleanupActor {
 
 impl Handler<ReservationClosed> for CleanupActor {
     type Result = ();
-    fn handle(&mut self, msg: ReservationClosed, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: ReservationClosed, ctx: &mut Context<Self>) {
         self.reservations.remove(&msg.task_id);
         if let Some(held) = msg.ended_by_subscription_after_ms {
             info!("snapshot initialized by {} in {held} ms", msg.task_id);
             if held > self.cleanup_delay_ms {
                 self.cleanup_delay_ms = held;
+                self.write_down(StateChange::CleanupDelay(held), ctx);
                 info!(
                     "increased cleanup delay to {held} ms (task {})",
                     msg.task_id

@@ -12,20 +12,40 @@
 //! - The status message (backup URL, replicaVersion, minWatermark) is sent once, as soon as the
 //!   change log answers; a reservation that ended in the meantime gets nothing.
 //! - Ending by subscription ([`EndBySubscription`]) reports the held time, which may grow the
-//!   cleanup delay; every other end ([`Release`], replacement, failure, [`CloseAll`]) does not.
+//!   cleanup delay; every other end ([`Release`], replacement, failure, expiry, [`CloseAll`])
+//!   does not.
+//! - With `--max-reservation-ms`, a reservation held longer is ended (SPEC §6.6): one stuck
+//!   restore cannot pin the change log for ever.
+//! - With the VFS backup source, the status waits until a poll has read a backed-up watermark
+//!   at or above the change log's minWatermark (SPEC §6.7): a replica is only told to restore a
+//!   backup that exists and that the change log can serve from.
+//!
+//! ### Why reservations are written down
+//! A replica restoring across a restart of the service still needs its backup's watermark kept
+//! (SPEC §13). So every reservation is written to the change log's database before its status
+//! is sent, and erased when it ends for good; a service stop erases nothing. At the next start
+//! the reservations found there are *orphaned*: they have no socket, but they keep cleanup
+//! paused until the task reserves again or subscribes with `initial=true` (which measures the
+//! held time from the original start), until the cleanup delay has passed since this start
+//! (the replica gave up, or finished without telling us), or until `--max-reservation-ms` has
+//! passed since the original start.
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use crate::changelog::{ChangeLogState, GetChangeLogState};
+use crate::changelog::{
+    ChangeLog, ChangeLogState, GetChangeLogState, StateChange, StoredReservation,
+};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
 use crate::session::{SessionEnd, SessionId};
+use crate::watermark::Watermark;
 
 /// What a reservation's session is told.
 #[derive(Message, Debug, Clone, PartialEq)]
@@ -84,15 +104,34 @@ pub struct EndBySubscription {
     pub task_id: String,
 }
 
-/// Closes every reservation (service stop); the delay does not grow.
+/// Closes every reservation's session (service stop); the delay does not grow, and what was
+/// written down stays, to be orphaned at the next start.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub struct CloseAll;
+
+/// A poll of the backup itself read this backed-up watermark (VFS source, SPEC §6.7).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct BackupRead {
+    pub watermark: Watermark,
+}
+
+/// Ends the reservations that have expired by now (the actor's own timer sends it at each
+/// deadline; tests that move a manual clock send it themselves).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct ExpireReservations;
 
 /// Lists open reservations for `/status`.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Vec<ReservationInfo>")]
 pub struct ListReservations;
+
+/// Asks for the counters of `/metrics`.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "ReservationStats")]
+pub struct GetReservationStats;
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ReservationInfo {
@@ -100,12 +139,30 @@ pub struct ReservationInfo {
     pub task_id: String,
     #[serde(rename = "heldMs")]
     pub held_ms: i64,
+    /// Open when the service last stopped; no socket holds it (SPEC §13).
+    pub orphaned: bool,
+    /// Its status was sent (with the VFS source: the backup was verified first, SPEC §6.7).
+    pub verified: bool,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReservationStats {
+    /// Reservations ended by `--max-reservation-ms`.
+    pub expired_total: u64,
+}
+
+/// The socket holding a reservation.
+struct Holder {
+    session_id: SessionId,
+    session: Recipient<ReservationEvent>,
 }
 
 struct Reservation {
-    session_id: SessionId,
+    /// `None`: orphaned, found written down at start.
+    holder: Option<Holder>,
     started_ms: i64,
-    session: Recipient<ReservationEvent>,
+    /// The status went out.
+    status_sent: bool,
 }
 
 /// See the module documentation.
@@ -115,6 +172,18 @@ pub struct ReservationActor {
     change_log: Recipient<GetChangeLogState>,
     cleanup: Addr<CleanupActor>,
     reservations: HashMap<String, Reservation>,
+    /// `--max-reservation-ms`; 0: no cap.
+    max_reservation_ms: i64,
+    /// Status waits for a verified backup (VFS source).
+    verify_backup: bool,
+    /// The newest backed-up watermark a poll read.
+    backed_up: Option<Watermark>,
+    /// Where reservations are written down; `None` keeps them in memory only (the replay).
+    store: Option<ChangeLog>,
+    /// Orphans end once this time (unix ms) has passed: the start plus the cleanup delay.
+    orphans_end_ms: i64,
+    expired_total: u64,
+    timer: Option<SpawnHandle>,
 }
 
 impl ReservationActor {
@@ -130,13 +199,86 @@ impl ReservationActor {
             change_log,
             cleanup,
             reservations: HashMap::new(),
+            max_reservation_ms: 0,
+            verify_backup: false,
+            backed_up: None,
+            store: None,
+            orphans_end_ms: 0,
+            expired_total: 0,
+            timer: None,
+        }
+    }
+
+    /// Ends reservations held longer than `ms` (SPEC §6.6); 0 means no cap.
+    pub fn with_max_reservation_ms(mut self, ms: i64) -> Self {
+        self.max_reservation_ms = ms.max(0);
+        self
+    }
+
+    /// Sends a reservation's status only once a poll read a backup that the change log can
+    /// serve from (SPEC §6.7).
+    pub fn verifying_backups(mut self) -> Self {
+        self.verify_backup = true;
+        self
+    }
+
+    /// Takes back the reservations a previous run wrote down, as orphans that end at the
+    /// latest `cleanup_delay_ms` from now; and writes every later reservation to `store`.
+    pub fn restore(
+        mut self,
+        stored: &[StoredReservation],
+        cleanup_delay_ms: i64,
+        store: ChangeLog,
+    ) -> Self {
+        self.orphans_end_ms = self.clock.now_ms().saturating_add(cleanup_delay_ms);
+        for r in stored {
+            info!(
+                "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
+                r.task_id
+            );
+            self.reservations.insert(
+                r.task_id.clone(),
+                Reservation {
+                    holder: None,
+                    started_ms: r.started_ms,
+                    status_sent: true,
+                },
+            );
+        }
+        self.store = Some(store);
+        self
+    }
+
+    /// Queues `change` on the change log's writer; the answer resolves once it is durable.
+    fn write_down(
+        &self,
+        change: StateChange,
+    ) -> Option<impl std::future::Future<Output = Result<(), crate::changelog::ChangeLogError>>>
+    {
+        self.store.as_ref().map(|s| s.save_state(change))
+    }
+
+    /// Erases the written-down reservation of `task_id` (queued now, in order).
+    fn erase(&self, task_id: &str, ctx: &mut Context<Self>) {
+        if let Some(done) = self.write_down(StateChange::ReservationEnded(task_id.to_string())) {
+            let task = task_id.to_string();
+            done.into_actor(self)
+                .map(move |r, _, _| {
+                    if let Err(e) = r {
+                        warn!(
+                            "end of the reservation of task {task} could not be written down: {e}"
+                        );
+                    }
+                })
+                .spawn(ctx);
         }
     }
 
     /// Removes the reservation of `task_id` if `session_id` (when given) still holds it.
     fn remove(&mut self, task_id: &str, session_id: Option<SessionId>) -> Option<Reservation> {
+        let held_by = |r: &Reservation| r.holder.as_ref().map(|h| h.session_id);
         match self.reservations.get(task_id) {
-            Some(r) if session_id.is_none_or(|id| id == r.session_id) => {
+            Some(r) if session_id.is_none() || held_by(r) == session_id => {
                 self.reservations.remove(task_id)
             }
             _ => None,
@@ -149,10 +291,137 @@ impl ReservationActor {
             ended_by_subscription_after_ms: held,
         });
     }
+
+    /// Sends the status of `task_id`'s reservation (held by `session_id`) once the change log
+    /// answers and, with the VFS source, the backup is verified.
+    fn send_status(&mut self, task_id: String, session_id: SessionId, ctx: &mut Context<Self>) {
+        self.change_log
+            .send(GetChangeLogState)
+            .into_actor(self)
+            .map(move |answer, act, ctx| {
+                let state: Result<ChangeLogState, String> = match answer {
+                    Ok(r) => r,
+                    Err(e) => Err(format!("change log unavailable: {e}")),
+                };
+                let verified = |s: &ChangeLogState| {
+                    !act.verify_backup
+                        || act
+                            .backed_up
+                            .as_ref()
+                            .is_some_and(|b| b.as_str() >= s.min_watermark.as_str())
+                };
+                let verified = state.as_ref().map(verified).unwrap_or(false);
+                let Some(res) = act.reservations.get_mut(&task_id) else {
+                    return;
+                };
+                let Some(holder) = res.holder.as_ref().filter(|h| h.session_id == session_id)
+                else {
+                    return; // ended (or replaced) before the status was known
+                };
+                match state {
+                    Ok(_) if !verified => {
+                        info!("snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
+                    }
+                    Ok(s) => {
+                        res.status_sent = true;
+                        holder.session.do_send(ReservationEvent::Status(SnapshotStatus {
+                            tag: "status",
+                            backup_url: act.backup_url.clone(),
+                            replica_version: s.replica_version,
+                            min_watermark: s.min_watermark,
+                        }));
+                    }
+                    Err(e) => {
+                        warn!("failing snapshot reservation of task {task_id}: {e}");
+                        holder.session.do_send(ReservationEvent::Failed(e));
+                        act.remove(&task_id, Some(session_id));
+                        act.erase(&task_id, ctx);
+                        act.closed(&task_id, None);
+                    }
+                }
+            })
+            .spawn(ctx);
+    }
+
+    /// Ends what has expired: reservations held past `--max-reservation-ms`, and orphans past
+    /// their end. Then arms one timer for the next deadline.
+    fn expire(&mut self, ctx: &mut Context<Self>) {
+        let now = self.clock.now_ms();
+        let max = self.max_reservation_ms;
+        let expired: Vec<String> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| {
+                (max > 0 && now - r.started_ms >= max)
+                    || (r.holder.is_none() && now >= self.orphans_end_ms)
+            })
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task_id in expired {
+            let Some(res) = self.reservations.remove(&task_id) else {
+                continue;
+            };
+            let held = now - res.started_ms;
+            match res.holder {
+                Some(h) if max > 0 && held >= max => {
+                    warn!("snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
+                    self.expired_total += 1;
+                    h.session
+                        .do_send(ReservationEvent::Closed(SessionEnd::Unavailable(format!(
+                            "reservation held longer than --max-reservation-ms ({max} ms)"
+                        ))));
+                }
+                Some(_) => continue,
+                None if max > 0 && held >= max => {
+                    warn!("orphaned snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
+                    self.expired_total += 1;
+                }
+                None => {
+                    info!("orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since this start without the task coming back");
+                }
+            }
+            self.erase(&task_id, ctx);
+            self.closed(&task_id, None);
+        }
+        self.arm_timer(ctx);
+    }
+
+    /// One timer for the earliest deadline of any reservation.
+    fn arm_timer(&mut self, ctx: &mut Context<Self>) {
+        if let Some(t) = self.timer.take() {
+            ctx.cancel_future(t);
+        }
+        let max = self.max_reservation_ms;
+        let next = self
+            .reservations
+            .values()
+            .flat_map(|r| {
+                let cap = (max > 0).then(|| r.started_ms.saturating_add(max));
+                let orphan = r.holder.is_none().then_some(self.orphans_end_ms);
+                cap.into_iter().chain(orphan)
+            })
+            .min();
+        if let Some(at) = next {
+            let wait = (at - self.clock.now_ms()).max(0) as u64;
+            self.timer = Some(ctx.run_later(Duration::from_millis(wait), |act, ctx| {
+                act.timer = None;
+                act.expire(ctx);
+            }));
+        }
+    }
 }
 
 impl Actor for ReservationActor {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        for task_id in self.reservations.keys() {
+            self.cleanup.do_send(ReservationOpened {
+                task_id: task_id.clone(),
+            });
+        }
+        self.arm_timer(ctx);
+    }
 }
 
 impl Handler<Reserve> for ReservationActor {
@@ -165,71 +434,72 @@ impl Handler<Reserve> for ReservationActor {
             session,
         } = msg;
         if let Some(old) = self.remove(&task_id, None) {
-            info!("reservation of task {task_id} replaced by a newer one (session {} -> {session_id})", old.session_id);
-            old.session
-                .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
+            match old.holder {
+                Some(h) => {
+                    info!("reservation of task {task_id} replaced by a newer one (session {} -> {session_id})", h.session_id);
+                    h.session
+                        .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
+                }
+                None => info!("orphaned reservation of task {task_id} replaced by a new one (session {session_id})"),
+            }
             self.closed(&task_id, None);
         }
+        let started_ms = self.clock.now_ms();
         info!("snapshot reservation opened by task {task_id} (session {session_id})");
         self.reservations.insert(
             task_id.clone(),
             Reservation {
-                session_id,
-                started_ms: self.clock.now_ms(),
-                session,
+                holder: Some(Holder {
+                    session_id,
+                    session,
+                }),
+                started_ms,
+                status_sent: false,
             },
         );
         self.cleanup.do_send(ReservationOpened {
             task_id: task_id.clone(),
         });
+        self.arm_timer(ctx);
 
-        // The session is registered before the status is known, so that it can start pinging at
-        // once; the status follows when the change log answers.
-        self.change_log
-            .send(GetChangeLogState)
-            .into_actor(self)
-            .map(move |answer, act, _| {
-                let state: Result<ChangeLogState, String> = match answer {
-                    Ok(r) => r,
-                    Err(e) => Err(format!("change log unavailable: {e}")),
-                };
-                let current = act
-                    .reservations
-                    .get_mut(&task_id)
-                    .filter(|r| r.session_id == session_id);
-                let Some(res) = current else {
-                    return; // ended (or replaced) before the status was known
-                };
-                match state {
-                    Ok(s) => {
-                        res.session
-                            .do_send(ReservationEvent::Status(SnapshotStatus {
-                                tag: "status",
-                                backup_url: act.backup_url.clone(),
-                                replica_version: s.replica_version,
-                                min_watermark: s.min_watermark,
-                            }));
-                    }
+        // The session is registered before the status is known, so that it can start pinging
+        // at once. The status follows once the reservation is written down (a replica is only
+        // told to restore once a restart cannot forget it) and the change log answers.
+        match self.write_down(StateChange::ReservationOpened(StoredReservation {
+            task_id: task_id.clone(),
+            started_ms,
+        })) {
+            None => self.send_status(task_id, session_id, ctx),
+            Some(done) => done
+                .into_actor(self)
+                .map(move |r, act, ctx| match r {
+                    Ok(()) => act.send_status(task_id, session_id, ctx),
                     Err(e) => {
-                        warn!("failing snapshot reservation of task {task_id}: {e}");
-                        res.session.do_send(ReservationEvent::Failed(e));
-                        act.remove(&task_id, Some(session_id));
-                        act.closed(&task_id, None);
+                        warn!("failing snapshot reservation of task {task_id}: it could not be written down: {e}");
+                        if let Some(res) = act.remove(&task_id, Some(session_id)) {
+                            if let Some(h) = res.holder {
+                                h.session.do_send(ReservationEvent::Failed(format!(
+                                    "reservation could not be stored: {e}"
+                                )));
+                            }
+                            act.closed(&task_id, None);
+                        }
                     }
-                }
-            })
-            .spawn(ctx);
+                })
+                .spawn(ctx),
+        };
     }
 }
 
 impl Handler<Release> for ReservationActor {
     type Result = ();
-    fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) {
         if self.remove(&msg.task_id, Some(msg.session_id)).is_some() {
             info!(
                 "snapshot reservation of task {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, msg.session_id
             );
+            self.erase(&msg.task_id, ctx);
             self.closed(&msg.task_id, None);
         }
     }
@@ -237,15 +507,23 @@ impl Handler<Release> for ReservationActor {
 
 impl Handler<EndBySubscription> for ReservationActor {
     type Result = Option<i64>;
-    fn handle(&mut self, msg: EndBySubscription, _: &mut Context<Self>) -> Option<i64> {
+    fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Option<i64> {
         let res = self.remove(&msg.task_id, None)?;
         let held = self.clock.now_ms() - res.started_ms;
+        let orphaned = if res.holder.is_none() {
+            " (orphaned)"
+        } else {
+            ""
+        };
         info!(
-            "snapshot reservation of task {} ended by its subscription after {held} ms",
+            "snapshot reservation{orphaned} of task {} ended by its subscription after {held} ms",
             msg.task_id
         );
-        res.session
-            .do_send(ReservationEvent::Closed(SessionEnd::EndedBySubscription));
+        if let Some(h) = res.holder {
+            h.session
+                .do_send(ReservationEvent::Closed(SessionEnd::EndedBySubscription));
+        }
+        self.erase(&msg.task_id, ctx);
         self.closed(&msg.task_id, Some(held));
         Some(held)
     }
@@ -255,11 +533,39 @@ impl Handler<CloseAll> for ReservationActor {
     type Result = ();
     fn handle(&mut self, _: CloseAll, _: &mut Context<Self>) {
         for (task_id, res) in std::mem::take(&mut self.reservations) {
-            info!("closing snapshot reservation of task {task_id}: service stopping");
-            res.session
-                .do_send(ReservationEvent::Closed(SessionEnd::ServiceStop));
+            if let Some(h) = res.holder {
+                info!("closing snapshot reservation of task {task_id}: service stopping");
+                h.session
+                    .do_send(ReservationEvent::Closed(SessionEnd::ServiceStop));
+            }
             self.closed(&task_id, None);
         }
+    }
+}
+
+impl Handler<BackupRead> for ReservationActor {
+    type Result = ();
+    fn handle(&mut self, msg: BackupRead, ctx: &mut Context<Self>) {
+        if self.backed_up.as_ref().is_some_and(|b| *b >= msg.watermark) {
+            return;
+        }
+        self.backed_up = Some(msg.watermark);
+        let waiting: Vec<(String, SessionId)> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| !r.status_sent)
+            .filter_map(|(t, r)| r.holder.as_ref().map(|h| (t.clone(), h.session_id)))
+            .collect();
+        for (task_id, session_id) in waiting {
+            self.send_status(task_id, session_id, ctx);
+        }
+    }
+}
+
+impl Handler<ExpireReservations> for ReservationActor {
+    type Result = ();
+    fn handle(&mut self, _: ExpireReservations, ctx: &mut Context<Self>) {
+        self.expire(ctx);
     }
 }
 
@@ -273,9 +579,20 @@ impl Handler<ListReservations> for ReservationActor {
             .map(|(t, r)| ReservationInfo {
                 task_id: t.clone(),
                 held_ms: now - r.started_ms,
+                orphaned: r.holder.is_none(),
+                verified: r.status_sent || !self.verify_backup,
             })
             .collect();
         list.sort_by(|a, b| a.task_id.cmp(&b.task_id));
         MessageResult(list)
+    }
+}
+
+impl Handler<GetReservationStats> for ReservationActor {
+    type Result = MessageResult<GetReservationStats>;
+    fn handle(&mut self, _: GetReservationStats, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(ReservationStats {
+            expired_total: self.expired_total,
+        })
     }
 }

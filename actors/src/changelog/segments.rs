@@ -1,0 +1,112 @@
+//! The segment tables of the change log and their catalogue, shared by the writer and the
+//! reader thread.
+//!
+//! Rows live in tables `change_log_<n>` of about `SEGMENT_ROWS` rows each, listed with their
+//! watermark range, row count and newest store time in `segments`. Store times only grow
+//! (the writer never stores a time older than the last one it stored), so "every row stored
+//! before T" is a prefix of the log, and a segment whose newest store time is before T lies
+//! wholly inside it.
+
+use rusqlite::Connection;
+
+use super::ChangeLogError;
+use crate::watermark::Watermark;
+
+/// A segment table's place in the log.
+#[derive(Debug, Clone)]
+pub(super) struct Segment {
+    pub id: i64,
+    pub min: Watermark,
+    pub max: Watermark,
+    pub rows: u64,
+    /// When its newest row was stored (unix ms).
+    pub max_stored_ms: i64,
+}
+
+pub(super) fn segment_table(id: i64) -> String {
+    format!("change_log_{id}")
+}
+
+/// The `CREATE TABLE` of segment `id`.
+pub(super) fn create_segment_sql(id: i64) -> String {
+    format!(
+        "CREATE TABLE {} (
+             watermark TEXT NOT NULL,
+             pos INTEGER NOT NULL,
+             kind TEXT NOT NULL,
+             change TEXT NOT NULL,
+             stored_ms INTEGER NOT NULL DEFAULT 0,
+             PRIMARY KEY (watermark, pos)
+         ) WITHOUT ROWID;",
+        segment_table(id)
+    )
+}
+
+pub(super) fn watermark_col(s: Option<String>) -> Result<Option<Watermark>, ChangeLogError> {
+    s.map(|s| Watermark::parse(&s).map_err(|_| ChangeLogError::Corrupt(s)))
+        .transpose()
+}
+
+/// Brings a change log written by an older build up to date: segment tables and the catalogue
+/// gain their store-time columns. Rows stored before store times were kept count as stored at
+/// time 0, i.e. long ago: the retention floor then does not hold them, exactly as that build
+/// did not.
+pub(super) fn migrate(conn: &Connection) -> Result<(), ChangeLogError> {
+    let has_column = |table: &str, column: &str| -> Result<bool, ChangeLogError> {
+        let mut stmt = conn.prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))?;
+        let names = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        for name in names {
+            if name? == column {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    if !has_column("segments", "max_stored_ms")? {
+        conn.execute_batch(
+            "ALTER TABLE segments ADD COLUMN max_stored_ms INTEGER NOT NULL DEFAULT 0",
+        )?;
+    }
+    let ids: Vec<i64> = {
+        let mut stmt = conn.prepare("SELECT id FROM segments")?;
+        let ids = stmt.query_map([], |r| r.get(0))?;
+        ids.collect::<Result<_, _>>()?
+    };
+    for id in ids {
+        let table = segment_table(id);
+        if !has_column(&table, "stored_ms")? {
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN stored_ms INTEGER NOT NULL DEFAULT 0"
+            ))?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn load_segments(conn: &Connection) -> Result<Vec<Segment>, ChangeLogError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT id, min_watermark, max_watermark, rows, max_stored_ms FROM segments ORDER BY id",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, i64>(4)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, min, max, n, max_stored_ms) = row?;
+        let parse = |w: String| Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w));
+        out.push(Segment {
+            id,
+            min: parse(min)?,
+            max: parse(max)?,
+            rows: n as u64,
+            max_stored_ms,
+        });
+    }
+    Ok(out)
+}
