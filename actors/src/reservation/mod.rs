@@ -32,52 +32,23 @@
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
+mod expiry;
+mod status;
+
 use std::collections::HashMap;
-use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use crate::changelog::{
-    ChangeLog, ChangeLogState, GetChangeLogState, StateChange, StoredReservation,
-};
+use crate::changelog::{ChangeLog, GetChangeLogState, StateChange, StoredReservation};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
+
+pub use self::expiry::ExpireReservations;
+pub use self::status::{BackupRead, ReservationEvent, SnapshotStatus};
 use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
-
-/// What a reservation's session is told.
-#[derive(Message, Debug, Clone, PartialEq)]
-#[rtype(result = "()")]
-pub enum ReservationEvent {
-    /// The one status message: `["status", {...}]`.
-    Status(SnapshotStatus),
-    /// The change log could not answer; the reservation is gone.
-    Failed(String),
-    /// The reservation ended; close the socket.
-    Closed(SessionEnd),
-}
-
-/// The body of the status message, fields in wire order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SnapshotStatus {
-    pub tag: &'static str,
-    #[serde(rename = "backupURL")]
-    pub backup_url: String,
-    #[serde(rename = "replicaVersion")]
-    pub replica_version: String,
-    #[serde(rename = "minWatermark")]
-    pub min_watermark: String,
-}
-
-impl SnapshotStatus {
-    /// The wire message, fields in the order above:
-    /// `["status",{"tag":"status","backupURL":…,"replicaVersion":…,"minWatermark":…}]`.
-    pub fn to_message(&self) -> String {
-        serde_json::to_string(&("status", self)).unwrap_or_default()
-    }
-}
 
 /// Opens (or replaces) the reservation of `task_id`, held by the session `session_id`.
 #[derive(Message)]
@@ -109,19 +80,6 @@ pub struct EndBySubscription {
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
 pub struct CloseAll;
-
-/// A poll of the backup itself read this backed-up watermark (VFS source, SPEC §6.7).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct BackupRead {
-    pub watermark: Watermark,
-}
-
-/// Ends the reservations that have expired by now (the actor's own timer sends it at each
-/// deadline; tests that move a manual clock send it themselves).
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "()")]
-pub struct ExpireReservations;
 
 /// Lists open reservations for `/status`.
 #[derive(Message, Debug, Clone, Copy)]
@@ -222,33 +180,6 @@ impl ReservationActor {
         self
     }
 
-    /// Takes back the reservations a previous run wrote down, as orphans that end at the
-    /// latest `cleanup_delay_ms` from now; and writes every later reservation to `store`.
-    pub fn restore(
-        mut self,
-        stored: &[StoredReservation],
-        cleanup_delay_ms: i64,
-        store: ChangeLog,
-    ) -> Self {
-        self.orphans_end_ms = self.clock.now_ms().saturating_add(cleanup_delay_ms);
-        for r in stored {
-            info!(
-                "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
-                r.task_id
-            );
-            self.reservations.insert(
-                r.task_id.clone(),
-                Reservation {
-                    holder: None,
-                    started_ms: r.started_ms,
-                    status_sent: true,
-                },
-            );
-        }
-        self.store = Some(store);
-        self
-    }
-
     /// Queues `change` on the change log's writer; the answer resolves once it is durable.
     fn write_down(
         &self,
@@ -290,124 +221,6 @@ impl ReservationActor {
             task_id: task_id.to_string(),
             ended_by_subscription_after_ms: held,
         });
-    }
-
-    /// Sends the status of `task_id`'s reservation (held by `session_id`) once the change log
-    /// answers and, with the VFS source, the backup is verified.
-    fn send_status(&mut self, task_id: String, session_id: SessionId, ctx: &mut Context<Self>) {
-        self.change_log
-            .send(GetChangeLogState)
-            .into_actor(self)
-            .map(move |answer, act, ctx| {
-                let state: Result<ChangeLogState, String> = match answer {
-                    Ok(r) => r,
-                    Err(e) => Err(format!("change log unavailable: {e}")),
-                };
-                let verified = |s: &ChangeLogState| {
-                    !act.verify_backup
-                        || act
-                            .backed_up
-                            .as_ref()
-                            .is_some_and(|b| b.as_str() >= s.min_watermark.as_str())
-                };
-                let verified = state.as_ref().map(verified).unwrap_or(false);
-                let Some(res) = act.reservations.get_mut(&task_id) else {
-                    return;
-                };
-                let Some(holder) = res.holder.as_ref().filter(|h| h.session_id == session_id)
-                else {
-                    return; // ended (or replaced) before the status was known
-                };
-                match state {
-                    Ok(_) if !verified => {
-                        info!("snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
-                    }
-                    Ok(s) => {
-                        res.status_sent = true;
-                        holder.session.do_send(ReservationEvent::Status(SnapshotStatus {
-                            tag: "status",
-                            backup_url: act.backup_url.clone(),
-                            replica_version: s.replica_version,
-                            min_watermark: s.min_watermark,
-                        }));
-                    }
-                    Err(e) => {
-                        warn!("failing snapshot reservation of task {task_id}: {e}");
-                        holder.session.do_send(ReservationEvent::Failed(e));
-                        act.remove(&task_id, Some(session_id));
-                        act.erase(&task_id, ctx);
-                        act.closed(&task_id, None);
-                    }
-                }
-            })
-            .spawn(ctx);
-    }
-
-    /// Ends what has expired: reservations held past `--max-reservation-ms`, and orphans past
-    /// their end. Then arms one timer for the next deadline.
-    fn expire(&mut self, ctx: &mut Context<Self>) {
-        let now = self.clock.now_ms();
-        let max = self.max_reservation_ms;
-        let expired: Vec<String> = self
-            .reservations
-            .iter()
-            .filter(|(_, r)| {
-                (max > 0 && now - r.started_ms >= max)
-                    || (r.holder.is_none() && now >= self.orphans_end_ms)
-            })
-            .map(|(t, _)| t.clone())
-            .collect();
-        for task_id in expired {
-            let Some(res) = self.reservations.remove(&task_id) else {
-                continue;
-            };
-            let held = now - res.started_ms;
-            match res.holder {
-                Some(h) if max > 0 && held >= max => {
-                    warn!("snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
-                    self.expired_total += 1;
-                    h.session
-                        .do_send(ReservationEvent::Closed(SessionEnd::Unavailable(format!(
-                            "reservation held longer than --max-reservation-ms ({max} ms)"
-                        ))));
-                }
-                Some(_) => continue,
-                None if max > 0 && held >= max => {
-                    warn!("orphaned snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
-                    self.expired_total += 1;
-                }
-                None => {
-                    info!("orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since this start without the task coming back");
-                }
-            }
-            self.erase(&task_id, ctx);
-            self.closed(&task_id, None);
-        }
-        self.arm_timer(ctx);
-    }
-
-    /// One timer for the earliest deadline of any reservation.
-    fn arm_timer(&mut self, ctx: &mut Context<Self>) {
-        if let Some(t) = self.timer.take() {
-            ctx.cancel_future(t);
-        }
-        let max = self.max_reservation_ms;
-        let next = self
-            .reservations
-            .values()
-            .flat_map(|r| {
-                let cap = (max > 0).then(|| r.started_ms.saturating_add(max));
-                let orphan = r.holder.is_none().then_some(self.orphans_end_ms);
-                cap.into_iter().chain(orphan)
-            })
-            .min();
-        if let Some(at) = next {
-            let wait = (at - self.clock.now_ms()).max(0) as u64;
-            self.timer = Some(ctx.run_later(Duration::from_millis(wait), |act, ctx| {
-                act.timer = None;
-                act.expire(ctx);
-            }));
-        }
     }
 }
 
@@ -540,32 +353,6 @@ impl Handler<CloseAll> for ReservationActor {
             }
             self.closed(&task_id, None);
         }
-    }
-}
-
-impl Handler<BackupRead> for ReservationActor {
-    type Result = ();
-    fn handle(&mut self, msg: BackupRead, ctx: &mut Context<Self>) {
-        if self.backed_up.as_ref().is_some_and(|b| *b >= msg.watermark) {
-            return;
-        }
-        self.backed_up = Some(msg.watermark);
-        let waiting: Vec<(String, SessionId)> = self
-            .reservations
-            .iter()
-            .filter(|(_, r)| !r.status_sent)
-            .filter_map(|(t, r)| r.holder.as_ref().map(|h| (t.clone(), h.session_id)))
-            .collect();
-        for (task_id, session_id) in waiting {
-            self.send_status(task_id, session_id, ctx);
-        }
-    }
-}
-
-impl Handler<ExpireReservations> for ReservationActor {
-    type Result = ();
-    fn handle(&mut self, _: ExpireReservations, ctx: &mut Context<Self>) {
-        self.expire(ctx);
     }
 }
 

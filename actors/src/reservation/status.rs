@@ -1,0 +1,132 @@
+//! The status message of a reservation, and when it may be sent (SPEC §6.3, §6.7).
+//!
+//! A reservation's status tells the replica which backup to restore and where the change log
+//! starts. It is sent once the reservation is written down and the change log answers; with
+//! the VFS backup source it also waits until a poll of the backup read a watermark at or above
+//! the change log's minWatermark, so that a replica is only sent to a backup that exists and
+//! that the change log can serve from.
+
+use actix::prelude::*;
+use log::{info, warn};
+use serde::Serialize;
+
+use super::ReservationActor;
+use crate::changelog::{ChangeLogState, GetChangeLogState};
+use crate::session::{SessionEnd, SessionId};
+use crate::watermark::Watermark;
+
+/// What a reservation's session is told.
+#[derive(Message, Debug, Clone, PartialEq)]
+#[rtype(result = "()")]
+pub enum ReservationEvent {
+    /// The one status message: `["status", {...}]`.
+    Status(SnapshotStatus),
+    /// The change log could not answer; the reservation is gone.
+    Failed(String),
+    /// The reservation ended; close the socket.
+    Closed(SessionEnd),
+}
+
+/// The body of the status message, fields in wire order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SnapshotStatus {
+    pub tag: &'static str,
+    #[serde(rename = "backupURL")]
+    pub backup_url: String,
+    #[serde(rename = "replicaVersion")]
+    pub replica_version: String,
+    #[serde(rename = "minWatermark")]
+    pub min_watermark: String,
+}
+
+impl SnapshotStatus {
+    /// The wire message, fields in the order above:
+    /// `["status",{"tag":"status","backupURL":…,"replicaVersion":…,"minWatermark":…}]`.
+    pub fn to_message(&self) -> String {
+        serde_json::to_string(&("status", self)).unwrap_or_default()
+    }
+}
+
+/// A poll of the backup itself read this backed-up watermark (VFS source, SPEC §6.7).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct BackupRead {
+    pub watermark: Watermark,
+}
+
+impl ReservationActor {
+    /// Sends the status of `task_id`'s reservation (held by `session_id`) once the change log
+    /// answers and, with the VFS source, the backup is verified.
+    pub(super) fn send_status(
+        &mut self,
+        task_id: String,
+        session_id: SessionId,
+        ctx: &mut Context<Self>,
+    ) {
+        self.change_log
+            .send(GetChangeLogState)
+            .into_actor(self)
+            .map(move |answer, act, ctx| {
+                let state: Result<ChangeLogState, String> = match answer {
+                    Ok(r) => r,
+                    Err(e) => Err(format!("change log unavailable: {e}")),
+                };
+                let verified = |s: &ChangeLogState| {
+                    !act.verify_backup
+                        || act
+                            .backed_up
+                            .as_ref()
+                            .is_some_and(|b| b.as_str() >= s.min_watermark.as_str())
+                };
+                let verified = state.as_ref().map(verified).unwrap_or(false);
+                let Some(res) = act.reservations.get_mut(&task_id) else {
+                    return;
+                };
+                let Some(holder) = res.holder.as_ref().filter(|h| h.session_id == session_id)
+                else {
+                    return; // ended (or replaced) before the status was known
+                };
+                match state {
+                    Ok(_) if !verified => {
+                        info!("snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
+                    }
+                    Ok(s) => {
+                        res.status_sent = true;
+                        holder.session.do_send(ReservationEvent::Status(SnapshotStatus {
+                            tag: "status",
+                            backup_url: act.backup_url.clone(),
+                            replica_version: s.replica_version,
+                            min_watermark: s.min_watermark,
+                        }));
+                    }
+                    Err(e) => {
+                        warn!("failing snapshot reservation of task {task_id}: {e}");
+                        holder.session.do_send(ReservationEvent::Failed(e));
+                        act.remove(&task_id, Some(session_id));
+                        act.erase(&task_id, ctx);
+                        act.closed(&task_id, None);
+                    }
+                }
+            })
+            .spawn(ctx);
+    }
+}
+
+impl Handler<BackupRead> for ReservationActor {
+    type Result = ();
+    fn handle(&mut self, msg: BackupRead, ctx: &mut Context<Self>) {
+        if self.backed_up.as_ref().is_some_and(|b| *b >= msg.watermark) {
+            return;
+        }
+        self.backed_up = Some(msg.watermark);
+        let waiting: Vec<(String, SessionId)> = self
+            .reservations
+            .iter()
+            .filter(|(_, r)| !r.status_sent)
+            .filter_map(|(t, r)| r.holder.as_ref().map(|h| (t.clone(), h.session_id)))
+            .collect();
+        for (task_id, session_id) in waiting {
+            self.send_status(task_id, session_id, ctx);
+        }
+    }
+}
