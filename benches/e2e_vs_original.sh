@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# End to end over loopback: our change-streamer and the ORIGINAL zero-cache 0.26.2
+# replication-manager, driven one after the other by the same load generator (crate `loadgen`:
+# change source + websocket subscribers in its own process), same workload, same subscribers.
+# Prints each run's JSON + human line, then medians per case and the ratios ours / original.
+#
+#   benches/e2e_vs_original.sh                       # 3 saturated runs at 8 and 64 subs, then
+#                                                    # 2,000 txns/s at 8 and 64 subs, both services
+#   RUNS=3 SUBS="8 64" RATE=2000 RATE_SUBS="8 64" WARM_S=3 MEAS_S=10 WINDOW=256 SERVICES="ours zero"
+#
+# zero: installed once by ../shared/peer/whole-service/setup.sh into $ZW_DIR (a temporary copy,
+# default /tmp/cs-e2e-zero; ~3 min the first time); needs PostgreSQL at 127.0.0.1:5432 (user
+# postgres, trust), where it (re)creates the databases cs_e2e_change and cs_e2e_cvr.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PEER=${PEER:-$ROOT/../shared/peer/whole-service}
+ZW_DIR=${ZW_DIR:-/tmp/cs-e2e-zero}
+RUNS=${RUNS:-3} SUBS=${SUBS:-8 64} RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-8 64}
+WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256} SERVICES=${SERVICES:-ours zero}
+OUT=$(mktemp -d /tmp/cs-e2e.XXXXXX)
+echo "logs and results in $OUT" >&2
+
+(cd "$ROOT" && nice cargo build --release --bin change-streamer -p change-streamer -p change-streamer-loadgen >&2)
+BIN=$ROOT/target/release/change-streamer
+LOADGEN=$ROOT/target/release/change-streamer-loadgen
+if [[ " $SERVICES " == *" zero "* && ! -d $ZW_DIR/node_modules/@rocicorp/zero ]]; then
+  "$PEER/setup.sh" "$ZW_DIR" >&2
+fi
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# run SERVICE SUBS RATE TAG: one measured run; appends the JSON line to $OUT/results.jsonl
+run() {
+  local svc=$1 subs=$2 rate=$3 tag=$4 up sp dir pid lg rc=0
+  up=$(free_port); sp=$(free_port); dir=$OUT/$tag; mkdir -p "$dir"
+  "$LOADGEN" --label "$svc" --listen 127.0.0.1:"$up" --service ws://127.0.0.1:"$sp" \
+    --service-pid-file "$dir/pid" --subs "$subs" --rate "$rate" --window "$WINDOW" \
+    --warm-s "$WARM_S" --meas-s "$MEAS_S" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
+  lg=$!
+  if [[ $svc == ours ]]; then
+    RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "$sp" --data-dir "$dir/data" \
+      --upstream ws://127.0.0.1:"$up"/changes > "$dir/service.log" 2>&1 &
+  else
+    ZERO_UPSTREAM_DB=ws://127.0.0.1:$up/changes ZERO_CHANGE_STREAMER_PORT=$sp ZERO_PORT=$(free_port) \
+      ZW_CHANGE_DBNAME=cs_e2e_change ZW_CVR_DBNAME=cs_e2e_cvr ZERO_REPLICA_FILE=$dir/replica.db \
+      ZERO_LOG_LEVEL=${ZERO_LOG_LEVEL:-warn} "$ZW_DIR/run-zero.sh" --fresh > "$dir/service.log" 2>&1 &
+  fi
+  pid=$!; echo "$pid" > "$dir/pid"
+  wait "$lg" || rc=$?
+  kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+  grep '^{' "$dir/loadgen.out" >> "$OUT/results.jsonl" || true
+  grep -v '^{' "$dir/loadgen.out" || true
+  ((rc == 0)) || echo "$tag: loadgen exit $rc (see $dir/loadgen.err)" >&2
+}
+
+for r in $(seq "$RUNS"); do
+  for s in $SUBS; do for svc in $SERVICES; do run "$svc" "$s" 0 "$svc-sat-$s-$r"; done; done
+done
+if [[ -n $RATE && $RATE != 0 ]]; then
+  for s in $RATE_SUBS; do for svc in $SERVICES; do run "$svc" "$s" "$RATE" "$svc-rate$RATE-$s"; done; done
+fi
+
+python3 - "$OUT/results.jsonl" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cases = {}
+for r in rows:
+    cases.setdefault((r["mode"], r["subs"], r["service"]), []).append(r)
+def med(rs, k): return statistics.median(r[k] for r in rs)
+print("\nmedians (runs):")
+for (mode, subs, svc), rs in sorted(cases.items()):
+    lat = rs[0]["latencyMs"]
+    print(f"  {mode:8} {subs:3} subs {svc:4}: {med(rs,'deliveriesPerS'):>10.0f} deliveries/s "
+          f"{med(rs,'serviceCpuUsPerDelivery'):8.2f} µs service CPU/delivery ({med(rs,'serviceCores'):.2f} cores), "
+          f"loadgen {med(rs,'loadgenCpuUsPerDelivery'):.2f} µs/delivery, upstream {med(rs,'upstreamTxnsPerS'):.0f} txns/s, "
+          f"errors {sum(r['errors'] for r in rs)}; runs {[round(r['deliveriesPerS']) for r in rs]}"
+          + (f"; latency p50 {lat['p50']} p99 {lat['p99']} p99.9 {lat['p999']} ms, longest gap {rs[0]['longestCommitGapMs']} ms" if mode == "rate" else ""))
+print("ratios ours / zero:")
+for (mode, subs, svc), rs in sorted(cases.items()):
+    z = cases.get((mode, subs, "zero"))
+    if svc != "ours" or not z: continue
+    print(f"  {mode:8} {subs:3} subs: deliveries/s {med(rs,'deliveriesPerS')/med(z,'deliveriesPerS'):.1f}x, "
+          f"deliveries per service CPU-second {med(rs,'deliveriesPerServiceCpuS')/med(z,'deliveriesPerServiceCpuS'):.1f}x")
+PY

@@ -1,0 +1,122 @@
+//! The measured window's figures: two snapshots of the counters and CPU clocks, turned into one
+//! JSON line and one human line.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::cpu;
+use crate::shared::Shared;
+
+/// Counters and CPU clocks at one instant.
+pub struct Snapshot {
+    at: Duration,
+    service_cpu_s: f64,
+    own_cpu_s: f64,
+    txns_sent: u64,
+    acked: u64,
+    msgs: u64,
+    changes: u64,
+    commits: u64,
+}
+
+impl Snapshot {
+    pub fn take(shared: &Shared, pid: u32) -> Self {
+        Snapshot {
+            at: shared.since_t0(),
+            service_cpu_s: cpu::tree_cpu_s(pid),
+            own_cpu_s: cpu::own_cpu_s(),
+            txns_sent: shared.txns_sent.get(),
+            acked: shared.acked.get(),
+            msgs: shared.msgs.get(),
+            changes: shared.changes.get(),
+            commits: shared.commits.get(),
+        }
+    }
+}
+
+pub struct Report<'a> {
+    pub label: &'a str,
+    pub subs: usize,
+    pub changes_per_txn: usize,
+    pub rate: f64,
+    pub window: u64,
+    pub a: Snapshot,
+    pub b: Snapshot,
+    pub shared: &'a Shared,
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn quantile(sorted: &[u32], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i] as f64 / 1000.0
+}
+
+fn r2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+impl Report<'_> {
+    pub fn print(&self) {
+        let (a, b) = (&self.a, &self.b);
+        let secs = (b.at - a.at).as_secs_f64();
+        let deliveries = (b.changes - a.changes) as f64;
+        let service_cpu = b.service_cpu_s - a.service_cpu_s;
+        let own_cpu = b.own_cpu_s - a.own_cpu_s;
+        let per_delivery_us = |cpu: f64| {
+            if deliveries > 0.0 {
+                cpu * 1e6 / deliveries
+            } else {
+                f64::NAN
+            }
+        };
+        let mut lat = self.shared.latencies_us.borrow().clone();
+        lat.sort_unstable();
+        let (p50, p99, p999) = (
+            quantile(&lat, 0.5),
+            quantile(&lat, 0.99),
+            quantile(&lat, 0.999),
+        );
+        let gap_ms = self.shared.longest_gap_us.get() as f64 / 1000.0;
+        let j = json!({
+            "service": self.label,
+            "subs": self.subs,
+            "changesPerTxn": self.changes_per_txn,
+            "mode": if self.rate > 0.0 { "rate" } else { "saturate" },
+            "targetTxnsPerS": self.rate,
+            "window": self.window,
+            "seconds": r2(secs),
+            "upstreamTxnsPerS": r2((b.txns_sent - a.txns_sent) as f64 / secs),
+            "storedTxnsPerS": r2(b.acked.saturating_sub(a.acked) as f64 / secs),
+            "deliveriesPerS": r2(deliveries / secs),
+            "txnDeliveriesPerS": r2((b.commits - a.commits) as f64 / secs),
+            "msgsPerS": r2((b.msgs - a.msgs) as f64 / secs),
+            "serviceCpuS": r2(service_cpu),
+            "serviceCores": r2(service_cpu / secs),
+            "serviceCpuUsPerDelivery": r2(per_delivery_us(service_cpu)),
+            "deliveriesPerServiceCpuS": r2(deliveries / service_cpu),
+            "loadgenCpuS": r2(own_cpu),
+            "loadgenCpuUsPerDelivery": r2(per_delivery_us(own_cpu)),
+            "latencyMs": {"n": lat.len(), "p50": p50, "p99": p99, "p999": p999, "max": quantile(&lat, 1.0)},
+            "longestCommitGapMs": gap_ms,
+            "errors": self.shared.error_count.get(),
+            "firstErrors": *self.shared.errors.borrow(),
+        });
+        println!("{j}");
+        println!(
+            "{} {} subs {}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; {} errors",
+            self.label,
+            self.subs,
+            if self.rate > 0.0 { format!("at {} txns/s", self.rate) } else { "saturated".into() },
+            deliveries / secs,
+            (b.txns_sent - a.txns_sent) as f64 / secs,
+            per_delivery_us(service_cpu),
+            service_cpu / secs,
+            per_delivery_us(own_cpu),
+            self.shared.error_count.get()
+        );
+    }
+}

@@ -1,0 +1,98 @@
+//! State shared by the change source and the subscribers inside the generator's one thread:
+//! the run's phase, what was sent when, and the running counters the report is taken from.
+
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use crate::workload::FIRST_SEQ;
+
+/// Everything one run's tasks share (`Rc`, one thread: no locks).
+pub struct Shared {
+    pub t0: Instant,
+    /// Live transactions flow once every subscriber has its `status`.
+    pub go: Cell<bool>,
+    pub go_changed: Notify,
+    /// Latencies and gaps are recorded only inside the measured window.
+    pub recording: Cell<bool>,
+    pub stop: Cell<bool>,
+    /// Nanoseconds after `t0` at which transaction `FIRST_SEQ + i` left for the service.
+    sent_at: RefCell<Vec<u64>>,
+    /// Highest sequence number the service acked upstream (durably stored).
+    pub acked: Cell<u64>,
+    /// Transactions written upstream.
+    pub txns_sent: Cell<u64>,
+    /// Over all subscribers: messages, `data` changes and commits received.
+    pub msgs: Cell<u64>,
+    pub changes: Cell<u64>,
+    pub commits: Cell<u64>,
+    pub subs_ready: Cell<usize>,
+    pub subs_ready_changed: Notify,
+    /// Commit-to-receipt latencies (µs) and longest receipt gap (µs) inside the window.
+    pub latencies_us: RefCell<Vec<u32>>,
+    pub longest_gap_us: Cell<u64>,
+    pub errors: RefCell<Vec<String>>,
+    pub error_count: Cell<u64>,
+}
+
+impl Shared {
+    pub fn new() -> Self {
+        Shared {
+            t0: Instant::now(),
+            go: Cell::new(false),
+            go_changed: Notify::new(),
+            recording: Cell::new(false),
+            stop: Cell::new(false),
+            sent_at: RefCell::new(Vec::new()),
+            acked: Cell::new(FIRST_SEQ),
+            txns_sent: Cell::new(0),
+            msgs: Cell::new(0),
+            changes: Cell::new(0),
+            commits: Cell::new(0),
+            subs_ready: Cell::new(0),
+            subs_ready_changed: Notify::new(),
+            latencies_us: RefCell::new(Vec::new()),
+            longest_gap_us: Cell::new(0),
+            errors: RefCell::new(Vec::new()),
+            error_count: Cell::new(0),
+        }
+    }
+
+    pub fn since_t0(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// Notes that transactions `from..=to` were flushed to the service's socket now.
+    pub fn mark_sent(&self, from: u64, to: u64) {
+        let now = self.since_t0().as_nanos() as u64;
+        let mut sent = self.sent_at.borrow_mut();
+        for seq in from..=to {
+            let i = (seq - FIRST_SEQ) as usize;
+            if sent.len() <= i {
+                sent.resize(i + 1, 0);
+            }
+            sent[i] = now;
+        }
+    }
+
+    /// When transaction `seq` left for the service, if it did.
+    pub fn sent_at(&self, seq: u64) -> Option<Duration> {
+        let i = seq.checked_sub(FIRST_SEQ)? as usize;
+        self.sent_at
+            .borrow()
+            .get(i)
+            .filter(|&&t| t > 0)
+            .map(|&t| Duration::from_nanos(t))
+    }
+
+    /// A broken rule seen by the change source or a subscriber; the first few are kept verbatim.
+    pub fn error(&self, e: String) {
+        self.error_count.set(self.error_count.get() + 1);
+        let mut errs = self.errors.borrow_mut();
+        if errs.len() < 10 {
+            eprintln!("loadgen: error: {e}");
+            errs.push(e);
+        }
+    }
+}

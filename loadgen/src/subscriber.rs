@@ -1,0 +1,240 @@
+//! One websocket subscriber (SPEC §5, §7): subscribes from the replicaVersion, acks every
+//! message (all acks read in one go leave in one write), and checks as it reads that ids run
+//! 1, 2, 3…, that the first message is `status`, and that transactions arrive whole
+//! (`begin`, `changes` × `data`, `commit` of the same watermark) with no watermark skipped.
+//! Inside the measured window it records commit-to-receipt latency and the gap between commits.
+
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_util::{FutureExt, SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use crate::shared::Shared;
+use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
+
+type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+#[derive(Deserialize)]
+struct Frame<'a> {
+    #[serde(borrow)]
+    msg: &'a RawValue,
+    id: u64,
+}
+
+/// Where a subscriber is in the stream it checks.
+struct Check {
+    name: String,
+    last_id: u64,
+    /// Sequence number of the last whole transaction received.
+    last_commit: u64,
+    /// `(seq, data seen)` of the transaction open since its `begin`.
+    open: Option<(u64, usize)>,
+    changes: usize,
+    last_commit_at: Option<Instant>,
+}
+
+/// Connects (retrying while the service is not up or not initialised), waits for `status`,
+/// reports ready, then reads until the run stops.
+pub async fn run(
+    shared: Rc<Shared>,
+    base: String,
+    name: String,
+    changes: usize,
+    deadline: Instant,
+) {
+    let rv = lexi(FIRST_SEQ);
+    let url = format!(
+        "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={rv}&initial=false"
+    );
+    let mut ws = loop {
+        match connect(&url).await {
+            Ok(ws) => break ws,
+            Err(e) if Instant::now() < deadline => {
+                log_retry(&name, &e);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                shared.error(format!("{name}: could not subscribe: {e}"));
+                return;
+            }
+        }
+    };
+    shared.subs_ready.set(shared.subs_ready.get() + 1);
+    shared.subs_ready_changed.notify_one();
+    let mut check = Check {
+        name,
+        last_id: 1,
+        last_commit: FIRST_SEQ,
+        open: None,
+        changes,
+        last_commit_at: None,
+    };
+    while !shared.stop.get() {
+        let Some(first) = ws.next().await else { break };
+        let mut next = Some(first);
+        while let Some(m) = next {
+            match m {
+                Ok(Message::Text(t)) => match check.message(&shared, t.as_str()) {
+                    Some(id) => {
+                        if ws
+                            .feed(Message::text(format!(r#"{{"ack":{id}}}"#)))
+                            .await
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    None => return,
+                },
+                Ok(Message::Close(c)) => {
+                    if !shared.stop.get() {
+                        shared.error(format!("{}: closed by the service: {c:?}", check.name));
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    if !shared.stop.get() {
+                        shared.error(format!("{}: {e}", check.name));
+                    }
+                    return;
+                }
+            }
+            next = ws.next().now_or_never().flatten();
+        }
+        if ws.flush().await.is_err() && !shared.stop.get() {
+            shared.error(format!("{}: ack write failed", check.name));
+            return;
+        }
+    }
+}
+
+fn log_retry(name: &str, e: &str) {
+    if name.ends_with("-0") {
+        eprintln!("loadgen: {name}: not subscribed yet ({e}); retrying");
+    }
+}
+
+/// Opens the socket (TCP_NODELAY) and reads the first message, which must be `status`.
+async fn connect(url: &str) -> Result<Ws, String> {
+    let addr = url
+        .trim_start_matches("ws://")
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    tcp.set_nodelay(true).map_err(|e| e.to_string())?;
+    let (mut ws, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp))
+        .await
+        .map_err(|e| e.to_string())?;
+    match ws.next().await {
+        Some(Ok(Message::Text(t))) => {
+            let f: Frame = serde_json::from_str(t.as_str()).map_err(|e| format!("{e}: {t}"))?;
+            if f.id != 1 || !f.msg.get().starts_with(r#"["status""#) {
+                return Err(format!("first message is not status #1: {t}"));
+            }
+            ws.send(Message::text(r#"{"ack":1}"#))
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(ws)
+        }
+        other => Err(format!("no status: {other:?}")),
+    }
+}
+
+impl Check {
+    /// Checks one frame; the id to ack, or `None` when the subscription cannot go on.
+    fn message(&mut self, shared: &Shared, text: &str) -> Option<u64> {
+        let f: Frame = match serde_json::from_str(text) {
+            Ok(f) => f,
+            Err(e) => {
+                shared.error(format!(
+                    "{}: not a {{msg,id}} frame ({e}): {text}",
+                    self.name
+                ));
+                return None;
+            }
+        };
+        if f.id != self.last_id + 1 {
+            shared.error(format!("{}: id {} after {}", self.name, f.id, self.last_id));
+        }
+        self.last_id = f.id;
+        shared.msgs.set(shared.msgs.get() + 1);
+        let msg = f.msg.get();
+        if msg.starts_with(r#"["data""#) {
+            shared.changes.set(shared.changes.get() + 1);
+            match &mut self.open {
+                Some((_, n)) => *n += 1,
+                None => shared.error(format!("{}: data outside a transaction", self.name)),
+            }
+        } else if msg.starts_with(r#"["begin""#) {
+            let seq = self.seq(shared, msg)?;
+            if self.open.is_some() {
+                shared.error(format!(
+                    "{}: begin {} inside a transaction",
+                    self.name,
+                    lexi(seq)
+                ));
+            }
+            if seq != self.last_commit + 1 {
+                shared.error(format!(
+                    "{}: gap: begin {} after commit {}",
+                    self.name,
+                    lexi(seq),
+                    lexi(self.last_commit)
+                ));
+            }
+            self.open = Some((seq, 0));
+        } else if msg.starts_with(r#"["commit""#) {
+            let seq = self.seq(shared, msg)?;
+            match self.open.take() {
+                Some((s, n)) if s == seq && n == self.changes => {}
+                other => shared.error(format!(
+                    "{}: commit {} closes {other:?}",
+                    self.name,
+                    lexi(seq)
+                )),
+            }
+            self.last_commit = seq;
+            shared.commits.set(shared.commits.get() + 1);
+            self.commit_received(shared, seq);
+        } else {
+            shared.error(format!("{}: unexpected message {msg}", self.name));
+        }
+        Some(f.id)
+    }
+
+    fn seq(&self, shared: &Shared, msg: &str) -> Option<u64> {
+        let seq = frame_watermark(msg).and_then(parse_lexi);
+        if seq.is_none() {
+            shared.error(format!("{}: no LexiVersion watermark in {msg}", self.name));
+        }
+        seq
+    }
+
+    /// Latency since the transaction left the change source, and the gap since the last commit.
+    fn commit_received(&mut self, shared: &Shared, seq: u64) {
+        let now = Instant::now();
+        if shared.recording.get() {
+            if let Some(sent) = shared.sent_at(seq) {
+                let lat = (now - shared.t0).saturating_sub(sent);
+                shared
+                    .latencies_us
+                    .borrow_mut()
+                    .push(lat.as_micros().min(u32::MAX as u128) as u32);
+            }
+            if let Some(prev) = self.last_commit_at {
+                let gap = (now - prev).as_micros() as u64;
+                shared
+                    .longest_gap_us
+                    .set(shared.longest_gap_us.get().max(gap));
+            }
+        }
+        self.last_commit_at = Some(now);
+    }
+}

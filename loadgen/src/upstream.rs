@@ -1,0 +1,177 @@
+//! The custom change source (SPEC §4) the service connects to: answers the initial sync, then
+//! streams live transactions (as fast as the service acks them, or at a fixed rate), never more
+//! than `window` transactions ahead of the service's `["status",{"tag":"commit"},...]` acks.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+use tokio_tungstenite::tungstenite::Message;
+
+use crate::shared::Shared;
+use crate::workload::{frame_watermark, initial_sync, live_tx, parse_lexi, FIRST_SEQ};
+
+/// How transactions are paced.
+#[derive(Clone, Copy, Debug)]
+pub enum Pace {
+    /// As many as the window allows.
+    Saturate,
+    /// This many transactions per second, counted from the start of the flood.
+    Rate(f64),
+}
+
+/// What the change source sends.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    pub app: String,
+    pub shard: String,
+    pub changes: usize,
+    pub window: u64,
+    pub pace: Pace,
+}
+
+/// Transactions written per socket flush at most (one write for many frames).
+const MAX_BATCH: u64 = 32;
+
+/// Accepts the service's connections; a new one replaces the previous (a reconnect).
+pub async fn serve(
+    listener: TcpListener,
+    shared: Rc<Shared>,
+    cfg: SourceConfig,
+    go_at: Rc<Cell<Option<Instant>>>,
+) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
+        let (shared, cfg, go_at) = (shared.clone(), cfg.clone(), go_at.clone());
+        tokio::task::spawn_local(async move {
+            if let Err(e) = connection(tcp, &shared, &cfg, &go_at).await {
+                eprintln!("loadgen: upstream connection ended: {e}");
+            }
+        });
+    }
+}
+
+// The handshake callback's `Result<Response, ErrorResponse>` is tungstenite's signature.
+#[allow(clippy::result_large_err)]
+async fn connection(
+    tcp: TcpStream,
+    shared: &Rc<Shared>,
+    cfg: &SourceConfig,
+    go_at: &Rc<Cell<Option<Instant>>>,
+) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+    tcp.set_nodelay(true)?;
+    let uri = Rc::new(RefCell::new(String::new()));
+    let seen = uri.clone();
+    let ws = tokio_tungstenite::accept_hdr_async(tcp, move |req: &Request, resp: Response| {
+        *seen.borrow_mut() = req.uri().to_string();
+        Ok(resp)
+    })
+    .await?;
+    let uri = uri.borrow().clone();
+    let last = uri
+        .split(['?', '&'])
+        .find_map(|kv| kv.strip_prefix("lastWatermark="))
+        .map(str::to_owned);
+    eprintln!("loadgen: upstream connect {uri}");
+    let (mut sink, mut stream) = ws.split();
+
+    let closed = Rc::new(Cell::new(false));
+    let wake = Rc::new(Notify::new());
+    let resume = match &last {
+        Some(w) => match parse_lexi(w) {
+            Some(seq) => seq,
+            None => {
+                shared.error(format!("upstream: lastWatermark {w} is not a LexiVersion"));
+                return Ok(());
+            }
+        },
+        None => FIRST_SEQ - 1,
+    };
+    shared.acked.set(resume);
+    {
+        let (shared, closed, wake) = (shared.clone(), closed.clone(), wake.clone());
+        tokio::task::spawn_local(async move {
+            while let Some(Ok(m)) = stream.next().await {
+                let Message::Text(t) = m else { continue };
+                if !t.as_str().starts_with(r#"["status",{"tag":"commit"}"#) {
+                    continue;
+                }
+                match frame_watermark(t.as_str()).and_then(parse_lexi) {
+                    Some(seq) if seq > shared.acked.get() => {
+                        shared.acked.set(seq);
+                        wake.notify_one();
+                    }
+                    Some(_) => {}
+                    None => shared.error(format!("upstream: ack without a LexiVersion: {t}")),
+                }
+            }
+            closed.set(true);
+            wake.notify_one();
+        });
+    }
+
+    let mut next = resume + 1;
+    if last.is_none() {
+        for f in initial_sync(&cfg.app, &cfg.shard) {
+            sink.feed(Message::text(f)).await?;
+        }
+        sink.flush().await?;
+        shared.mark_sent(FIRST_SEQ, FIRST_SEQ);
+        next = FIRST_SEQ + 1;
+    }
+    while !shared.go.get() {
+        if closed.get() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = shared.go_changed.notified() => {}
+            _ = wake.notified() => {}
+        }
+    }
+    let start = go_at.get().unwrap_or_else(Instant::now);
+    let mut frames = Vec::with_capacity(cfg.changes + 2);
+    while !shared.stop.get() && !closed.get() {
+        let in_flight = (next - 1).saturating_sub(shared.acked.get());
+        let room = cfg.window.saturating_sub(in_flight);
+        let due = match cfg.pace {
+            Pace::Saturate => room,
+            Pace::Rate(r) => {
+                ((r * start.elapsed().as_secs_f64()) as u64).saturating_sub(shared.txns_sent.get())
+            }
+        };
+        let n = room.min(due).min(MAX_BATCH);
+        if n == 0 {
+            match cfg.pace {
+                Pace::Rate(r) if room > 0 => {
+                    let at =
+                        start + Duration::from_secs_f64((shared.txns_sent.get() + 1) as f64 / r);
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                _ => {
+                    tokio::select! {
+                        _ = wake.notified() => {}
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                }
+            }
+            continue;
+        }
+        for seq in next..next + n {
+            live_tx(seq, cfg.changes, &mut frames);
+            for f in frames.drain(..) {
+                sink.feed(Message::text(f)).await?;
+            }
+        }
+        sink.flush().await?;
+        shared.mark_sent(next, next + n - 1);
+        shared.txns_sent.set(shared.txns_sent.get() + n);
+        next += n;
+    }
+    Ok(())
+}
