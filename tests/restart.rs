@@ -41,6 +41,7 @@ fn start(dir: &Path, up: &FakeUpstream, lite: &FakeLitestream) -> ServiceProcess
     let floor = FLOOR_MS.to_string();
     ServiceProcess::spawn(
         Path::new(env!("CARGO_BIN_EXE_change-streamer")),
+        0,
         dir,
         &[
             "--upstream",

@@ -1,4 +1,4 @@
-//! The real binary as a child process on 127.0.0.1:0, for what an in-process service cannot
+//! The real binary as a child process on loopback, for what an in-process service cannot
 //! show: `kill -9` (SIGKILL) and SIGTERM at any moment, then a start on the same data directory.
 
 use std::io::{BufRead, BufReader};
@@ -18,12 +18,18 @@ pub struct ServiceProcess {
 }
 
 impl ServiceProcess {
-    /// Starts `bin` on an ephemeral loopback port with `data_dir` and `args`, and returns once
-    /// it logged where it listens. Its stderr is drained on a thread (a full pipe would stall
-    /// the service's logging).
-    pub fn spawn(bin: &Path, data_dir: &Path, args: &[&str]) -> ServiceProcess {
+    /// Starts `bin` on loopback `port` (0: an ephemeral one) with `data_dir` and `args`, and
+    /// returns once it logged where it listens. Its stderr is drained on a thread (a full pipe
+    /// would stall the service's logging).
+    pub fn spawn(bin: &Path, port: u16, data_dir: &Path, args: &[&str]) -> ServiceProcess {
         let mut child = Command::new(bin)
-            .args(["--host", "127.0.0.1", "--port", "0", "--data-dir"])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--data-dir",
+            ])
             .arg(data_dir)
             .args(args)
             .env("RUST_LOG", "info")
