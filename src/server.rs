@@ -12,6 +12,7 @@
 //! (orphans that end once the restored cleanup delay has passed since this start). Every
 //! piece is written in its own transaction as it changes, so whatever moment a `kill -9` hit,
 //! what is read back is a state the previous run had.
+//!
 //! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
 //! close every reservation and subscription with 1001, stop reading upstream, wait until every
 //! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
