@@ -778,6 +778,7 @@ async fn changelog() {
         .streamer
         .send(PurgeIfSafe {
             watermark: purge_below,
+            stored_by_ms: i64::MAX,
         })
         .await
         .unwrap();

@@ -280,6 +280,8 @@ async fn run(seconds: Option<u64>) {
         "3000",
         "--purge-delay-ms",
         "1000",
+        "--change-log-retention-ms",
+        "3000",
         "--flow-control-consensus-padding-seconds",
         "0.5",
         "--ping-interval-ms",

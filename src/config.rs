@@ -90,6 +90,25 @@ pub struct Config {
     )]
     pub purge_delay_ms: u64,
 
+    /// A change-log row is purged only once it has been stored this long, in ms (SPEC §9).
+    #[arg(
+        long,
+        env = "ZERO_CHANGE_LOG_RETENTION_MS",
+        default_value_t = 60_000,
+        allow_negative_numbers = true
+    )]
+    pub change_log_retention_ms: u64,
+
+    /// A snapshot reservation held longer than this, in ms, is ended with 1011 (SPEC §6.6);
+    /// 0: no cap.
+    #[arg(
+        long,
+        env = "ZERO_MAX_RESERVATION_MS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub max_reservation_ms: u64,
+
     /// Seconds that the subscribers outside a majority get after the latest ack before flow
     /// control moves on without them; negative waits for every subscriber.
     #[arg(
@@ -272,6 +291,8 @@ mod tests {
         assert_eq!(c.backup_check_interval_ms, 60_000);
         assert_eq!(c.starting_cleanup_delay_ms(), 30_000);
         assert_eq!(c.purge_delay_ms, 30_000);
+        assert_eq!(c.change_log_retention_ms, 60_000);
+        assert_eq!(c.max_reservation_ms, 0);
         assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
         assert_eq!(c.ping_interval_ms, 30_000);
         assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
@@ -299,6 +320,11 @@ mod tests {
                 "--flow-control-consensus-padding-seconds",
             ),
             (&["--ping-interval-ms", "soon"][..], "--ping-interval-ms"),
+            (
+                &["--change-log-retention-ms", "-1"][..],
+                "--change-log-retention-ms",
+            ),
+            (&["--max-reservation-ms", "1.5"][..], "--max-reservation-ms"),
         ] {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");

@@ -1,9 +1,18 @@
 //! Starting and stopping the whole service.
 //!
-//! [`Service::start`] opens the change log, binds the listening socket (so that a refused
-//! address fails before anything else runs), starts the actors (streamer and purger always; the
-//! backup monitor's three actors when `--litestream-backup-url` is set), the upstream client
-//! when `--upstream` is set, and the HTTP server, and returns once it is listening.
+//! [`Service::start`] opens the change log, reads back the safety state a previous run wrote
+//! there (SPEC §3, §13), binds the listening socket (so that a refused address fails before
+//! anything else runs), starts the actors (streamer and purger always; the backup monitor's
+//! three actors when `--litestream-backup-url` is set), the upstream client when `--upstream`
+//! is set, and the HTTP server, and returns once it is listening.
+//!
+//! Each actor gets its part of the safety state before it starts: the purger the watermarks
+//! scheduled and not yet purged, the cleanup actor the learned delay, the recorded watermarks
+//! and the last scheduled one, the reservation actor the reservations open at the last stop
+//! (orphans that end once the restored cleanup delay has passed since this start). Every
+//! piece is written in its own transaction as it changes, so whatever moment a `kill -9` hit,
+//! what is read back is a state the previous run had.
+//!
 //! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
 //! close every reservation and subscription with 1001, stop reading upstream, wait until every
 //! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
@@ -16,7 +25,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
-use change_streamer_actors::changelog::{ChangeLog, ChangeLogError};
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, SEGMENT_ROWS};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{MonitorActor, MonitorConfig, Stop};
@@ -65,8 +74,9 @@ impl Service {
     /// reads (the system clock in production).
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
-        let log = ChangeLog::open(&config.data_dir)?;
+        let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
         let stats = log.stats().await?;
+        let safety = log.load_state().await?;
         // Bind before any actor starts, so that a refused address stops nothing but this.
         let listener = listen(&config.host, config.port)?;
         let drain = Drain::default();
@@ -76,7 +86,14 @@ impl Service {
             ..StreamerConfig::default()
         };
         let streamer = Streamer::new(streamer_cfg, log.clone(), &stats).start();
-        let purger = Purger::new(streamer.clone().recipient(), config.purge_delay()).start();
+        let purger = Purger::new(
+            streamer.clone().recipient(),
+            config.purge_delay(),
+            config.change_log_retention_ms as i64,
+            clock.clone(),
+        )
+        .restore(&safety.scheduled)
+        .start();
 
         let backup = match &config.litestream_backup_url {
             None => {
@@ -90,13 +107,22 @@ impl Service {
                     config.min_cleanup_delay_ms as i64,
                     purger.clone().recipient(),
                 )
+                .restore(&safety, log.clone())
                 .start();
+                // Orphans end after the delay this start goes on with: the learned one, never
+                // below this run's starting delay (as the cleanup actor restores it).
+                let cleanup_delay_ms = safety
+                    .cleanup_delay_ms
+                    .unwrap_or(0)
+                    .max(config.starting_cleanup_delay_ms() as i64);
                 let reservations = ReservationActor::new(
                     clock.clone(),
                     url.clone(),
                     streamer.clone().recipient(),
                     cleanup.clone(),
                 )
+                .with_max_reservation_ms(config.max_reservation_ms as i64)
+                .restore(&safety.reservations, cleanup_delay_ms, log.clone())
                 .start();
                 let monitor = MonitorActor::new(
                     MonitorConfig::new(

@@ -336,6 +336,8 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
         "0",
         "--purge-delay-ms",
         "50",
+        "--change-log-retention-ms",
+        "0",
     ])
     .await;
     for n in 100..105 {

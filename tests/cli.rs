@@ -46,6 +46,8 @@ fn help_lists_every_flag_with_its_environment_variable() {
             "ZERO_CHANGE_STREAMER_FLOW_CONTROL_CONSENSUS_PADDING_SECONDS",
         ),
         ("--ping-interval-ms", "ZERO_PING_INTERVAL_MS"),
+        ("--change-log-retention-ms", "ZERO_CHANGE_LOG_RETENTION_MS"),
+        ("--max-reservation-ms", "ZERO_MAX_RESERVATION_MS"),
     ] {
         assert!(
             text.contains(flag) && text.contains(env),
@@ -63,6 +65,16 @@ fn bad_values_exit_non_zero_naming_the_flag() {
             "--upstream",
         ),
         (&["--purge-delay-ms", "-1"][..], &[][..], "--purge-delay-ms"),
+        (
+            &["--change-log-retention-ms", "-1"][..],
+            &[][..],
+            "--change-log-retention-ms",
+        ),
+        (
+            &[][..],
+            &[("ZERO_MAX_RESERVATION_MS", "soon")][..],
+            "--max-reservation-ms",
+        ),
         (
             &[][..],
             &[("ZERO_BACKUP_CHECK_INTERVAL_MS", "0")][..],

@@ -7,7 +7,7 @@
 //! kept between scrapes. Adding a metric is one call on [`Scrape`].
 
 use actix_web::{web, HttpResponse};
-use change_streamer_actors::streamer::{Mode, SubscriberInfo};
+use change_streamer_actors::streamer::{BlockedBy, Mode, SubscriberInfo};
 use prometheus::core::Collector;
 use prometheus::{Counter, CounterVec, Encoder, Gauge, GaugeVec, Opts, Registry, TextEncoder};
 
@@ -113,6 +113,45 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         "change_streamer_purges_total",
         "Purges carried out.",
         o.purge.purges as f64,
+    )?;
+    m.counter(
+        "change_streamer_reservations_expired_total",
+        "Snapshot reservations ended by --max-reservation-ms.",
+        o.reservation_stats.expired_total as f64,
+    )?;
+    m.gauge(
+        "change_streamer_reservation_oldest_seconds",
+        "How long the oldest open snapshot reservation has been held (0 when none).",
+        o.reservations
+            .iter()
+            .map(|r| r.held_ms)
+            .max()
+            .unwrap_or(0)
+            .max(0) as f64
+            / 1000.0,
+    )?;
+    m.gauge(
+        "change_streamer_change_log_bytes",
+        "Bytes of the change log's database and WAL files.",
+        o.change_log_bytes as f64,
+    )?;
+    m.gauges(
+        "change_streamer_purge_blocked",
+        "1 for what holds the oldest scheduled purge back (SPEC 9), 0 for the other reasons.",
+        &["reason"],
+        BlockedBy::ALL.map(|b| {
+            let now = if o.purge.blocked_by == Some(b) {
+                1.0
+            } else {
+                0.0
+            };
+            ([b.as_str()], now)
+        }),
+    )?;
+    m.gauge(
+        "change_streamer_owner",
+        "1 while this instance owns the change log, 0 on a standby (with SQLite: always 1).",
+        1.0,
     )?;
     m.gauges(
         "change_streamer_subscriber_pending_messages",

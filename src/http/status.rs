@@ -6,7 +6,9 @@ use actix_web::{web, HttpResponse};
 use change_streamer_actors::changelog::ChangeLogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
-use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
+use change_streamer_actors::reservation::{
+    GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
+};
 use change_streamer_actors::streamer::{GetPurgeState, PurgeState};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
 use serde_json::json;
@@ -24,8 +26,14 @@ pub struct Observation {
     pub purge: PurgeState,
     pub cleanup: Option<CleanupState>,
     pub reservations: Vec<ReservationInfo>,
+    pub reservation_stats: ReservationStats,
     pub monitor: MonitorStats,
+    /// Bytes of the change log's database and WAL files on disk.
+    pub change_log_bytes: u64,
 }
+
+/// The role of this instance (SPEC §14): with the SQLite change log it is always the owner.
+pub const ROLE: &str = "owner";
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0} did not answer: {1}")]
@@ -42,21 +50,36 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         purge: purge.map_err(|e| Unavailable("purger", e.to_string()))?,
         cleanup: None,
         reservations: Vec::new(),
+        reservation_stats: ReservationStats::default(),
         monitor: MonitorStats::default(),
+        change_log_bytes: files_bytes(state.log.path()),
     };
     if let Some(b) = &state.backup {
-        let (c, r, m) = futures_util::future::join3(
+        let (c, r, m, rs) = futures_util::future::join4(
             b.cleanup.send(GetCleanupState),
             b.reservations.send(ListReservations),
             b.monitor.send(GetMonitorStats),
+            b.reservations.send(GetReservationStats),
         )
         .await;
         obs.cleanup = Some(c.map_err(|e| Unavailable("cleanup", e.to_string()))?);
         obs.reservations = r.map_err(|e| Unavailable("reservations", e.to_string()))?;
+        obs.reservation_stats = rs.map_err(|e| Unavailable("reservations", e.to_string()))?;
         // The monitor stops before the others at shutdown; its counters are then unknown.
         obs.monitor = m.unwrap_or_default();
     }
     Ok(obs)
+}
+
+/// The size of the SQLite database at `db` and of its write-ahead log (absent files count 0).
+fn files_bytes(db: &std::path::Path) -> u64 {
+    let mut wal = db.as_os_str().to_owned();
+    wal.push("-wal");
+    [db.as_os_str().to_owned(), wal]
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 pub(super) fn unavailable(e: Unavailable) -> HttpResponse {
@@ -98,6 +121,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
             "cleanupsScheduled": c.map(|c| c.cleanups_scheduled_total).unwrap_or(0),
             "monitor": o.monitor,
         },
+        "role": ROLE,
         "reservations": o.reservations,
         "subscribers": o.streamer.subscribers,
         "flowControl": {
@@ -112,6 +136,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
             "rowsPurged": o.purge.rows_purged,
             "purges": o.purge.purges,
             "waiting": o.purge.waiting,
+            "blockedBy": o.purge.blocked_by,
         },
     })
 }

@@ -6,6 +6,7 @@ pub mod client;
 pub mod fixtures;
 pub mod litestream;
 pub mod peer;
+pub mod process;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod upstream;

@@ -49,7 +49,7 @@ pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
 pub use join::{Subscribe, SubscribeError};
-pub use purge::{GetPurgeState, PurgeAnswer, PurgeIfSafe, PurgeState, Purger};
+pub use purge::{BlockedBy, GetPurgeState, PurgeAnswer, PurgeIfSafe, PurgeState, Purger};
 pub use session::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
 pub use subscriber::{Mode, Phase, SubscriberInfo};
 

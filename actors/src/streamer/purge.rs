@@ -7,6 +7,23 @@
 //! the same check runs again after the same delay. A scheduled watermark is never dropped;
 //! several are handled smallest first, and a larger one waits while a smaller one is blocked.
 //!
+//! ### Retention floor
+//! The purge deletes only rows stored at least `--change-log-retention-ms` ago (the purger
+//! passes `now - retention` as the store-time bound). Whatever the cleanup decided, a change
+//! just written stays long enough for a replica that is a little behind to read it. When rows
+//! below `W` were kept for that reason, `W` stays scheduled and is checked again after the
+//! purge delay.
+//!
+//! ### What survives a restart
+//! The cleanup actor writes `W` down as scheduled when it decides it; the change log takes it
+//! off that list in the same transaction as the purge that leaves nothing below `W`. So a
+//! scheduled watermark is never lost between the decision and the purge, `kill -9` included:
+//! at the next start the purger gets the list back ([`Purger::restore`]).
+//!
+//! ### What blocks
+//! The purger is the one place that knows why the oldest scheduled purge waits: the last
+//! answer of its check, as a [`BlockedBy`] (SPEC §9 `purge.blockedBy`).
+//!
 //! The streamer knows every subscriber's acked watermark, so [`PurgeIfSafe`] is answered there,
 //! and the purge is queued on the change log in the same turn as the decision: no subscriber
 //! can be admitted between the check and the delete.
@@ -20,26 +37,63 @@ use actix::prelude::*;
 use log::{info, warn};
 use tokio::time::Instant;
 
+use serde::Serialize;
+
 use super::Streamer;
 use crate::cleanup::ScheduleCleanup;
+use crate::clock::Clock;
 use crate::watermark::Watermark;
 
-/// Purge the change log below `watermark` if every connected subscriber has acked it.
+/// Purge the change log below `watermark` if every connected subscriber has acked it; only
+/// rows stored at or before `stored_by_ms` (unix ms) go.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "PurgeAnswer")]
 pub struct PurgeIfSafe {
     pub watermark: Watermark,
+    pub stored_by_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PurgeAnswer {
+    /// Nothing below the watermark is left (but the newest transaction); these rows went.
     Purged(u64),
+    /// These rows went, and rows below the watermark stored after `stored_by_ms` stayed.
+    HeldByRetention(u64),
     NoSubscribers,
     Blocked {
         subscriber: String,
         acked: Watermark,
     },
     Failed(String),
+}
+
+/// What holds the oldest scheduled purge back (SPEC §9 `purge.blockedBy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BlockedBy {
+    /// A connected subscriber has not acked the watermark.
+    Subscriber,
+    /// No subscriber is connected.
+    NoSubscriber,
+    /// Rows below the watermark are younger than `--change-log-retention-ms`.
+    Retention,
+}
+
+impl BlockedBy {
+    /// Every reason, for the `change_streamer_purge_blocked{reason}` series.
+    pub const ALL: [BlockedBy; 3] = [
+        BlockedBy::Subscriber,
+        BlockedBy::NoSubscriber,
+        BlockedBy::Retention,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BlockedBy::Subscriber => "subscriber",
+            BlockedBy::NoSubscriber => "no-subscriber",
+            BlockedBy::Retention => "retention",
+        }
+    }
 }
 
 /// The purger's part of `/status`.
@@ -55,12 +109,19 @@ pub struct PurgeState {
     pub purges: u64,
     /// Why the smallest scheduled watermark is waiting, if it is.
     pub waiting: Option<String>,
+    /// What blocked the smallest scheduled watermark at its last check; `None` when nothing
+    /// is scheduled, or its check has not run yet or failed.
+    pub blocked_by: Option<BlockedBy>,
 }
 
 /// See the module documentation.
 pub struct Purger {
     streamer: Recipient<PurgeIfSafe>,
     delay: Duration,
+    /// `--change-log-retention-ms`.
+    retention_ms: i64,
+    /// The clock of the change log's store times.
+    clock: Clock,
     /// Each scheduled watermark and when it is next checked, on the runtime's clock (tokio time,
     /// which tests can pause), the clock its timer runs on.
     scheduled: BTreeMap<Watermark, Instant>,
@@ -70,15 +131,35 @@ pub struct Purger {
 }
 
 impl Purger {
-    pub fn new(streamer: Recipient<PurgeIfSafe>, delay: Duration) -> Purger {
+    /// A purger that checks a scheduled watermark `delay` after it was scheduled, and purges
+    /// only rows stored at least `retention_ms` ago by `clock` (the change log's clock).
+    pub fn new(
+        streamer: Recipient<PurgeIfSafe>,
+        delay: Duration,
+        retention_ms: i64,
+        clock: Clock,
+    ) -> Purger {
         Purger {
             streamer,
             delay,
+            retention_ms: retention_ms.max(0),
+            clock,
             scheduled: BTreeMap::new(),
             checking: false,
             timer: None,
             state: PurgeState::default(),
         }
+    }
+
+    /// Takes back the watermarks scheduled before a restart and not yet purged; each is
+    /// checked one purge delay after the start.
+    pub fn restore(mut self, scheduled: &[Watermark]) -> Purger {
+        let due = Instant::now() + self.delay;
+        for w in scheduled {
+            info!("purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
+            self.scheduled.insert(w.clone(), due);
+        }
+        self
     }
 
     fn arm(&mut self, ctx: &mut Context<Self>) {
@@ -113,16 +194,22 @@ impl Purger {
             return;
         }
         self.checking = true;
+        let stored_by_ms = self.clock.now_ms().saturating_sub(self.retention_ms);
         self.streamer
-            .send(PurgeIfSafe { watermark: w.clone() })
+            .send(PurgeIfSafe {
+                watermark: w.clone(),
+                stored_by_ms,
+            })
             .into_actor(self)
             .map(move |answer, act, ctx| {
                 act.checking = false;
                 let answer = answer.unwrap_or_else(|e| PurgeAnswer::Failed(e.to_string()));
-                let retry = |act: &mut Purger, why: String| {
+                let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
                     act.state.waiting = Some(why);
+                    act.state.blocked_by = blocked_by;
                     act.scheduled.insert(w.clone(), Instant::now() + act.delay);
                 };
+                let delay_ms = act.delay.as_millis();
                 match answer {
                     PurgeAnswer::Purged(n) => {
                         info!("purged {n} change-log row(s) before watermark={w}");
@@ -131,20 +218,38 @@ impl Purger {
                         act.state.purges += 1;
                         act.state.last_purged_before = Some(w.clone());
                         act.state.waiting = None;
+                        act.state.blocked_by = None;
                         act.check(ctx);
                         return;
                     }
+                    PurgeAnswer::HeldByRetention(n) => {
+                        info!("purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention_ms);
+                        act.state.rows_purged += n;
+                        retry(
+                            act,
+                            format!("rows stored less than {} ms ago", act.retention_ms),
+                            Some(BlockedBy::Retention),
+                        );
+                    }
                     PurgeAnswer::NoSubscribers => {
-                        info!("purge before watermark={w} waits: no subscriber connected; retrying in {} ms", act.delay.as_millis());
-                        retry(act, "no subscriber connected".into());
+                        info!("purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
+                        retry(
+                            act,
+                            "no subscriber connected".into(),
+                            Some(BlockedBy::NoSubscriber),
+                        );
                     }
                     PurgeAnswer::Blocked { subscriber, acked } => {
-                        info!("purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {} ms", act.delay.as_millis());
-                        retry(act, format!("subscriber {subscriber} acked {acked}"));
+                        info!("purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
+                        retry(
+                            act,
+                            format!("subscriber {subscriber} acked {acked}"),
+                            Some(BlockedBy::Subscriber),
+                        );
                     }
                     PurgeAnswer::Failed(e) => {
-                        warn!("purge before watermark={w} failed: {e}; retrying in {} ms", act.delay.as_millis());
-                        retry(act, format!("failed: {e}"));
+                        warn!("purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
+                        retry(act, format!("failed: {e}"), None);
                     }
                 }
                 act.arm(ctx);
@@ -155,6 +260,11 @@ impl Purger {
 
 impl Actor for Purger {
     type Context = Context<Self>;
+
+    /// Arms the timer for the watermarks [`restore`](Purger::restore)d.
+    fn started(&mut self, ctx: &mut Context<Self>) {
+        self.arm(ctx);
+    }
 }
 
 impl Handler<ScheduleCleanup> for Purger {
@@ -194,10 +304,11 @@ impl Handler<PurgeIfSafe> for Streamer {
             };
             return Box::pin(async move { answer });
         }
-        let purge = self.log.purge(msg.watermark);
+        let purge = self.log.purge_scheduled(msg.watermark, msg.stored_by_ms);
         Box::pin(async move {
             match purge.await {
-                Ok(n) => PurgeAnswer::Purged(n),
+                Ok(o) if o.held_by_retention => PurgeAnswer::HeldByRetention(o.rows),
+                Ok(o) => PurgeAnswer::Purged(o.rows),
                 Err(e) => PurgeAnswer::Failed(e.to_string()),
             }
         })

@@ -1,0 +1,118 @@
+//! The real binary as a child process on loopback, for what an in-process service cannot
+//! show: `kill -9` (SIGKILL) and SIGTERM at any moment, then a start on the same data directory.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::wait::{POLL, STATUS_LIMIT};
+
+/// A running `change-streamer` process.
+pub struct ServiceProcess {
+    child: Child,
+    /// `host:port` it listens on.
+    pub addr: String,
+}
+
+impl ServiceProcess {
+    /// Starts `bin` on loopback `port` (0: an ephemeral one) with `data_dir` and `args`, and
+    /// returns once it logged where it listens. Its stderr is drained on a thread (a full pipe
+    /// would stall the service's logging).
+    pub fn spawn(bin: &Path, port: u16, data_dir: &Path, args: &[&str]) -> ServiceProcess {
+        let mut child = Command::new(bin)
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--data-dir",
+            ])
+            .arg(data_dir)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the binary");
+        let stderr = child.stderr.take().expect("stderr");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                }
+            }
+        });
+        let addr = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the service never said where it listens");
+        ServiceProcess { child, addr }
+    }
+
+    pub fn ws(&self, path: &str) -> String {
+        format!("ws://{}{}", self.addr, path)
+    }
+
+    /// `kill -9`: nothing of the service runs after this.
+    pub fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits (up to 20 s) for the graceful stop; panics if it fails.
+    pub async fn terminate(mut self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(status.success(), "graceful stop exited with {status:?}");
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "still running 20 s after SIGTERM"
+            );
+            actix_rt::time::sleep(POLL).await;
+        }
+    }
+
+    /// `/status` as JSON.
+    pub async fn status(&self) -> Value {
+        let mut resp = awc::Client::new()
+            .get(format!("http://{}/status", self.addr))
+            .send()
+            .await
+            .expect("status");
+        resp.json().await.expect("status JSON")
+    }
+
+    /// Polls `/status` until `cond` holds ([`STATUS_LIMIT`] at most) and returns it.
+    pub async fn wait_status(&self, what: &str, mut cond: impl FnMut(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let st = self.status().await;
+            if cond(&st) {
+                return st;
+            }
+            assert!(
+                start.elapsed() < STATUS_LIMIT,
+                "{what} never happened within {STATUS_LIMIT:?}: {st}"
+            );
+            actix_rt::time::sleep(POLL).await;
+        }
+    }
+}
+
+impl Drop for ServiceProcess {
+    /// A test that fails half-way leaves no service running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
