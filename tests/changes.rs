@@ -116,7 +116,7 @@ async fn catches_up_from_the_log_then_follows_live_changes() {
     let (_, metrics) = svc.get("/metrics").await;
     for line in [
         "change_streamer_subscribers 1",
-        "change_streamer_subscriber_pending_changes{id=\"r1\"}",
+        "change_streamer_subscriber_pending_messages{id=\"r1\",mode=\"serving\"}",
         "change_streamer_changes_stored_total 70",
     ] {
         assert!(metrics.contains(line), "{line} missing from\n{metrics}");

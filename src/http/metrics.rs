@@ -120,6 +120,15 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         o.streamer.subscribers_evicted as f64,
     )?;
     m.gauges(
+        "change_streamer_subscriber_pending_messages",
+        "Messages sent to a subscriber and not yet acked, plus its catch-up backlog.",
+        &["id", "mode"],
+        o.streamer
+            .subscribers
+            .iter()
+            .map(|s| (subscriber(s), s.pending as f64)),
+    )?;
+    m.gauges(
         "change_streamer_subscriber_pending_changes",
         "Changes sent or queued for a subscriber and not yet acked.",
         &["id"],
