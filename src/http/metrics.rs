@@ -154,11 +154,11 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
 
 /// One sample per subscriber id, `value` of each subscriber, `merge`d when two connections
 /// share an id (a replica reconnecting while its old socket lingers).
-fn per_id<'a>(
-    subs: &'a [SubscriberInfo],
+fn per_id(
+    subs: &[SubscriberInfo],
     value: impl Fn(&SubscriberInfo) -> f64,
     merge: impl Fn(f64, f64) -> f64,
-) -> Vec<([&'a str; 1], f64)> {
+) -> Vec<([&str; 1], f64)> {
     let mut by_id: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
     for s in subs {
         let v = value(s);

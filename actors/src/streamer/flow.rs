@@ -43,6 +43,10 @@ pub(super) struct FlowControl {
     pub(super) tracked_sends: u64,
     pub(super) releases_all: u64,
     pub(super) releases_consensus: u64,
+    /// The one timer for the earliest lag's grace period (SPEC §10.1): one timer, not one per
+    /// lag, since a healthy subscriber briefly lags on most tracked sends that another acks
+    /// first, and every spawned timer costs each turn of the streamer.
+    eviction_timer: Option<SpawnHandle>,
 }
 
 /// The tracked send in flight.
@@ -238,33 +242,62 @@ impl Streamer {
             watermark: watermark.clone(),
             since_ms: now,
         });
-        let grace = self.cfg.slow_grace_ms;
-        if grace > 0 {
-            ctx.run_later(Duration::from_millis(grace), move |act, ctx| {
-                act.evict_if_lagging(ctx, session_id, token);
-            });
-        }
+        self.arm_eviction_timer(ctx);
     }
 
-    /// The grace period of a lag on `token` is over: evicts the subscriber if it still lags
-    /// on that send.
-    fn evict_if_lagging(&mut self, ctx: &mut Context<Self>, session_id: SessionId, token: u64) {
-        let now = self.now_ms();
-        let Some(lag) = self
+    /// Arms the eviction timer for the end of the earliest lag's grace period, unless it is
+    /// armed already (it re-arms itself when it fires) or the grace is 0 (never evict).
+    fn arm_eviction_timer(&mut self, ctx: &mut Context<Self>) {
+        let grace = self.cfg.slow_grace_ms as f64;
+        if grace <= 0.0 || self.flow.eviction_timer.is_some() {
+            return;
+        }
+        let Some(since) = self
             .subscribers
-            .get(&session_id)
-            .and_then(|s| s.lagging.as_ref())
-            .filter(|l| l.token == token)
+            .values()
+            .filter_map(|s| s.lagging.as_ref().map(|l| l.since_ms))
+            .min_by(f64::total_cmp)
         else {
             return;
         };
-        let reason = format!(
-            "too slow: lagging {:.0} ms on watermark {}",
-            now - lag.since_ms,
-            lag.watermark
-        );
-        self.subscribers_evicted += 1;
-        self.close_subscriber(ctx, session_id, SessionEnd::Evicted(reason));
+        let wait = (since + grace - self.now_ms()).max(0.0);
+        self.flow.eviction_timer = Some(ctx.run_later(
+            Duration::from_secs_f64(wait / 1000.0),
+            |act, ctx| {
+                act.flow.eviction_timer = None;
+                act.evict_laggards(ctx);
+                act.arm_eviction_timer(ctx);
+            },
+        ));
+    }
+
+    /// Evicts every subscriber that has been lagging on the same tracked send for the grace
+    /// period (close 1013, SPEC §10.1).
+    fn evict_laggards(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now_ms();
+        // The timer's millisecond resolution may fire a fraction early.
+        let grace = self.cfg.slow_grace_ms as f64 - 0.5;
+        let due: Vec<(SessionId, String)> = self
+            .subscribers
+            .values()
+            .filter_map(|s| {
+                let lag = s.lagging.as_ref()?;
+                (now - lag.since_ms >= grace).then(|| {
+                    (
+                        s.session_id,
+                        format!(
+                            "too slow: lagging {:.0} ms on watermark {}",
+                            now - lag.since_ms,
+                            lag.watermark
+                        ),
+                    )
+                })
+            })
+            .collect();
+        for (session_id, reason) in due {
+            self.subscribers_evicted += 1;
+            self.close_subscriber(ctx, session_id, SessionEnd::Evicted(reason));
+        }
     }
 
     /// A subscriber finished the current broadcast (acked, closed).
