@@ -125,6 +125,22 @@ pub struct Config {
     #[arg(long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub ping_interval_ms: u64,
+
+    /// A subscriber still lagging on the same tracked send this many ms after it began lagging
+    /// (another subscriber acked it, it did not) is closed with 1013; 0 never evicts.
+    #[arg(
+        long,
+        env = "ZERO_FLOW_CONTROL_SLOW_SUBSCRIBER_GRACE_MS",
+        default_value_t = 30_000,
+        allow_negative_numbers = true
+    )]
+    pub slow_subscriber_grace_ms: u64,
+
+    /// The most changes held in memory for one subscriber (sent and not acked, or queued);
+    /// past it the subscriber reads from the change log instead (≥ 1).
+    #[arg(long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES", default_value_t = 20_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_subscriber_queue_changes: u64,
 }
 
 impl Config {
@@ -295,6 +311,8 @@ mod tests {
         assert_eq!(c.max_reservation_ms, 0);
         assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
         assert_eq!(c.ping_interval_ms, 30_000);
+        assert_eq!(c.slow_subscriber_grace_ms, 30_000);
+        assert_eq!(c.max_subscriber_queue_changes, 20_000);
         assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
     }
 
@@ -325,6 +343,14 @@ mod tests {
                 "--change-log-retention-ms",
             ),
             (&["--max-reservation-ms", "1.5"][..], "--max-reservation-ms"),
+            (
+                &["--slow-subscriber-grace-ms", "-1"][..],
+                "--slow-subscriber-grace-ms",
+            ),
+            (
+                &["--max-subscriber-queue-changes", "0"][..],
+                "--max-subscriber-queue-changes",
+            ),
         ] {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");

@@ -83,6 +83,8 @@ impl Service {
 
         let streamer_cfg = StreamerConfig {
             padding_ms: config.padding_ms(),
+            max_queue_changes: config.max_subscriber_queue_changes as usize,
+            slow_grace_ms: config.slow_subscriber_grace_ms,
             ..StreamerConfig::default()
         };
         let streamer = Streamer::new(streamer_cfg, log.clone(), &stats).start();

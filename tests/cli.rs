@@ -48,6 +48,14 @@ fn help_lists_every_flag_with_its_environment_variable() {
         ("--ping-interval-ms", "ZERO_PING_INTERVAL_MS"),
         ("--change-log-retention-ms", "ZERO_CHANGE_LOG_RETENTION_MS"),
         ("--max-reservation-ms", "ZERO_MAX_RESERVATION_MS"),
+        (
+            "--slow-subscriber-grace-ms",
+            "ZERO_FLOW_CONTROL_SLOW_SUBSCRIBER_GRACE_MS",
+        ),
+        (
+            "--max-subscriber-queue-changes",
+            "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES",
+        ),
     ] {
         assert!(
             text.contains(flag) && text.contains(env),
@@ -92,6 +100,21 @@ fn bad_values_exit_non_zero_naming_the_flag() {
                 "soon",
             )][..],
             "--flow-control-consensus-padding-seconds",
+        ),
+        (
+            &["--max-subscriber-queue-changes", "0"][..],
+            &[][..],
+            "--max-subscriber-queue-changes",
+        ),
+        (
+            &[][..],
+            &[("ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES", "many")][..],
+            "--max-subscriber-queue-changes",
+        ),
+        (
+            &[][..],
+            &[("ZERO_FLOW_CONTROL_SLOW_SUBSCRIBER_GRACE_MS", "-30")][..],
+            "--slow-subscriber-grace-ms",
         ),
         (
             &["--data-dir", "/proc/version/cannot-be-a-dir"][..],

@@ -50,7 +50,8 @@ pub enum SessionEnd {
     /// The service cannot serve the session: the change log is not initialized or cannot
     /// answer, the streamer is gone (1011).
     Unavailable(String),
-    /// The streamer dropped a subscriber it could no longer serve (1011).
+    /// A slow subscriber, lagging on a tracked send longer than `--slow-subscriber-grace-ms`,
+    /// is evicted (1013, SPEC §10.1); it may reconnect and catch up from the change log.
     Evicted(String),
 }
 
@@ -67,7 +68,8 @@ impl SessionEnd {
             | SessionEnd::ErrorNotAcked => 1000,
             SessionEnd::ServiceStop => 1001,
             SessionEnd::Protocol(_) => 1002,
-            SessionEnd::Unavailable(_) | SessionEnd::Evicted(_) => 1011,
+            SessionEnd::Unavailable(_) => 1011,
+            SessionEnd::Evicted(_) => 1013,
         }
     }
 
@@ -107,7 +109,7 @@ mod tests {
             (1002, "short".to_string())
         );
         let long = "é".repeat(100); // 200 bytes
-        let (code, cut) = SessionEnd::Evicted(long).close_frame();
+        let (code, cut) = SessionEnd::Unavailable(long).close_frame();
         assert_eq!(code, 1011);
         assert!(
             cut.len() <= MAX_REASON && cut.len() >= MAX_REASON - 1,
@@ -115,5 +117,17 @@ mod tests {
             cut.len()
         );
         assert!(cut.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn an_evicted_slow_subscriber_is_closed_with_1013() {
+        let end = SessionEnd::Evicted("too slow: lagging 30000 ms on watermark 0a".into());
+        assert_eq!(
+            end.close_frame(),
+            (
+                1013,
+                "too slow: lagging 30000 ms on watermark 0a".to_string()
+            )
+        );
     }
 }

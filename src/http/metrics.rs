@@ -153,6 +153,11 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         "1 while this instance owns the change log, 0 on a standby (with SQLite: always 1).",
         1.0,
     )?;
+    m.counter(
+        "change_streamer_subscribers_evicted_total",
+        "Subscribers closed for lagging on a tracked send past --slow-subscriber-grace-ms.",
+        o.streamer.subscribers_evicted as f64,
+    )?;
     m.gauges(
         "change_streamer_subscriber_pending_messages",
         "Messages sent to a subscriber and not yet acked, plus its catch-up backlog.",
@@ -161,6 +166,18 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
             .subscribers
             .iter()
             .map(|s| (subscriber(s), s.pending as f64)),
+    )?;
+    m.gauges(
+        "change_streamer_subscriber_pending_changes",
+        "Changes sent or queued for a subscriber and not yet acked.",
+        &["id"],
+        per_id(&o.streamer.subscribers, |s| s.pending as f64, |a, b| a + b),
+    )?;
+    m.gauges(
+        "change_streamer_subscriber_lag_seconds",
+        "Age of a subscriber's oldest unacked change; 0 when none.",
+        &["id"],
+        per_id(&o.streamer.subscribers, |s| s.lag_seconds, f64::max),
     )?;
     m.gauges(
         "change_streamer_subscriber_process_rate",
@@ -172,6 +189,24 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
             .map(|s| (subscriber(s), s.process_rate)),
     )?;
     m.render()
+}
+
+/// One sample per subscriber id, `value` of each subscriber, `merge`d when two connections
+/// share an id (a replica reconnecting while its old socket lingers).
+fn per_id(
+    subs: &[SubscriberInfo],
+    value: impl Fn(&SubscriberInfo) -> f64,
+    merge: impl Fn(f64, f64) -> f64,
+) -> Vec<([&str; 1], f64)> {
+    let mut by_id: std::collections::BTreeMap<&str, f64> = std::collections::BTreeMap::new();
+    for s in subs {
+        let v = value(s);
+        by_id
+            .entry(s.id.as_str())
+            .and_modify(|m| *m = merge(*m, v))
+            .or_insert(v);
+    }
+    by_id.into_iter().map(|(id, v)| ([id], v)).collect()
 }
 
 /// The labels of a per-subscriber metric: its id and mode.

@@ -79,10 +79,23 @@ pub fn client_frame<A: Live>(
 
 /// Starts the ping timer of a session. Runs in the session's own context, so only the session
 /// itself can delay it, and it never does blocking work.
+///
+/// ### Why a chained timer that forgives its own lateness
+/// A session runs inside its connection's HTTP task, which stops polling it while the socket's
+/// write buffer is full: a large catch-up to a client on a busy machine can keep it from
+/// running for longer than a ping interval. A periodic interval then fires its missed ticks
+/// back to back (`actix`'s `run_interval` does): the first consumes what was heard, the second
+/// finds nothing heard "since the previous ping", sent an instant before, and drops a client
+/// that was acking all along. So each check arms the next one a whole interval later, and a
+/// check that runs late (the session itself was held up) does not judge the client: it pings
+/// and gives it a whole interval to answer. Everything the client sends (an ack as much as a
+/// pong) counts as hearing from it ([`client_frame`]).
 pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Duration) {
-    // The connection just opened: that counts as hearing from it.
-    ctx.run_interval(interval, move |act, ctx| {
-        if !std::mem::take(&mut act.liveness().heard) {
+    let due = tokio::time::Instant::now() + interval;
+    ctx.run_later(interval, move |act, ctx| {
+        let late = tokio::time::Instant::now().saturating_duration_since(due);
+        let heard = std::mem::take(&mut act.liveness().heard);
+        if !heard && late < interval / 2 {
             info!(
                 "{}: no pong or message for {} ms; dropping the connection",
                 act.describe(),
@@ -91,6 +104,14 @@ pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Dura
             ctx.stop();
             return;
         }
+        if !heard {
+            info!(
+                "{}: liveness check ran {} ms late; pinging again before judging",
+                act.describe(),
+                late.as_millis()
+            );
+        }
         ctx.ping(b"");
+        start_liveness(ctx, interval);
     });
 }

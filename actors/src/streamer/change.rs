@@ -1,5 +1,6 @@
-//! A change as it travels to subscribers: its transaction's commit watermark, its kind, and the
-//! downstream message text, built once and shared by every subscriber (`Arc`).
+//! A change as it travels to subscribers: its transaction's commit watermark, its position in
+//! the transaction, its kind, and the downstream message text, built once and shared by every
+//! subscriber (`Arc`).
 //!
 //! Downstream messages (SPEC §7) have the upstream's shape: `["begin", B, {"commitWatermark":W}]`,
 //! `["data", D]`, `["commit", C, {"watermark":W}]`, `["rollback", R]`. `B`, `D`, `C`, `R` are the
@@ -24,6 +25,9 @@ pub enum Kind {
 pub struct Change {
     /// The commit watermark of the change's transaction.
     pub(super) watermark: Watermark,
+    /// Its index in the transaction (`begin` is 0), as stored in the change log: where a
+    /// catch-up resumes when a subscriber stopped receiving in the middle of the transaction.
+    pub(super) pos: i64,
     pub(super) kind: Kind,
     /// `["data", {...}]` etc.
     pub(super) message: Arc<str>,
@@ -52,7 +56,7 @@ pub fn is_v5_only(payload: &str) -> bool {
 }
 
 impl Change {
-    pub fn new(kind: Kind, watermark: Watermark, payload: &str) -> Change {
+    pub fn new(kind: Kind, watermark: Watermark, pos: i64, payload: &str) -> Change {
         let w = watermark.as_str();
         let message = match kind {
             Kind::Begin => format!(r#"["begin",{payload},{{"commitWatermark":"{w}"}}]"#),
@@ -63,6 +67,7 @@ impl Change {
         Change {
             needs_v5: kind == Kind::Data && is_v5_only(payload),
             watermark,
+            pos,
             kind,
             message: Arc::from(message),
             payload_len: payload.len(),
@@ -75,7 +80,7 @@ impl Change {
             ChangeKind::Data => Kind::Data,
             ChangeKind::Commit => Kind::Commit,
         };
-        Change::new(kind, s.watermark.clone(), &s.json)
+        Change::new(kind, s.watermark.clone(), s.pos, &s.json)
     }
 }
 
@@ -87,16 +92,17 @@ mod tests {
     fn builds_downstream_messages() {
         let w = Watermark::parse("0a").unwrap();
         assert_eq!(
-            &*Change::new(Kind::Begin, w.clone(), r#"{"tag":"begin"}"#).message,
+            &*Change::new(Kind::Begin, w.clone(), 0, r#"{"tag":"begin"}"#).message,
             r#"["begin",{"tag":"begin"},{"commitWatermark":"0a"}]"#
         );
         assert_eq!(
-            &*Change::new(Kind::Commit, w.clone(), r#"{"tag":"commit"}"#).message,
+            &*Change::new(Kind::Commit, w.clone(), 1, r#"{"tag":"commit"}"#).message,
             r#"["commit",{"tag":"commit"},{"watermark":"0a"}]"#
         );
         let d = Change::new(
             Kind::Data,
             w,
+            1,
             r#"{"tag":"insert","n":12345678901234567890}"#,
         );
         assert_eq!(

@@ -5,6 +5,17 @@
 //! sending more. Release follows the consensus rule of [`Broadcast`]; a timer is armed for the
 //! moment it is due, not a periodic tick.
 //!
+//! ### Slow subscribers (SPEC §10.1)
+//! The consensus rule alone makes a stalled minority cost the others one padding at *every*
+//! tracked send: with the default padding of 1 s and a tracked send every 64 KiB, ingest falls
+//! to a crawl for everyone. So a subscriber that has not acked a tracked send that another has
+//! acked is *lagging* on it, and counts as finished for every later tracked send: the minority
+//! costs one padding, once. It stops lagging when it acks that send (acks come in order, so any
+//! later tracked frame's ack says the same). One still lagging on the same send
+//! `--slow-subscriber-grace-ms` after it began is evicted (close 1013); pings do not enter into
+//! it, since only acks clear the lag. With two subscribers the majority is both, so the first
+//! tracked send is held until the stalled one is evicted.
+//!
 //! [`StreamerConfig::flow_control_bytes`]: super::StreamerConfig::flow_control_bytes
 
 use std::sync::Arc;
@@ -17,9 +28,9 @@ use tokio::sync::oneshot;
 use super::broadcast::{Broadcast, Release};
 use super::change::Change;
 use super::session::Token;
-use super::subscriber::Delivery;
+use super::subscriber::{Delivery, Lag};
 use super::Streamer;
-use crate::session::SessionId;
+use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// The streamer's flow-control state.
@@ -32,6 +43,10 @@ pub(super) struct FlowControl {
     pub(super) tracked_sends: u64,
     pub(super) releases_all: u64,
     pub(super) releases_consensus: u64,
+    /// The one timer for the earliest lag's grace period (SPEC §10.1): one timer, not one per
+    /// lag, since a healthy subscriber briefly lags on most tracked sends that another acks
+    /// first, and every spawned timer costs each turn of the streamer.
+    eviction_timer: Option<SpawnHandle>,
 }
 
 /// The tracked send in flight.
@@ -53,12 +68,13 @@ impl Streamer {
         change: Change,
     ) -> Option<oneshot::Receiver<()>> {
         let change = Arc::new(change);
+        let limit = self.cfg.max_queue_changes;
         self.flow.bytes_since_tracked += change.payload_len;
         let tracked = self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
             && self.flow.tracked_send.is_none();
         if !tracked {
             for sub in self.subscribers.values_mut() {
-                sub.send_live(&change, None);
+                sub.send_live(&change, None, limit);
             }
             return None;
         }
@@ -74,9 +90,9 @@ impl Streamer {
             .collect();
         let mut broadcast = Broadcast::new(active.iter().copied(), now);
         for sub in self.subscribers.values_mut() {
-            if sub.send_live(&change, Some(Token::Broadcast(token))) != Delivery::Sent
-                && sub.is_active()
-            {
+            let delivery = sub.send_live(&change, Some(Token::Broadcast(token)), limit);
+            // A lagging subscriber counts as finished for every later tracked send.
+            if (delivery != Delivery::Sent || sub.lagging.is_some()) && sub.is_active() {
                 broadcast.mark_completed(sub.session_id, now);
             }
         }
@@ -164,6 +180,124 @@ impl Streamer {
             }
         }
         let _ = cur.release.send(());
+    }
+
+    /// A subscriber acked the tracked send numbered `token`: it stops lagging on it or any
+    /// earlier one; if it is the current send, it finished it, and every subscriber that has
+    /// not begins lagging on it.
+    pub(super) fn broadcast_acked(
+        &mut self,
+        ctx: &mut Context<Self>,
+        session_id: SessionId,
+        token: u64,
+    ) {
+        let now = self.now_ms();
+        if let Some(sub) = self.subscribers.get_mut(&session_id) {
+            if let Some(lag) = sub.lagging.take_if(|l| l.token <= token) {
+                info!(
+                    "subscriber {} no longer lagging: acked watermark={} after {:.0} ms",
+                    sub.id,
+                    lag.watermark,
+                    now - lag.since_ms
+                );
+            }
+        }
+        let Some(cur) = self.flow.tracked_send.as_ref() else {
+            return;
+        };
+        if cur.token != token {
+            return;
+        }
+        let (token, watermark) = (cur.token, cur.watermark.clone());
+        let behind: Vec<SessionId> = cur
+            .broadcast
+            .pending()
+            .filter(|&k| k != session_id)
+            .collect();
+        for k in behind {
+            self.begin_lagging(ctx, k, token, &watermark, now);
+        }
+        self.broadcast_completed(ctx, session_id, Some(token));
+    }
+
+    /// `session_id` has not acked the tracked send `token` that another subscriber has: it is
+    /// lagging on it from `now`, and is evicted if it still is after the grace period.
+    fn begin_lagging(
+        &mut self,
+        ctx: &mut Context<Self>,
+        session_id: SessionId,
+        token: u64,
+        watermark: &Watermark,
+        now: f64,
+    ) {
+        let Some(sub) = self.subscribers.get_mut(&session_id) else {
+            return;
+        };
+        if sub.lagging.is_some() {
+            return;
+        }
+        debug!("subscriber {} lagging on watermark={watermark}", sub.id);
+        sub.lagging = Some(Lag {
+            token,
+            watermark: watermark.clone(),
+            since_ms: now,
+        });
+        self.arm_eviction_timer(ctx);
+    }
+
+    /// Arms the eviction timer for the end of the earliest lag's grace period, unless it is
+    /// armed already (it re-arms itself when it fires) or the grace is 0 (never evict).
+    fn arm_eviction_timer(&mut self, ctx: &mut Context<Self>) {
+        let grace = self.cfg.slow_grace_ms as f64;
+        if grace <= 0.0 || self.flow.eviction_timer.is_some() {
+            return;
+        }
+        let Some(since) = self
+            .subscribers
+            .values()
+            .filter_map(|s| s.lagging.as_ref().map(|l| l.since_ms))
+            .min_by(f64::total_cmp)
+        else {
+            return;
+        };
+        let wait = (since + grace - self.now_ms()).max(0.0);
+        self.flow.eviction_timer = Some(ctx.run_later(
+            Duration::from_secs_f64(wait / 1000.0),
+            |act, ctx| {
+                act.flow.eviction_timer = None;
+                act.evict_laggards(ctx);
+                act.arm_eviction_timer(ctx);
+            },
+        ));
+    }
+
+    /// Evicts every subscriber that has been lagging on the same tracked send for the grace
+    /// period (close 1013, SPEC §10.1).
+    fn evict_laggards(&mut self, ctx: &mut Context<Self>) {
+        let now = self.now_ms();
+        // The timer's millisecond resolution may fire a fraction early.
+        let grace = self.cfg.slow_grace_ms as f64 - 0.5;
+        let due: Vec<(SessionId, String)> = self
+            .subscribers
+            .values()
+            .filter_map(|s| {
+                let lag = s.lagging.as_ref()?;
+                (now - lag.since_ms >= grace).then(|| {
+                    (
+                        s.session_id,
+                        format!(
+                            "too slow: lagging {:.0} ms on watermark {}",
+                            now - lag.since_ms,
+                            lag.watermark
+                        ),
+                    )
+                })
+            })
+            .collect();
+        for (session_id, reason) in due {
+            self.subscribers_evicted += 1;
+            self.close_subscriber(ctx, session_id, SessionEnd::Evicted(reason));
+        }
     }
 
     /// A subscriber finished the current broadcast (acked, closed).

@@ -96,13 +96,16 @@ impl Streamer {
                 let rollback = Arc::new(Change::new(
                     Kind::Rollback,
                     txn.watermark,
+                    txn.changes.len() as i64,
                     r#"{"tag":"rollback"}"#,
                 ));
+                let limit = self.cfg.max_queue_changes;
                 for sub in self.subscribers.values_mut() {
-                    sub.send_live(&rollback, None);
+                    sub.send_live(&rollback, None, limit);
                 }
                 self.flush_all();
             }
+            self.bound_queues(ctx);
             self.activate_queued(ctx);
         }
     }
@@ -169,7 +172,7 @@ impl Streamer {
         if !replay {
             release = self.forward(
                 ctx,
-                Change::new(Kind::Begin, commit_watermark.clone(), &payload),
+                Change::new(Kind::Begin, commit_watermark.clone(), 0, &payload),
             );
             changes.push((ChangeKind::Begin, payload));
         }
@@ -193,7 +196,8 @@ impl Streamer {
         if t.replay {
             return Ok(None);
         }
-        let change = Change::new(Kind::Data, t.watermark.clone(), &payload);
+        let pos = t.changes.len() as i64;
+        let change = Change::new(Kind::Data, t.watermark.clone(), pos, &payload);
         t.changes.push((ChangeKind::Data, payload));
         Ok(self.forward(ctx, change))
     }
@@ -231,7 +235,11 @@ impl Streamer {
             self.activate_queued(ctx);
             return Ok(None);
         }
-        let release = self.forward(ctx, Change::new(Kind::Commit, watermark.clone(), &payload));
+        let pos = t.changes.len() as i64;
+        let release = self.forward(
+            ctx,
+            Change::new(Kind::Commit, watermark.clone(), pos, &payload),
+        );
         t.changes.push((ChangeKind::Commit, payload));
         if self.replica_version.is_none() {
             info!("initial sync committed: replicaVersion={watermark}");
@@ -246,7 +254,7 @@ impl Streamer {
             durable: Some(Box::pin(durable)),
             frame: (!t.skip_ack).then(|| protocol::commit_ack(&watermark)),
         });
-        self.trim_backlogs();
+        self.bound_queues(ctx);
         self.activate_queued(ctx);
         Ok(release)
     }
@@ -262,9 +270,10 @@ impl Streamer {
         let mut release = None;
         if !t.replay {
             info!("transaction watermark={} rolled back upstream", t.watermark);
-            release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, &payload));
+            let pos = t.changes.len() as i64;
+            release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, pos, &payload));
         }
-        self.trim_backlogs();
+        self.bound_queues(ctx);
         self.activate_queued(ctx);
         Ok(release)
     }

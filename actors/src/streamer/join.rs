@@ -5,6 +5,16 @@
 //! stored transaction after its watermark up to the last commit forwarded before activation,
 //! and every later change reaches it live (kept in a backlog until catch-up ends). So each
 //! transaction reaches it exactly once, by storage or live, never both, never neither.
+//!
+//! ### Back to catch-up when it holds too much (SPEC §10.2)
+//! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
+//! `--max-subscriber-queue-changes`. Catch-up reads only as many rows as there is room for, and
+//! reads on as acks make room. A live subscriber that runs out of room in the middle of a
+//! transaction gets nothing more of it; at the transaction's end it goes back to catch-up from
+//! the last change it was sent (its *position*), so the change log supplies the rest. A
+//! backlog that runs out of room is dropped whole at the transaction's end and the catch-up's
+//! target moves up to read it from storage. Either way nothing is skipped (the position and
+//! the target cover it) and nothing repeats (a change is sent only past the last commit sent).
 
 use std::sync::Arc;
 
@@ -16,7 +26,7 @@ use super::session::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::{ChangeLogStats, StoredChange};
-use crate::session::SessionId;
+use crate::session::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// The initial frame of a subscription (protocol ≥ 2).
@@ -69,8 +79,25 @@ pub(super) struct Catchup {
     pub(super) up_to: Watermark,
     /// The catch-up batch whose last frame's ack is awaited.
     pub(super) waiting_batch: Option<u64>,
+    /// A read (or its durability barrier) is out.
+    pub(super) reading: bool,
     /// `up_to` moved past what the last barrier covered: wait for durability before reading.
     needs_barrier: bool,
+}
+
+impl Catchup {
+    /// Reads the stored transactions after `after` up to `up_to`, once they are durable.
+    fn new(after: (Watermark, i64), up_to: Watermark) -> Catchup {
+        Catchup {
+            after,
+            up_to,
+            waiting_batch: None,
+            reading: false,
+            // Everything up to `up_to` was queued on the change log before this point: the
+            // first read waits until it is durable.
+            needs_barrier: true,
+        }
+    }
 }
 
 impl Handler<Subscribe> for Streamer {
@@ -96,6 +123,7 @@ impl Handler<Subscribe> for Streamer {
                 protocol,
                 watermark.clone(),
                 session,
+                self.cfg.max_queue_changes,
             ),
         );
         let stats = self.log.stats();
@@ -180,32 +208,24 @@ impl Streamer {
     /// forwarded so far, then live.
     pub(super) fn activate(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
         let last_commit = self.last_commit.clone();
+        let now = self.now_ms();
         let Some(sub) = self.subscribers.get_mut(&session_id) else {
             return;
         };
         if sub.protocol >= 2 {
             sub.send_frame(Arc::from(STATUS_FRAME));
         }
+        sub.flush(now);
         match last_commit {
             Some(up_to) if up_to > sub.watermark => {
-                sub.phase = Phase::CatchingUp;
                 info!(
                     "subscriber {} catching up from watermark={} to {up_to}",
                     sub.id, sub.watermark
                 );
+                sub.phase = Phase::CatchingUp;
+                sub.behind_since = Some(now);
                 let after = (sub.watermark.clone(), i64::MAX);
-                sub.flush();
-                self.catchup.insert(
-                    session_id,
-                    Catchup {
-                        after,
-                        up_to,
-                        waiting_batch: None,
-                        // Everything up to `up_to` was queued on the change log before this
-                        // point: the first read waits until it is durable.
-                        needs_barrier: true,
-                    },
-                );
+                self.catchup.insert(session_id, Catchup::new(after, up_to));
                 self.read_catchup(ctx, session_id);
             }
             _ => {
@@ -214,61 +234,122 @@ impl Streamer {
                     "subscriber {} is live from watermark={}",
                     sub.id, sub.watermark
                 );
-                sub.flush();
             }
         }
     }
 
-    /// Reads the next catch-up batch, after a durability barrier when the target moved.
+    /// Reads the next catch-up batch, after a durability barrier when the target moved, and
+    /// only as many rows as the subscriber has room for; with no room, the acks that make
+    /// some call it again ([`SessionProgress`](super::SessionProgress)).
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let Some(c) = self.catchup.get_mut(&session_id) else {
+        let limit = self.cfg.max_queue_changes;
+        let at_boundary = self.txn.is_none();
+        let last_commit = self.last_commit.clone();
+        let (Some(sub), Some(c)) = (
+            self.subscribers.get_mut(&session_id),
+            self.catchup.get_mut(&session_id),
+        ) else {
             return;
         };
+        if c.reading || c.waiting_batch.is_some() {
+            return;
+        }
+        if sub.room(limit) == 0 && sub.in_flight() == 0 && at_boundary {
+            // Its backlog alone fills its room and no ack will come to make more: read the
+            // backlog's transactions from storage instead.
+            if let Some(last) = last_commit {
+                drop_backlog(sub, c, last);
+            }
+        }
         if std::mem::take(&mut c.needs_barrier) {
+            c.reading = true;
             let barrier = self.log.barrier();
             ctx.spawn(
                 barrier
                     .into_actor(self)
                     .map(move |res, act, ctx| match res {
-                        Ok(()) => act.read_catchup(ctx, session_id),
-                        Err(e) => act.drop_subscriber(session_id, format!("catch-up failed: {e}")),
+                        Ok(()) => {
+                            if let Some(c) = act.catchup.get_mut(&session_id) {
+                                c.reading = false;
+                            }
+                            act.read_catchup(ctx, session_id)
+                        }
+                        Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
                     }),
             );
             return;
         }
+        let room = sub.room(limit);
+        if room == 0 {
+            return;
+        }
+        c.reading = true;
         let up_to = c.up_to.clone();
-        let read = self
-            .log
-            .read(c.after.clone(), up_to.clone(), self.cfg.catchup_batch);
+        let read = self.log.read(
+            c.after.clone(),
+            up_to.clone(),
+            self.cfg.catchup_batch.min(room),
+        );
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
-            Err(e) => act.drop_subscriber(session_id, format!("catch-up failed: {e}")),
+            Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
         }));
     }
 
-    /// Bounds the backlog of subscribers still catching up: past
-    /// [`StreamerConfig::backlog_limit`] live changes, the backlog is dropped and the catch-up
-    /// reads those transactions from the change log instead. Called between transactions only,
-    /// so the backlog holds whole committed transactions, all queued on the change log.
-    pub(super) fn trim_backlogs(&mut self) {
-        let limit = self.cfg.backlog_limit;
+    fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
+        self.close_subscriber(
+            ctx,
+            session_id,
+            SessionEnd::Unavailable(format!("catch-up failed: {e}")),
+        );
+    }
+
+    /// Keeps what subscribers hold within [`StreamerConfig::max_queue_changes`] at a
+    /// transaction boundary (see the module documentation): a live subscriber that overflowed
+    /// in the transaction just ended goes back to catch-up from its position; a catching-up
+    /// one whose backlog overflowed drops it and reads up to the last commit instead.
+    ///
+    /// [`StreamerConfig::max_queue_changes`]: super::StreamerConfig::max_queue_changes
+    pub(super) fn bound_queues(&mut self, ctx: &mut Context<Self>) {
         let Some(last) = self.last_commit.clone() else {
             return;
         };
+        let now = self.now_ms();
+        let mut read = Vec::new();
         for sub in self.subscribers.values_mut() {
-            if sub.phase != Phase::CatchingUp || sub.backlog.len() <= limit {
+            if !std::mem::take(&mut sub.overflowed) {
                 continue;
             }
-            if let Some(c) = self.catchup.get_mut(&sub.session_id) {
-                info!(
-                    "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
-                    sub.id,
-                    sub.backlog.len()
-                );
-                sub.backlog.clear();
-                c.up_to = last.clone();
-                c.needs_barrier = true;
+            match sub.phase {
+                Phase::Live if sub.position.0 <= last => {
+                    info!(
+                        "subscriber {} holds {} unacked change(s); reading from the change log after watermark={} pos={} up to {last}",
+                        sub.id,
+                        sub.held(),
+                        sub.position.0,
+                        sub.position.1
+                    );
+                    sub.phase = Phase::CatchingUp;
+                    sub.behind_since = Some(now);
+                    sub.flush(now);
+                    self.catchup.insert(
+                        sub.session_id,
+                        Catchup::new(sub.position.clone(), last.clone()),
+                    );
+                    read.push(sub.session_id);
+                }
+                Phase::CatchingUp => {
+                    if let Some(c) = self.catchup.get_mut(&sub.session_id) {
+                        drop_backlog(sub, c, last.clone());
+                        read.push(sub.session_id);
+                    }
+                }
+                // A live subscriber whose transaction was rolled back missed nothing stored.
+                _ => {}
             }
+        }
+        for session_id in read {
+            self.read_catchup(ctx, session_id);
         }
     }
 
@@ -278,16 +359,19 @@ impl Streamer {
         &mut self,
         ctx: &mut Context<Self>,
         session_id: SessionId,
-        rows: Vec<StoredChange>,
+        mut rows: Vec<StoredChange>,
         read_up_to: Watermark,
     ) {
         let batch = self.next_token();
+        let now = self.now_ms();
+        let limit = self.cfg.max_queue_changes;
         let (Some(sub), Some(c)) = (
             self.subscribers.get_mut(&session_id),
             self.catchup.get_mut(&session_id),
         ) else {
             return;
         };
+        c.reading = false;
         if rows.is_empty() && c.up_to != read_up_to {
             // The target moved while this read was out: read on.
             self.read_catchup(ctx, session_id);
@@ -301,15 +385,24 @@ impl Streamer {
                 sub.send(change, None);
             }
             sub.phase = Phase::Live;
+            sub.behind_since = None;
             info!(
                 "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
                 sub.id,
                 sub.watermark,
                 backlog.len()
             );
-            sub.flush();
+            sub.flush(now);
             return;
         }
+        // The backlog may have grown while the read was out: send only what there is room for
+        // (the rest is read again).
+        let room = sub.room(limit);
+        if room == 0 {
+            self.read_catchup(ctx, session_id);
+            return;
+        }
+        rows.truncate(room);
         if let Some(last) = rows.last() {
             c.after = (last.watermark.clone(), last.pos);
         }
@@ -321,11 +414,24 @@ impl Streamer {
         if let Some(last) = sub.outbox.last_mut() {
             last.token = Some(Token::CatchupBatch(batch));
         }
-        sub.flush();
+        sub.flush(now);
         if sent == 0 {
             self.read_catchup(ctx, session_id);
         } else {
             c.waiting_batch = Some(batch);
         }
     }
+}
+
+/// Drops a catching-up subscriber's backlog: its transactions, all committed up to `last` and
+/// queued on the change log, are read from there instead.
+fn drop_backlog(sub: &mut Subscriber, c: &mut Catchup, last: Watermark) {
+    info!(
+        "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
+        sub.id,
+        sub.backlog.len()
+    );
+    sub.backlog.clear();
+    c.up_to = last;
+    c.needs_barrier = true;
 }

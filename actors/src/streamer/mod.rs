@@ -11,7 +11,14 @@
 //!
 //! ### Flow control
 //! About every [`StreamerConfig::flow_control_bytes`] of payload one change is sent tracked, and
-//! the upstream client waits for its release, which follows the consensus rule ([`flow`]).
+//! the upstream client waits for its release, which follows the consensus rule ([`flow`]). A
+//! subscriber that lags on a tracked send no longer holds later ones, and is evicted after a
+//! grace period (SPEC §10.1).
+//!
+//! ### Bounded memory per subscriber
+//! What the service holds for one subscriber (sent and not acked, and its backlog) never exceeds
+//! [`StreamerConfig::max_queue_changes`]: past it, the subscriber reads from the change log
+//! instead (SPEC §10.2, [`join`]).
 //!
 //! ### Purge
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
@@ -62,9 +69,12 @@ pub struct StreamerConfig {
     pub flow_control_bytes: usize,
     /// Rows per catch-up read.
     pub catchup_batch: usize,
-    /// Live changes kept for a subscriber still catching up before they are dropped and read
-    /// from the change log instead.
-    pub backlog_limit: usize,
+    /// `--max-subscriber-queue-changes`: the most changes held in memory for one subscriber,
+    /// sent and not acked plus its backlog (SPEC §10.2); ≥ 1.
+    pub max_queue_changes: usize,
+    /// `--slow-subscriber-grace-ms`: how long a subscriber may lag on one tracked send before
+    /// it is evicted (SPEC §10.1); 0 never evicts.
+    pub slow_grace_ms: u64,
 }
 
 impl Default for StreamerConfig {
@@ -73,7 +83,8 @@ impl Default for StreamerConfig {
             padding_ms: 1000.0,
             flow_control_bytes: 64 * 1024,
             catchup_batch: 2000,
-            backlog_limit: 20_000,
+            max_queue_changes: 20_000,
+            slow_grace_ms: 30_000,
         }
     }
 }
@@ -97,6 +108,8 @@ pub struct StreamerState {
     pub releases_consensus: u64,
     pub tracked_sends: u64,
     pub last_commit: Option<Watermark>,
+    /// Subscribers evicted for lagging (SPEC §10.1) since start.
+    pub subscribers_evicted: u64,
 }
 
 /// See the module documentation.
@@ -116,6 +129,7 @@ pub struct Streamer {
     origin: Instant,
     upstream_connected: bool,
     reset_required: Option<String>,
+    subscribers_evicted: u64,
 }
 
 impl Streamer {
@@ -134,6 +148,7 @@ impl Streamer {
             origin: Instant::now(),
             upstream_connected: false,
             reset_required: None,
+            subscribers_evicted: 0,
         }
     }
 
@@ -150,17 +165,37 @@ impl Streamer {
 
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
+        let now = self.now_ms();
         for sub in self.subscribers.values_mut() {
-            sub.flush();
+            sub.flush(now);
         }
     }
-    /// Closes the session of a subscriber that can no longer be served; its `SessionGone`
-    /// then removes it.
-    pub(super) fn drop_subscriber(&mut self, session_id: SessionId, reason: String) {
-        if let Some(sub) = self.subscribers.get(&session_id) {
-            warn!("dropping subscriber {}: {reason}", sub.id);
-            sub.session
-                .do_send(ToSession::Close(SessionEnd::Evicted(reason)));
+
+    /// Forgets a subscriber (its session stopped, or it is being closed): it no longer holds
+    /// back a broadcast or a purge.
+    pub(super) fn remove_subscriber(
+        &mut self,
+        ctx: &mut Context<Self>,
+        session_id: SessionId,
+    ) -> Option<Subscriber> {
+        let sub = self.subscribers.remove(&session_id);
+        self.catchup.remove(&session_id);
+        self.broadcast_completed(ctx, session_id, None);
+        sub
+    }
+
+    /// Closes the session of a subscriber with `end` and forgets it at once, rather than when
+    /// its session reports it gone: a session whose client stopped reading may not run again
+    /// until its socket drains.
+    pub(super) fn close_subscriber(
+        &mut self,
+        ctx: &mut Context<Self>,
+        session_id: SessionId,
+        end: SessionEnd,
+    ) {
+        if let Some(sub) = self.remove_subscriber(ctx, session_id) {
+            warn!("closing subscriber {}: {}", sub.id, end.close_frame().1);
+            sub.session.do_send(ToSession::Close(end));
         }
     }
 }
@@ -202,11 +237,16 @@ impl Handler<GetStreamerState> for Streamer {
         MessageResult(StreamerState {
             upstream_connected: self.upstream_connected,
             reset_required: self.reset_required.clone(),
-            subscribers: self.subscribers.values().map(Subscriber::info).collect(),
+            subscribers: self
+                .subscribers
+                .values()
+                .map(|s| s.info(self.now_ms()))
+                .collect(),
             releases_all: self.flow.releases_all,
             releases_consensus: self.flow.releases_consensus,
             tracked_sends: self.flow.tracked_sends,
             last_commit: self.last_commit.clone(),
+            subscribers_evicted: self.subscribers_evicted,
         })
     }
 }

@@ -3,8 +3,9 @@
 //! The session is a thin wire adapter: it writes the frames it is given ([`ToSession`]), numbers
 //! them, and reports acks back ([`SessionProgress`]) only when they matter: when a commit was
 //! acked (the subscriber's acked watermark moved, which the purge rule reads) or when a tracked
-//! message was acked (a broadcast or a catch-up batch waits on it). When it stops, for any
-//! reason, it says so ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
+//! message was acked (a broadcast or a catch-up batch waits on it, or the streamer asked to
+//! hear of it, to bound what the subscriber holds). When it stops, for any reason, it says so
+//! ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
 
 use std::sync::Arc;
 
@@ -34,6 +35,9 @@ pub enum Token {
     Broadcast(u64),
     /// The last frame of a catch-up batch: its ack asks for the next batch.
     CatchupBatch(u64),
+    /// A frame whose ack only tells the streamer how far the client has read, so that what it
+    /// holds for the subscriber is known inside long transactions too (SPEC §10.2).
+    Progress,
 }
 
 /// From the streamer to a subscriber's session.
@@ -73,6 +77,7 @@ impl Handler<SessionProgress> for Streamer {
             return;
         };
         sub.progress(p.acked_messages, p.acked_commit);
+        let mut next_batch = false;
         for token in p.tokens {
             match token {
                 Token::CatchupBatch(n) => {
@@ -82,11 +87,20 @@ impl Handler<SessionProgress> for Streamer {
                         .filter(|c| c.waiting_batch == Some(n))
                     {
                         c.waiting_batch = None;
-                        self.read_catchup(ctx, p.session_id);
+                        next_batch = true;
                     }
                 }
-                Token::Broadcast(n) => self.broadcast_completed(ctx, p.session_id, Some(n)),
+                Token::Broadcast(n) => self.broadcast_acked(ctx, p.session_id, n),
+                Token::Progress => {}
             }
+        }
+        // The acks made room: a catch-up held back for lack of it reads on.
+        let idle = self
+            .catchup
+            .get(&p.session_id)
+            .is_some_and(|c| c.waiting_batch.is_none() && !c.reading);
+        if next_batch || idle {
+            self.read_catchup(ctx, p.session_id);
         }
     }
 }
@@ -94,13 +108,11 @@ impl Handler<SessionProgress> for Streamer {
 impl Handler<SessionGone> for Streamer {
     type Result = ();
     fn handle(&mut self, g: SessionGone, ctx: &mut Context<Self>) {
-        if let Some(sub) = self.subscribers.remove(&g.session_id) {
+        if let Some(sub) = self.remove_subscriber(ctx, g.session_id) {
             info!(
                 "subscriber {} left at acked watermark={}",
                 sub.id, sub.acked
             );
         }
-        self.catchup.remove(&g.session_id);
-        self.broadcast_completed(ctx, g.session_id, None);
     }
 }

@@ -3,9 +3,19 @@
 //!
 //! - `watermark`: the last commit *sent*; a change is sent only if its watermark is above it, so
 //!   catch-up and live changes can never duplicate a transaction;
+//! - `position`: the last change sent, where a catch-up resumes (SPEC §10.2);
 //! - `acked`: the last commit acked (before any, the watermark it subscribed with);
 //! - a backlog of live changes while it catches up from the change log;
+//! - what it holds in memory (sent and not acked, plus its backlog), bounded by
+//!   `--max-subscriber-queue-changes` (SPEC §10.2), and since when it waits;
+//! - whether it is lagging on a tracked send (SPEC §10.1);
 //! - message counts and sampled processing rate, for `/status` and flow-control logs.
+//!
+//! ### Why "sent and not acked" is what a subscriber holds
+//! Frames handed to the session are written to its socket buffer, or buffered in the session
+//! when the client stopped reading; only the client's ack proves they left the service. So the
+//! changes sent and not yet acked, plus the backlog, are an upper bound of what the service
+//! holds for one subscriber, whatever the socket does.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -60,8 +70,33 @@ pub struct SubscriberInfo {
     pub phase: Phase,
     pub watermark: Watermark,
     pub acked: Watermark,
+    /// Changes sent or queued for it and not yet acked (its backlog included).
     pub pending: u64,
+    /// How long the oldest change it has not acked has waited for it: since it was sent, or
+    /// since its catch-up began; 0 when it has nothing pending.
+    pub lag_seconds: f64,
+    /// The tracked send it is lagging on (SPEC §10.1), if any.
+    pub lagging: Option<LagInfo>,
     pub process_rate: f64,
+}
+
+/// A lagging subscriber's tracked send, as shown in `/status`.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct LagInfo {
+    pub watermark: Watermark,
+    pub ms: u64,
+}
+
+/// The tracked send a subscriber is lagging on (SPEC §10.1): another subscriber acked it, this
+/// one has not.
+#[derive(Debug, Clone)]
+pub(super) struct Lag {
+    /// The send's number ([`Token::Broadcast`]).
+    pub(super) token: u64,
+    pub(super) watermark: Watermark,
+    /// When it began lagging (streamer milliseconds).
+    pub(super) since_ms: f64,
 }
 
 /// The streamer's record of one subscriber.
@@ -74,6 +109,13 @@ pub struct Subscriber {
     pub(super) phase: Phase,
     /// Last commit sent.
     pub(super) watermark: Watermark,
+    /// The last change sent: (its transaction's watermark, its position in it).
+    pub(super) position: (Watermark, i64),
+    /// Set when it ran out of room in the middle of the current transaction: the rest of the
+    /// transaction is not sent (nor backlogged), and at its end the subscriber reads it from
+    /// the change log instead ([`Streamer::bound_queues`](super::Streamer)).
+    pub(super) overflowed: bool,
+    pub(super) lagging: Option<Lag>,
     /// Last commit acked.
     pub(super) acked: Watermark,
     /// Live changes received while catching up.
@@ -82,6 +124,14 @@ pub struct Subscriber {
     pub(super) outbox: Vec<Outgoing>,
     pub(super) sent_messages: u64,
     pub(super) acked_messages: u64,
+    /// (messages sent up to and including a flush, its time), for the flushes not wholly
+    /// acked: the first says since when the oldest unacked change waits.
+    sent_at: VecDeque<(u64, f64)>,
+    /// Since when it catches up (streamer milliseconds), while it does.
+    pub(super) behind_since: Option<f64>,
+    /// Every this many messages, a frame asks the session to report its ack ([`Token::Progress`]),
+    /// so that the streamer learns of acks even inside a long transaction.
+    report_every: u64,
     samples: VecDeque<(f64, u64)>,
 }
 
@@ -94,11 +144,14 @@ pub enum Delivery {
     Filtered,
     /// Kept in the backlog until catch-up ends.
     Backlogged,
+    /// Not sent for lack of room: it will be read from the change log (SPEC §10.2).
+    Overflowed,
 }
 
 const MAX_SAMPLES: usize = 10;
 
 impl Subscriber {
+    /// `max_queue_changes` is `--max-subscriber-queue-changes`.
     pub fn new(
         session_id: SessionId,
         id: String,
@@ -106,6 +159,7 @@ impl Subscriber {
         protocol: u32,
         watermark: Watermark,
         session: Recipient<ToSession>,
+        max_queue_changes: usize,
     ) -> Subscriber {
         Subscriber {
             session_id,
@@ -115,11 +169,17 @@ impl Subscriber {
             session,
             phase: Phase::Validating,
             acked: watermark.clone(),
+            position: (watermark.clone(), i64::MAX),
             watermark,
+            overflowed: false,
+            lagging: None,
             backlog: Vec::new(),
             outbox: Vec::new(),
             sent_messages: 0,
             acked_messages: 0,
+            sent_at: VecDeque::new(),
+            behind_since: None,
+            report_every: (max_queue_changes as u64 / 4).max(1),
             samples: VecDeque::new(),
         }
     }
@@ -129,18 +189,46 @@ impl Subscriber {
         matches!(self.phase, Phase::CatchingUp | Phase::Live)
     }
 
-    /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered.
-    pub fn send_live(&mut self, change: &Arc<Change>, token: Option<Token>) -> Delivery {
+    /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered,
+    /// as long as what it holds stays within `limit` (SPEC §10.2). Out of room, it overflows:
+    /// nothing more of the transaction reaches it live, and at the transaction's end it reads
+    /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
+    /// subscriber keeps one place for the `rollback` that must close a transaction it began.
+    pub fn send_live(
+        &mut self,
+        change: &Arc<Change>,
+        token: Option<Token>,
+        limit: usize,
+    ) -> Delivery {
         match self.phase {
             Phase::CatchingUp => {
-                if change.watermark > self.watermark {
+                if change.watermark <= self.watermark {
+                    Delivery::Filtered
+                } else if self.overflowed || self.held() >= limit as u64 {
+                    self.overflowed = true;
+                    Delivery::Overflowed
+                } else {
                     self.backlog.push(change.clone());
                     Delivery::Backlogged
-                } else {
-                    Delivery::Filtered
                 }
             }
-            Phase::Live => self.send(change, token),
+            Phase::Live if self.overflowed => {
+                // The rollback of a transaction whose begin it got still closes it.
+                if change.kind == Kind::Rollback && self.position.0 == change.watermark {
+                    self.send(change, token)
+                } else {
+                    Delivery::Overflowed
+                }
+            }
+            Phase::Live => {
+                let closing = matches!(change.kind, Kind::Commit | Kind::Rollback);
+                if !closing && self.held() + 2 > limit as u64 {
+                    self.overflowed = true;
+                    Delivery::Overflowed
+                } else {
+                    self.send(change, token)
+                }
+            }
             Phase::Validating | Phase::Queued => Delivery::Filtered,
         }
     }
@@ -156,36 +244,61 @@ impl Subscriber {
         } else {
             None
         };
-        self.outbox.push(Outgoing {
-            message: change.message.clone(),
-            commit,
-            token,
-        });
-        self.sent_messages += 1;
+        self.position = (change.watermark.clone(), change.pos);
+        self.queue(change.message.clone(), commit, token);
         Delivery::Sent
     }
 
     /// Queues a frame that is not a change (the initial `status`).
     pub fn send_frame(&mut self, message: Arc<str>) {
-        self.outbox.push(Outgoing {
-            message,
-            commit: None,
-            token: None,
-        });
-        self.sent_messages += 1;
+        self.queue(message, None, None);
     }
 
-    /// Hands the outbox to the session.
-    pub fn flush(&mut self) {
+    fn queue(&mut self, message: Arc<str>, commit: Option<Watermark>, token: Option<Token>) {
+        self.sent_messages += 1;
+        let token = token
+            .or_else(|| (self.sent_messages % self.report_every == 0).then_some(Token::Progress));
+        self.outbox.push(Outgoing {
+            message,
+            commit,
+            token,
+        });
+    }
+
+    /// Hands the outbox to the session, noting when (`now_ms`) for the lag.
+    pub fn flush(&mut self, now_ms: f64) {
         if !self.outbox.is_empty() {
             let frames = std::mem::take(&mut self.outbox);
+            self.sent_at.push_back((self.sent_messages, now_ms));
             self.session.do_send(ToSession::Send(frames));
         }
+    }
+
+    /// Changes sent (handed to the session) and not yet acked.
+    pub fn in_flight(&self) -> u64 {
+        self.sent_messages.saturating_sub(self.acked_messages)
+    }
+
+    /// What the service holds for it: sent and not acked, and its backlog (SPEC §10.2).
+    pub fn held(&self) -> u64 {
+        self.in_flight() + self.backlog.len() as u64
+    }
+
+    /// How many more changes it may be given now, within `limit`.
+    pub fn room(&self, limit: usize) -> usize {
+        (limit as u64).saturating_sub(self.held()) as usize
     }
 
     /// Records a [`SessionProgress`].
     pub fn progress(&mut self, acked_messages: u64, acked_commit: Option<Watermark>) {
         self.acked_messages = self.acked_messages.max(acked_messages);
+        while self
+            .sent_at
+            .front()
+            .is_some_and(|&(upto, _)| upto <= self.acked_messages)
+        {
+            self.sent_at.pop_front();
+        }
         if let Some(w) = acked_commit {
             if w > self.acked {
                 self.acked = w;
@@ -194,7 +307,19 @@ impl Subscriber {
     }
 
     pub fn pending(&self) -> u64 {
-        self.sent_messages.saturating_sub(self.acked_messages) + self.backlog.len() as u64
+        self.held()
+    }
+
+    /// Milliseconds the oldest change it has not acked has waited for it (see
+    /// [`SubscriberInfo::lag_seconds`]).
+    pub fn lag_ms(&self, now_ms: f64) -> f64 {
+        let oldest_sent = self.sent_at.front().map(|&(_, t)| t);
+        match (oldest_sent, self.behind_since) {
+            (Some(a), Some(b)) => now_ms - a.min(b),
+            (Some(t), None) | (None, Some(t)) => now_ms - t,
+            (None, None) => 0.0,
+        }
+        .max(0.0)
     }
 
     /// Keeps the last few (time, processed) samples for the processing rate.
@@ -213,7 +338,7 @@ impl Subscriber {
         }
     }
 
-    pub fn info(&self) -> SubscriberInfo {
+    pub fn info(&self, now_ms: f64) -> SubscriberInfo {
         SubscriberInfo {
             id: self.id.clone(),
             mode: self.mode,
@@ -222,6 +347,11 @@ impl Subscriber {
             watermark: self.watermark.clone(),
             acked: self.acked.clone(),
             pending: self.pending(),
+            lag_seconds: (self.lag_ms(now_ms)).round() / 1000.0,
+            lagging: self.lagging.as_ref().map(|l| LagInfo {
+                watermark: l.watermark.clone(),
+                ms: (now_ms - l.since_ms).max(0.0) as u64,
+            }),
             process_rate: (self.process_rate() * 10.0).round() / 10.0,
         }
     }

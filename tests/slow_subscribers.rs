@@ -1,0 +1,221 @@
+//! End to end: slow subscribers (SPEC §10.1), bounded memory per subscriber (SPEC §10.2),
+//! liveness under load (SPEC §5) and the per-subscriber metrics (SPEC §11), against the real
+//! server with a fake change source and real websocket clients.
+
+use std::time::Duration;
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use serde_json::{json, Value};
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+fn changes_url(svc: &TestService, id: &str, watermark: u64) -> String {
+    svc.ws(&format!(
+        "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}",
+        w(100),
+        w(watermark)
+    ))
+}
+
+async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream) {
+    let up = FakeUpstream::start().await;
+    let url = up.url();
+    let mut args = vec!["--upstream", url.as_str()];
+    args.extend_from_slice(extra);
+    let svc = TestService::start(&args).await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
+    (svc, up)
+}
+
+/// Reads and acks until the commit of `last`; returns the commit watermarks in order, checking
+/// that each transaction arrived whole and nothing came twice.
+async fn read_txns(c: &mut WsClient, last: u64) -> Vec<u64> {
+    let mut txns = Vec::new();
+    let mut open = false;
+    loop {
+        let (id, msg) = c.msg().await;
+        c.ack(id).await;
+        match msg[0].as_str() {
+            Some("begin") => {
+                assert!(!open, "begin inside a transaction: {msg}");
+                open = true;
+            }
+            Some("data") => assert!(open, "data outside a transaction"),
+            Some("commit") => {
+                assert!(open, "commit without its begin: {msg}");
+                open = false;
+                let wm = msg[2]["watermark"].as_str().unwrap_or_default();
+                let n = Watermark::parse(wm).unwrap().to_u64().unwrap();
+                txns.push(n);
+                if n >= last {
+                    return txns;
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The subscriber `id` in `/status`.
+fn subscriber<'a>(st: &'a Value, id: &str) -> &'a Value {
+    st["subscribers"]
+        .as_array()
+        .and_then(|subs| subs.iter().find(|s| s["id"] == id))
+        .unwrap_or(&Value::Null)
+}
+
+#[actix_rt::test]
+async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
+    let (svc, up) = service_with_upstream(&[
+        "--slow-subscriber-grace-ms",
+        "300",
+        "--flow-control-consensus-padding-seconds",
+        "0.05",
+        "--ping-interval-ms",
+        "50",
+    ])
+    .await;
+    let mut healthy = Vec::new();
+    for id in ["a", "b"] {
+        healthy.push(WsClient::connect(&changes_url(&svc, id, 100)).await);
+    }
+    let mut silent = WsClient::connect(&changes_url(&svc, "silent", 100)).await;
+    svc.wait_status("three live subscribers", |s| {
+        s["subscribers"].as_array().map(Vec::len) == Some(3)
+            && s["subscribers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["phase"] == "live")
+    })
+    .await;
+    // Well over 64 KiB: several tracked sends.
+    for n in 101..=110 {
+        up.send(txn(n, 200));
+    }
+    let readers: Vec<_> = healthy
+        .into_iter()
+        .map(|mut c| actix_rt::spawn(async move { read_txns(&mut c, 110).await }))
+        .collect();
+    // The silent one reads (and so answers pings) but never acks.
+    let closed = loop {
+        match silent.next(Duration::from_secs(10)).await {
+            Some(Seen::Msg { .. }) => {}
+            Some(Seen::Closed { code, reason }) => break (code, reason),
+            None => panic!("not evicted"),
+        }
+    };
+    assert_eq!(closed.0, 1013, "{closed:?}");
+    assert!(
+        closed.1.starts_with("too slow: lagging ") && closed.1.contains(" ms on watermark "),
+        "{closed:?}"
+    );
+    for r in readers {
+        assert_eq!(r.await.unwrap(), (101..=110).collect::<Vec<_>>());
+    }
+    let (_, metrics) = svc.get("/metrics").await;
+    assert!(
+        metrics.contains("change_streamer_subscribers_evicted_total 1"),
+        "{metrics}"
+    );
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_subscriber_that_stops_reading_holds_at_most_the_limit_and_later_gets_everything() {
+    let limit = 2000u64;
+    let (svc, up) = service_with_upstream(&[
+        "--max-subscriber-queue-changes",
+        "2000",
+        "--slow-subscriber-grace-ms",
+        "0",
+        "--flow-control-consensus-padding-seconds",
+        "0",
+        "--ping-interval-ms",
+        "600000",
+    ])
+    .await;
+    let mut healthy = Vec::new();
+    for id in ["a", "b"] {
+        healthy.push(WsClient::connect(&changes_url(&svc, id, 100)).await);
+    }
+    let mut stopped = WsClient::connect(&changes_url(&svc, "stopped", 100)).await;
+    svc.wait_status("three subscribers", |s| {
+        s["subscribers"].as_array().map(Vec::len) == Some(3)
+    })
+    .await;
+    // 1,000 transactions of 100 rows: 102,000 changes. `stopped` reads nothing meanwhile.
+    let last = 1100;
+    for chunk in (101..=last).collect::<Vec<u64>>().chunks(50) {
+        up.send(chunk.iter().flat_map(|&n| txn(n, 100)).collect());
+    }
+    let readers: Vec<_> = healthy
+        .into_iter()
+        .map(|mut c| actix_rt::spawn(async move { read_txns(&mut c, last).await }))
+        .collect();
+    let mut most = 0;
+    let mut done = Vec::new();
+    for r in readers {
+        while !r.is_finished() {
+            let st = svc.status().await;
+            let pending = subscriber(&st, "stopped")["pending"].as_u64().unwrap_or(0);
+            assert!(pending <= limit, "holds {pending} > {limit}: {st}");
+            most = most.max(pending);
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+        done.push(r.await.unwrap());
+    }
+    for got in done {
+        assert_eq!(
+            got,
+            (101..=last).collect::<Vec<_>>(),
+            "a healthy one missed some"
+        );
+    }
+    assert!(most > 0, "the stopped subscriber never held anything");
+    let (_, metrics) = svc.get("/metrics").await;
+    assert!(
+        metrics.contains("change_streamer_subscriber_pending_changes{id=\"stopped\"}")
+            && metrics.contains("change_streamer_subscriber_lag_seconds{id=\"stopped\"}"),
+        "{metrics}"
+    );
+    // It reads again: everything, from the change log, once each, in order.
+    let (id, status) = stopped.msg().await;
+    assert_eq!(status[0], "status");
+    stopped.ack(id).await;
+    assert_eq!(
+        read_txns(&mut stopped, last).await,
+        (101..=last).collect::<Vec<_>>()
+    );
+    up.send(txn(last + 1, 3));
+    assert_eq!(read_txns(&mut stopped, last + 1).await, vec![last + 1]);
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn an_acking_subscriber_survives_a_large_catch_up_with_a_short_ping_interval() {
+    let (svc, up) = service_with_upstream(&["--ping-interval-ms", "50"]).await;
+    // 100,000 changes stored before it subscribes.
+    let last = 1100;
+    for chunk in (101..=last).collect::<Vec<u64>>().chunks(50) {
+        up.send(chunk.iter().flat_map(|&n| txn(n, 98)).collect());
+    }
+    svc.wait_status("stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(last))
+    })
+    .await;
+    let mut c = WsClient::connect(&changes_url(&svc, "r", 100)).await;
+    assert_eq!(
+        read_txns(&mut c, last).await,
+        (101..=last).collect::<Vec<_>>()
+    );
+    svc.stop().await;
+}
