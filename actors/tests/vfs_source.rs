@@ -394,6 +394,34 @@ async fn a_wedged_reader_is_killed_and_replaced() {
 }
 
 #[actix_rt::test]
+async fn a_poll_timeout_shorter_than_the_load_still_gets_a_reader_up() {
+    let mut r = Replicated::new("0a");
+    r.replicate();
+    r.wait_for_backup().await;
+    // Loading takes ~0.3 s; each poll may wait 100 ms.
+    let h = Harness::start(
+        BackupSource::Vfs(r.source(DEFAULT_WATERMARK_QUERY)),
+        Duration::from_millis(100),
+    );
+    let outcome = h.check().await;
+    assert!(
+        matches!(&outcome, PollOutcome::Failed(e) if e.contains("still loading")),
+        "{outcome:?}"
+    );
+    let first = reader_pids(&r.backup_url());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.check().await != READ_ONE {
+        assert!(Instant::now() < deadline, "the reader never answered");
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        reader_pids(&r.backup_url()),
+        first,
+        "the loading reader was kept"
+    );
+}
+
+#[actix_rt::test]
 async fn stopping_the_monitor_kills_the_reader_in_flight() {
     let r = Replicated::new("0a");
     let h = Harness::start(
