@@ -74,7 +74,8 @@ fn run_install_script() -> Litestream {
 }
 
 /// litestream if it is already there, without installing it: `$LITESTREAM_BIN` and
-/// `$LITESTREAM_VFS` when both are set, else a complete install in the install folder.
+/// `$LITESTREAM_VFS` when both are set, else a complete install in the install folder (one the
+/// install script has finished).
 pub fn installed() -> Option<Litestream> {
     if let (Some(bin), Some(vfs)) = (
         std::env::var_os("LITESTREAM_BIN"),
@@ -90,7 +91,13 @@ pub fn installed() -> Option<Litestream> {
         bin: dir.join("bin/litestream"),
         vfs: dir.join("litestream_vfs/litestream-vfs.so"),
     };
-    (found.bin.is_file() && found.vfs.is_file()).then_some(found)
+    // The script's stamp is written last: a folder without it is still being installed.
+    let stamped = std::fs::read_dir(&dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".installed-"))
+    });
+    (stamped && found.bin.is_file() && found.vfs.is_file()).then_some(found)
 }
 
 /// A running `litestream replicate` of one database to one replica; killed when dropped.
