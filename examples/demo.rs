@@ -520,18 +520,16 @@ async fn run(seconds: Option<u64>) {
     up.stop().await;
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
     // The service in this process starts its VFS reader from this binary (SPEC §8.1b).
     if std::env::args_os()
         .nth(1)
         .is_some_and(|a| a == vfs_reader::SUBCOMMAND)
     {
-        std::process::exit(match vfs_reader::run() {
-            c if c == std::process::ExitCode::SUCCESS => 0,
-            _ => 1,
-        });
+        return vfs_reader::run();
     }
     let seconds = parse_seconds();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     actix_rt::System::new().block_on(run(seconds));
+    std::process::ExitCode::SUCCESS
 }

@@ -171,6 +171,43 @@ fn apply_change(conn: &Connection, change: &Value) -> Result<(), String> {
     res.map(|_| ()).map_err(|e| e.to_string())
 }
 
+/// Writes a replica file at `watermark` holding about `bytes` of rows (1 KiB each), as the
+/// backup replica would have after a long run: for measuring reads of a large backup.
+pub fn write_large_replica(db: &Path, watermark: &str, bytes: usize) {
+    let mut conn = Connection::open(db).expect("open the replica file");
+    conn.execute_batch(SCHEMA)
+        .expect("create the replica's tables");
+    let tx = conn.transaction().expect("begin");
+    tx.execute(
+        r#"INSERT INTO "_zero.replicationState" VALUES (?1, ?2)"#,
+        params![watermark, now_ms()],
+    )
+    .expect("write replicationState");
+    {
+        let mut insert = tx
+            .prepare(r#"INSERT INTO "rows" VALUES ('public.filler', ?1, ?2)"#)
+            .expect("prepare");
+        // Random text (6 bits a character), so that the backup's compression does not shrink
+        // it to nothing.
+        const ALPHABET: &[u8; 64] =
+            b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        for i in 0..bytes / 1024 {
+            let filler: String = (0..1000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ALPHABET[(state >> 58) as usize] as char
+                })
+                .collect();
+            let row = format!(r#"{{"id":{i},"v":"{filler}"}}"#);
+            insert.execute(params![i.to_string(), row]).expect("insert");
+        }
+    }
+    tx.commit().expect("commit");
+}
+
 /// What a (restored) replica file holds: its `stateVersion` and its rows' JSON.
 pub fn read_replica(db: &Path) -> (String, Vec<Value>) {
     let conn = Connection::open(db).expect("open a replica file");
