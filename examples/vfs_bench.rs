@@ -13,7 +13,7 @@
 //!   Also the one-off load of the extension.
 //! - `delay`: the real service with `--litestream-vfs` polling every `--interval-ms`, a backup
 //!   replica following it and replicated by `litestream replicate` (50 ms monitor and sync
-//!   intervals), transactions every 100 ms: for each watermark the replica commits, the time until
+//!   intervals), transactions 50–150 ms apart: for each watermark the replica commits, the time until
 //!   the service's `/status` (read every 5 ms) shows a backed-up watermark at or above it.
 //!
 //! litestream is installed by `scripts/install-litestream.sh` on first use. Each part prints one
@@ -201,9 +201,14 @@ async fn delay_part(a: &Args) {
     let writer = {
         let up = up.clone();
         actix_rt::spawn(async move {
-            let mut tick = actix_rt::time::interval(Duration::from_millis(100));
+            // 50–150 ms apart, pseudo-randomly, so that commits fall at every phase of the
+            // poll and sync periods (a fixed period would lock onto one).
+            let mut state = 0x2545_f491_4f6c_dd1d_u64;
             for n in 101.. {
-                tick.tick().await;
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                actix_rt::time::sleep(Duration::from_millis(50 + state % 101)).await;
                 up.send(txn(n, 1));
             }
         })
