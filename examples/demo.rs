@@ -8,8 +8,14 @@
 //! It starts the real service (its embedded change log in a temporary directory) and, around
 //! it, stand-ins for the outside world:
 //! - an upstream change source writing transactions of 1–5 rows, about 200 a second;
-//! - a `backup` replica that follows the stream, and a litestream `/metrics` endpoint that
-//!   reports, every second, the last watermark that replica applied as backed up;
+//! - a `backup` replica that follows the stream. When stock litestream 0.5 is installed
+//!   (`scripts/install-litestream.sh` puts it in `.tools/litestream`; or `LITESTREAM_BIN` and
+//!   `LITESTREAM_VFS` name it), the replica applies the stream to its own SQLite file, a real
+//!   `litestream replicate` backs that up to a local `file://` replica, the service reads the
+//!   backed-up watermark through litestream's VFS (`--litestream-vfs`), and the restoring
+//!   replicas below really `litestream restore`. Otherwise a stand-in litestream `/metrics`
+//!   endpoint reports, every second, the last watermark that replica applied as backed up. The
+//!   first line says which;
 //! - three serving replicas that reserve a snapshot, "restore" for a few seconds, subscribe with
 //!   `initial=true` from the last backed-up watermark, and follow live changes;
 //! - one replica that stops reading after a while: flow control releases the others by
@@ -24,10 +30,13 @@ use std::io::{IsTerminal, Write};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use change_streamer_actors::vfs_reader;
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream::{self, Litestream};
 use change_streamer_test_support::upstream::{self, FakeUpstream};
 use serde_json::Value;
 
@@ -92,12 +101,50 @@ async fn follow(mut c: WsClient, applied: Option<Applied>, stall_after: Option<D
     }
 }
 
+/// Where a restoring replica's backup comes from.
+#[derive(Clone)]
+enum Restore {
+    /// The stand-in: the watermark last reported as backed up.
+    Reported(Applied),
+    /// Real litestream: `litestream restore` of the `file://` replica, then its stateVersion.
+    Real {
+        litestream: Litestream,
+        url: String,
+        dir: std::path::PathBuf,
+    },
+}
+
+impl Restore {
+    /// The watermark a restore starts from, `None` when there is no backup.
+    async fn watermark(&self, name: &str) -> Option<String> {
+        match self {
+            Restore::Reported(backed_up) => backed_up.borrow().clone(),
+            Restore::Real {
+                litestream,
+                url,
+                dir,
+            } => {
+                let (litestream, url) = (litestream.clone(), url.clone());
+                let out = dir.join(format!("{name}.db"));
+                // A blocking command: off the runtime, which also runs the service's actors.
+                tokio::task::spawn_blocking(move || {
+                    litestream.restore(&url, &out).ok()?;
+                    Some(read_replica(&out).0)
+                })
+                .await
+                .ok()
+                .flatten()
+            }
+        }
+    }
+}
+
 /// A restoring replica: reserve, restore for `restore`, subscribe with initial=true, follow.
 async fn replica(
     base: String,
     name: String,
     restore: Duration,
-    backed_up: Applied,
+    backed_up: Restore,
     stall_after: Option<Duration>,
 ) {
     let mut res = WsClient::connect(&format!(
@@ -113,8 +160,8 @@ async fn replica(
     // "Restore": keep the reservation open (answering pings) for a while.
     let _ = res.next(restore).await;
     let from = backed_up
-        .borrow()
-        .clone()
+        .watermark(&name)
+        .await
         .unwrap_or(replica_version.clone());
     let url = format!(
         "ws://{base}/replication/v6/changes?id={name}&taskID={name}&mode=serving&replicaVersion={replica_version}&watermark={from}&initial=true"
@@ -264,16 +311,41 @@ fn view(t: u64, st: &Value, metrics: &str) -> String {
 }
 
 async fn run(seconds: Option<u64>) {
+    let real = stock_litestream::installed();
+    let backup_dir = tempfile::tempdir().expect("tempdir");
+    match &real {
+        Some(l) => println!(
+            "change-streamer demo with real litestream ({}): the service reads the backup through its VFS ({})",
+            l.bin.display(),
+            l.vfs.display()
+        ),
+        None => println!(
+            "change-streamer demo with a stand-in litestream /metrics page (scripts/install-litestream.sh installs real litestream 0.5 and its VFS for this demo)"
+        ),
+    }
     let up = FakeUpstream::start().await;
     let lite = FakeLitestream::start(Answer::default()).await;
-    let (up_url, lite_url) = (up.url(), lite.url());
+    let up_url = up.url();
+    let file_url = format!("file://{}", backup_dir.path().join("backup").display());
+    let (backup_url, source_flag, source) = match &real {
+        Some(l) => (
+            file_url.clone(),
+            "--litestream-vfs",
+            l.vfs.to_string_lossy().into_owned(),
+        ),
+        None => (
+            "s3://demo-bucket/replica".to_string(),
+            "--litestream-metrics-url",
+            lite.url(),
+        ),
+    };
     let svc = TestService::start(&[
         "--upstream",
         &up_url,
         "--litestream-backup-url",
-        "s3://demo-bucket/replica",
-        "--litestream-metrics-url",
-        &lite_url,
+        &backup_url,
+        source_flag,
+        &source,
         "--backup-check-interval-ms",
         "1000",
         "--min-cleanup-delay-ms",
@@ -290,10 +362,10 @@ async fn run(seconds: Option<u64>) {
     .await;
     let base = svc.base();
     println!(
-        "change-streamer demo: service on http://{base}  (data in {})",
+        "  service on http://{base}  (data in {})",
         svc.dir.path().display()
     );
-    println!("  upstream {up_url}   litestream {lite_url}   Ctrl-C to stop\n");
+    println!("  upstream {up_url}   litestream {source}   backup {backup_url}   Ctrl-C to stop\n");
     println!("{LEGEND}");
 
     up.wait_connections(1).await;
@@ -308,23 +380,50 @@ async fn run(seconds: Option<u64>) {
         st = svc.status().await;
     }
     let rv = st["replicaVersion"].as_str().unwrap_or("00").to_string();
-    let backup = WsClient::connect(&format!(
-        "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
-    ))
-    .await;
-    actix_rt::spawn(follow(backup, Some(applied.clone()), None));
-    actix_rt::spawn(litestream_reports(
-        lite.clone(),
-        applied.clone(),
-        backed_up.clone(),
-    ));
+    // Kept until the end: dropping it stops litestream.
+    let mut _replication = None;
+    let restore = match &real {
+        Some(l) => {
+            let replica = BackupReplica::start(
+                &base,
+                "backup",
+                &rv,
+                &rv,
+                &backup_dir.path().join("replica.db"),
+            )
+            .await;
+            _replication = Some(l.replicate(
+                &replica.db,
+                &file_url,
+                &backup_dir.path().join("litestream.yml"),
+            ));
+            Restore::Real {
+                litestream: l.clone(),
+                url: file_url.clone(),
+                dir: backup_dir.path().to_path_buf(),
+            }
+        }
+        None => {
+            let backup = WsClient::connect(&format!(
+                "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
+            ))
+            .await;
+            actix_rt::spawn(follow(backup, Some(applied.clone()), None));
+            actix_rt::spawn(litestream_reports(
+                lite.clone(),
+                applied.clone(),
+                backed_up.clone(),
+            ));
+            Restore::Reported(backed_up.clone())
+        }
+    };
     for i in 0..REPLICAS {
-        let restore = Duration::from_millis(2000 + 1000 * i as u64);
+        let restore_for = Duration::from_millis(2000 + 1000 * i as u64);
         actix_rt::spawn(replica(
             base.clone(),
             format!("r{}", i + 1),
-            restore,
-            backed_up.clone(),
+            restore_for,
+            restore.clone(),
             None,
         ));
     }
@@ -332,7 +431,7 @@ async fn run(seconds: Option<u64>) {
         base.clone(),
         "stalled".into(),
         Duration::from_millis(1500),
-        backed_up.clone(),
+        restore,
         Some(Duration::from_secs(4)),
     ));
 
@@ -423,8 +522,16 @@ async fn run(seconds: Option<u64>) {
     up.stop().await;
 }
 
-fn main() {
+fn main() -> std::process::ExitCode {
+    // The service in this process starts its VFS reader from this binary (SPEC §8.1b).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == vfs_reader::SUBCOMMAND)
+    {
+        return vfs_reader::run();
+    }
     let seconds = parse_seconds();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     actix_rt::System::new().block_on(run(seconds));
+    std::process::ExitCode::SUCCESS
 }

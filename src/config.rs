@@ -141,6 +141,21 @@ pub struct Config {
     #[arg(long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES", default_value_t = 20_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_subscriber_queue_changes: u64,
+
+    /// Path of litestream 0.5's SQLite VFS extension (`litestream-vfs.so`): the backup monitor
+    /// reads the backed-up watermark out of the backup itself instead of the metrics.
+    #[arg(long, env = "ZERO_LITESTREAM_VFS")]
+    pub litestream_vfs: Option<PathBuf>,
+
+    /// Run on the backup through the VFS: the first column of the first row is the backed-up
+    /// watermark.
+    #[arg(
+        long,
+        env = "ZERO_BACKUP_WATERMARK_QUERY",
+        default_value = r#"SELECT stateVersion FROM "_zero.replicationState""#,
+        value_parser = parse_non_empty
+    )]
+    pub backup_watermark_query: String,
 }
 
 impl Config {

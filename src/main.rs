@@ -1,10 +1,20 @@
 //! The `change-streamer` binary: parse the configuration, start the service, stop it
-//! gracefully on SIGINT or SIGTERM.
+//! gracefully on SIGINT or SIGTERM. Also the backup monitor's VFS reader, when run with
+//! [`vfs_reader::SUBCOMMAND`].
 
 use change_streamer::config;
 use change_streamer::Service;
+use change_streamer_actors::vfs_reader;
 
 fn main() -> std::process::ExitCode {
+    // The VFS reader the backup monitor starts (SPEC §8.1b) is this binary run with a hidden
+    // subcommand; it is not a flag, so it is recognised before the flags are parsed.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == vfs_reader::SUBCOMMAND)
+    {
+        return vfs_reader::run();
+    }
     let (config, matches) = config::parse_or_exit();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let system = actix_rt::System::new();

@@ -28,11 +28,12 @@ use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, SEGMENT_ROWS};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
-use change_streamer_actors::monitor::{MonitorActor, MonitorConfig, Stop};
+use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig, Stop};
 use change_streamer_actors::reservation::{CloseAll, ReservationActor};
 use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::{CloseAllSubscribers, Streamer, StreamerConfig};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
+use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use log::{info, warn};
 
 use crate::config::Config;
@@ -48,6 +49,8 @@ pub enum StartError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("--litestream-vfs: {0}")]
+    LitestreamVfs(VfsError),
 }
 
 impl StartError {
@@ -56,6 +59,7 @@ impl StartError {
         match self {
             StartError::ChangeLog(_) => &["data_dir"],
             StartError::Bind { .. } => &["host", "port"],
+            StartError::LitestreamVfs(_) => &["litestream_vfs"],
         }
     }
 }
@@ -80,6 +84,10 @@ impl Service {
         // Bind before any actor starts, so that a refused address stops nothing but this.
         let listener = listen(&config.host, config.port)?;
         let drain = Drain::default();
+        let vfs = match &config.litestream_vfs {
+            Some(path) => Some(check_vfs(&config, path).await?),
+            None => None,
+        };
 
         let streamer_cfg = StreamerConfig {
             padding_ms: config.padding_ms(),
@@ -117,22 +125,37 @@ impl Service {
                     .cleanup_delay_ms
                     .unwrap_or(0)
                     .max(config.starting_cleanup_delay_ms() as i64);
-                let reservations = ReservationActor::new(
+                let mut reservations = ReservationActor::new(
                     clock.clone(),
                     url.clone(),
                     streamer.clone().recipient(),
                     cleanup.clone(),
                 )
                 .with_max_reservation_ms(config.max_reservation_ms as i64)
-                .restore(&safety.reservations, cleanup_delay_ms, log.clone())
-                .start();
-                let monitor = MonitorActor::new(
-                    MonitorConfig::new(
-                        config.litestream_metrics_url.clone(),
-                        config.backup_check_interval(),
+                .restore(&safety.reservations, cleanup_delay_ms, log.clone());
+                if vfs.is_some() {
+                    reservations = reservations.verifying_backups();
+                }
+                let reservations = reservations.start();
+                let monitor = match vfs {
+                    None => MonitorActor::new(
+                        MonitorConfig::new(
+                            config.litestream_metrics_url.clone(),
+                            config.backup_check_interval(),
+                        ),
+                        cleanup.clone(),
                     ),
-                    cleanup.clone(),
-                )
+                    Some((source, reader)) => {
+                        let mut cfg = MonitorConfig::with_source(
+                            BackupSource::Vfs(source),
+                            config.backup_check_interval(),
+                        );
+                        cfg.clock = clock.clone();
+                        MonitorActor::new(cfg, cleanup.clone())
+                            .with_vfs_reader(reader)
+                            .reporting_backups_to(reservations.clone().recipient())
+                    }
+                }
                 .start();
                 Some(BackupActors {
                     reservations,
@@ -256,6 +279,37 @@ impl Service {
         info!("stopped");
     }
 }
+
+/// SPEC §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded
+/// it is kept for the monitor's polls. Without `--litestream-backup-url` nothing will read the
+/// backup, but a bad path is still an error, not a surprise for later.
+async fn check_vfs(
+    config: &Config,
+    extension: &std::path::Path,
+) -> Result<(VfsSource, VfsReader), StartError> {
+    let helper = HelperCommand::for_service().map_err(|e| {
+        StartError::LitestreamVfs(VfsError::Spawn {
+            program: "change-streamer".into(),
+            reason: e.to_string(),
+        })
+    })?;
+    let source = VfsSource {
+        helper,
+        extension: extension.to_path_buf(),
+        backup_url: config.litestream_backup_url.clone().unwrap_or_default(),
+        query: config.backup_watermark_query.clone(),
+    };
+    let mut reader = VfsReader::new(source.clone());
+    reader
+        .start(VFS_LOAD_LIMIT)
+        .await
+        .map_err(StartError::LitestreamVfs)?;
+    info!("loaded litestream's VFS extension {}", extension.display());
+    Ok((source, reader))
+}
+
+/// How long loading the VFS extension at start may take (it takes ~0.3 s).
+const VFS_LOAD_LIMIT: Duration = Duration::from_secs(10);
 
 /// How long the stop waits for the sessions to close after the notice.
 pub const SESSION_DRAIN: Duration = Duration::from_secs(10);

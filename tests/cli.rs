@@ -56,6 +56,8 @@ fn help_lists_every_flag_with_its_environment_variable() {
             "--max-subscriber-queue-changes",
             "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES",
         ),
+        ("--litestream-vfs", "ZERO_LITESTREAM_VFS"),
+        ("--backup-watermark-query", "ZERO_BACKUP_WATERMARK_QUERY"),
     ] {
         assert!(
             text.contains(flag) && text.contains(env),
@@ -185,6 +187,26 @@ fn a_bad_host_is_one_error_line_without_a_panic() {
     let (code, text) = run(&["--host", "256.0.0.1", "--data-dir", &data], &[]);
     assert_ne!(code, 0, "{text}");
     assert_one_clean_error(&text, "--host");
+}
+
+#[test]
+fn a_litestream_vfs_that_cannot_be_loaded_is_one_error_line_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().to_string_lossy().into_owned();
+    let missing = dir.path().join("no-such-vfs.so");
+    let (code, text) = run(
+        &["--port", "0", "--data-dir", &data],
+        &[("ZERO_LITESTREAM_VFS", &missing.to_string_lossy())],
+    );
+    assert_ne!(code, 0, "{text}");
+    assert_one_clean_error(&text, "--litestream-vfs");
+    assert!(
+        text.contains("ZERO_LITESTREAM_VFS") && text.contains("no-such-vfs.so"),
+        "{text}"
+    );
+    let (code, text) = run(&["--backup-watermark-query", " "], &[]);
+    assert_ne!(code, 0);
+    assert!(text.contains("--backup-watermark-query"), "{text}");
 }
 
 #[test]

@@ -9,6 +9,10 @@
 //!   VFS (see [`crate::vfs`]): one sample of replica `vfs`, backed up at the time of the first
 //!   poll that read that watermark (stock litestream says nothing more precise).
 //!
+//! With the VFS source the monitor also tells the reservations what it read
+//! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
+//! above the change log's minWatermark (SPEC §6.7).
+//!
 //! A failed poll (network error, non-2xx, no answer within the timeout, garbage, no backup yet,
 //! a failing query) is a warning, a counted error and an *empty* result: scheduling still runs,
 //! because watermarks recorded earlier may have become due.
@@ -30,6 +34,7 @@ use tokio::sync::oneshot;
 use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
 use crate::litestream::{parse_progress_page, BackupSample, PROGRESS_METRIC};
+use crate::reservation::BackupRead;
 use crate::vfs::{VfsError, VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
@@ -171,6 +176,8 @@ pub struct MonitorActor {
     vfs: Option<VfsReader>,
     /// The watermark the VFS source last read, and when it was first read.
     vfs_first_read: Option<(Watermark, i64)>,
+    /// Told each watermark the VFS source reads (the reservations, SPEC §6.7).
+    backup_reads: Option<Recipient<BackupRead>>,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
@@ -185,11 +192,25 @@ impl MonitorActor {
             client: None,
             vfs: None,
             vfs_first_read: None,
+            backup_reads: None,
             in_flight: None,
             waiters: Vec::new(),
             stats: MonitorStats::default(),
             stopping: false,
         }
+    }
+
+    /// Sends a [`BackupRead`] to `recipient` after each VFS poll that read a watermark.
+    pub fn reporting_backups_to(mut self, recipient: Recipient<BackupRead>) -> Self {
+        self.backup_reads = Some(recipient);
+        self
+    }
+
+    /// Uses `reader`, already started (the service checks at start that the extension loads),
+    /// so that the first poll does not pay for loading it again.
+    pub fn with_vfs_reader(mut self, reader: VfsReader) -> Self {
+        self.vfs = Some(reader);
+        self
     }
 
     fn start_poll(&mut self, ctx: &mut Context<Self>) {
@@ -318,6 +339,11 @@ impl MonitorActor {
             }
         };
         self.stats.backup_watermark = Some(watermark.clone());
+        if let Some(r) = &self.backup_reads {
+            r.do_send(BackupRead {
+                watermark: watermark.clone(),
+            });
+        }
         let sample = BackupSample {
             watermark,
             replica: VFS_REPLICA.to_string(),

@@ -7,6 +7,11 @@
 //! its timeout (no backup yet: the extension waits for one; or the VFS is wedged), the reader is
 //! killed and the next poll starts a new one. A reader that exits or garbles the protocol is
 //! replaced the same way.
+//!
+//! Loading is the exception: a reader still loading the extension when a poll's time runs out
+//! is kept (that poll fails) and the next poll goes on waiting for it, up to [`LOAD_LIMIT`] in
+//! all. Otherwise a poll timeout shorter than the load (`--backup-check-interval-ms` under
+//! ~0.3 s, or a busy machine) would kill every new reader before it could ever answer.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -25,6 +30,10 @@ pub const DEFAULT_WATERMARK_QUERY: &str = r#"SELECT stateVersion FROM "_zero.rep
 /// The change-streamer binary whose hidden subcommand the service runs as its reader, when it
 /// is not the running executable; see [`HelperCommand::for_service`].
 pub const ENV_READER: &str = "CHANGE_STREAMER_VFS_READER";
+
+/// The longest a reader may take to load the extension, over as many polls as it takes; past
+/// it the reader is killed like a wedged one.
+pub const LOAD_LIMIT: Duration = Duration::from_secs(10);
 
 /// How to start a reader process: a program that runs [`crate::vfs_reader::run`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +87,10 @@ pub enum VfsError {
     Spawn { program: String, reason: String },
     #[error("no answer within {0} ms (no backup yet, or the VFS is wedged); the reader is restarted on the next poll")]
     Timeout(u128),
+    #[error(
+        "the VFS reader is still loading the extension ({0} ms so far); the next poll waits on"
+    )]
+    Loading(u128),
     #[error("the VFS reader exited")]
     Exited,
     #[error("talking to the VFS reader: {0}")]
@@ -94,6 +107,8 @@ struct Helper {
     _child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
+    /// When it was started, until it says it has loaded the extension.
+    loading_since: Option<tokio::time::Instant>,
 }
 
 /// One reader process, started when needed; see the module documentation.
@@ -143,6 +158,10 @@ impl VfsReader {
                 Err(e)
             }
             Err(_) => {
+                let loading = self.helper.as_ref().and_then(|h| h.loading_since);
+                if let Some(since) = loading.filter(|s| s.elapsed() < LOAD_LIMIT) {
+                    return Err(VfsError::Loading(since.elapsed().as_millis()));
+                }
                 if self.helper.take().is_some() {
                     info!(
                         "killed the VFS reader for {}: no answer in time",
@@ -155,8 +174,11 @@ impl VfsReader {
     }
 
     async fn ready(&mut self) -> Result<(), VfsError> {
-        if self.helper.is_some() {
-            return Ok(());
+        match &self.helper {
+            Some(h) if h.loading_since.is_none() => return Ok(()),
+            // Started by an earlier call whose time ran out: go on waiting for it.
+            Some(_) => return self.loaded().await,
+            None => {}
         }
         let s = &self.source;
         let mut child = Command::new(&s.helper.program)
@@ -185,9 +207,21 @@ impl VfsReader {
             _child: child,
             stdin,
             stdout: BufReader::new(stdout).lines(),
+            loading_since: Some(tokio::time::Instant::now()),
         });
+        self.loaded().await
+    }
+
+    /// Waits for the reader's first reply: loaded, or why not. Cancel-safe (reading lines is),
+    /// so a later call can take over the wait.
+    async fn loaded(&mut self) -> Result<(), VfsError> {
         match self.next_reply().await? {
-            Reply::Ready => Ok(()),
+            Reply::Ready => {
+                if let Some(h) = self.helper.as_mut() {
+                    h.loading_since = None;
+                }
+                Ok(())
+            }
             Reply::Error(e) => Err(VfsError::Spawn {
                 program: self.source.helper.program.display().to_string(),
                 reason: e,

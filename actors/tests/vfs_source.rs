@@ -4,12 +4,12 @@
 //! watermark back through litestream's VFS extension, in the `change-streamer-vfs-reader`
 //! process. Also the metrics source's SPEC §8.1 rule for stock litestream's page.
 //!
-//! litestream comes from `scripts/install-litestream.sh`, found through
-//! `CHANGE_STREAMER_LITESTREAM_DIR` or `.tools/litestream` at the repository root. Without it
-//! these tests fail (they never skip).
+//! litestream is installed on first use by `scripts/install-litestream.sh` (through
+//! [`stock_litestream::install`], into `CHANGE_STREAMER_LITESTREAM_DIR` or `.tools/litestream`
+//! at the repository root); these tests never skip.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,39 +20,28 @@ use change_streamer_actors::monitor::{
     BackupSource, Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop,
     VFS_REPLICA,
 };
+use change_streamer_actors::reservation::BackupRead;
 use change_streamer_actors::vfs::{
     HelperCommand, VfsError, VfsReader, VfsSource, DEFAULT_WATERMARK_QUERY, ENV_READER,
 };
 use change_streamer_actors::vfs_reader::SUBCOMMAND;
+use change_streamer_test_support::stock_litestream::{self, Replication};
+use change_streamer_test_support::wait::wait_until;
 use rusqlite::Connection;
 use tempfile::TempDir;
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 const READER: &str = env!("CARGO_BIN_EXE_change-streamer-vfs-reader");
 
-/// The folder `scripts/install-litestream.sh` installs into.
-fn litestream_dir() -> PathBuf {
-    let dir = std::env::var_os("CHANGE_STREAMER_LITESTREAM_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.tools/litestream"));
-    assert!(
-        dir.join("bin/litestream").is_file(),
-        "litestream is not installed in {}: run scripts/install-litestream.sh \
-         (or set CHANGE_STREAMER_LITESTREAM_DIR to where it is installed)",
-        dir.display()
-    );
-    dir
-}
-
 fn extension() -> PathBuf {
-    litestream_dir().join("litestream_vfs/litestream-vfs.so")
+    stock_litestream::install().vfs
 }
 
 /// A SQLite database replicated by a real `litestream replicate` to a `file://` replica.
 struct Replicated {
     dir: TempDir,
     db: Connection,
-    litestream: Option<Child>,
+    litestream: Option<Replication>,
 }
 
 impl Replicated {
@@ -83,34 +72,19 @@ impl Replicated {
 
     /// Starts `litestream replicate` with short intervals.
     fn replicate(&mut self) {
-        let config = self.dir.path().join("litestream.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "dbs:\n  - path: {}\n    monitor-interval: 50ms\n    replicas:\n      - url: {}\n        sync-interval: 50ms\n",
-                self.dir.path().join("replica.db").display(),
-                self.backup_url()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(litestream_dir().join("bin/litestream"))
-            .args(["replicate", "-config"])
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start litestream");
-        self.litestream = Some(child);
+        self.litestream = Some(stock_litestream::install().replicate(
+            &self.dir.path().join("replica.db"),
+            &self.backup_url(),
+            &self.dir.path().join("litestream.yml"),
+        ));
     }
 
     /// Waits until litestream has written a snapshot to the replica.
     async fn wait_for_backup(&self) {
-        let deadline = Instant::now() + Duration::from_secs(8);
-        let snapshots = self.dir.path().join("backup/ltx/9");
-        while !std::fs::read_dir(&snapshots).is_ok_and(|mut d| d.next().is_some()) {
-            assert!(Instant::now() < deadline, "litestream wrote no backup");
-            actix_rt::time::sleep(Duration::from_millis(50)).await;
-        }
+        let replication = self.litestream.as_ref().expect("litestream runs");
+        replication
+            .wait_for_backup(&self.backup_url(), Duration::from_secs(8))
+            .await;
     }
 
     fn set_watermark(&self, watermark: &str) {
@@ -132,15 +106,6 @@ impl Replicated {
     }
 }
 
-impl Drop for Replicated {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.litestream.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// Records what the purge side is told.
 #[derive(Default)]
 struct Purge(Arc<Mutex<Vec<String>>>);
@@ -150,6 +115,19 @@ impl Actor for Purge {
 impl Handler<ScheduleCleanup> for Purge {
     type Result = ();
     fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
+        self.0.lock().unwrap().push(m.watermark.to_string());
+    }
+}
+
+/// Records the backups the monitor reports to the reservations.
+#[derive(Default)]
+struct Reads(Arc<Mutex<Vec<String>>>);
+impl Actor for Reads {
+    type Context = Context<Self>;
+}
+impl Handler<BackupRead> for Reads {
+    type Result = ();
+    fn handle(&mut self, m: BackupRead, _: &mut Context<Self>) {
         self.0.lock().unwrap().push(m.watermark.to_string());
     }
 }
@@ -279,6 +257,43 @@ async fn reads_the_backed_up_watermark_through_the_vfs() {
 }
 
 #[actix_rt::test]
+async fn each_watermark_read_through_the_vfs_is_reported_to_the_reservations() {
+    let mut r = Replicated::new("0a");
+    r.replicate();
+    r.wait_for_backup().await;
+    let reads = Reads::default();
+    let seen = reads.0.clone();
+    let clock = Clock::manual(START);
+    let cleanup = CleanupActor::new(
+        clock.clone(),
+        0,
+        30_000,
+        Purge::default().start().recipient(),
+    )
+    .start();
+    let mut cfg = MonitorConfig::with_source(
+        BackupSource::Vfs(r.source(DEFAULT_WATERMARK_QUERY)),
+        Duration::from_secs(60),
+    );
+    cfg.clock = clock;
+    cfg.timeout = Duration::from_secs(3);
+    cfg.poll_automatically = false;
+    let monitor = MonitorActor::new(cfg, cleanup)
+        .reporting_backups_to(reads.start().recipient())
+        .start();
+    assert_eq!(monitor.send(Check).await.unwrap(), READ_ONE);
+    assert_eq!(monitor.send(Check).await.unwrap(), READ_ONE);
+    wait_until("two reports", Duration::from_secs(5), || {
+        seen.lock().unwrap().len() >= 2
+    })
+    .await;
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec!["0a".to_string(), "0a".to_string()]
+    );
+}
+
+#[actix_rt::test]
 async fn backup_time_is_the_first_poll_that_read_the_watermark() {
     let mut r = Replicated::new("0a");
     r.replicate();
@@ -376,6 +391,34 @@ async fn a_wedged_reader_is_killed_and_replaced() {
     let replaced = reader_pids(&r.backup_url());
     assert_eq!(replaced.len(), 1);
     assert_ne!(replaced, wedged, "a new reader answered");
+}
+
+#[actix_rt::test]
+async fn a_poll_timeout_shorter_than_the_load_still_gets_a_reader_up() {
+    let mut r = Replicated::new("0a");
+    r.replicate();
+    r.wait_for_backup().await;
+    // Loading takes ~0.3 s; each poll may wait 100 ms.
+    let h = Harness::start(
+        BackupSource::Vfs(r.source(DEFAULT_WATERMARK_QUERY)),
+        Duration::from_millis(100),
+    );
+    let outcome = h.check().await;
+    assert!(
+        matches!(&outcome, PollOutcome::Failed(e) if e.contains("still loading")),
+        "{outcome:?}"
+    );
+    let first = reader_pids(&r.backup_url());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.check().await != READ_ONE {
+        assert!(Instant::now() < deadline, "the reader never answered");
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        reader_pids(&r.backup_url()),
+        first,
+        "the loading reader was kept"
+    );
 }
 
 #[actix_rt::test]

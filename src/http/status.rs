@@ -120,6 +120,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
             "pendingWatermarks": c.map(|c| c.pending_watermarks.clone()).unwrap_or_default(),
             "cleanupsScheduled": c.map(|c| c.cleanups_scheduled_total).unwrap_or(0),
             "monitor": o.monitor,
+            "source": if cfg.litestream_vfs.is_some() { "vfs" } else { "metrics" },
         },
         "role": ROLE,
         "reservations": o.reservations,

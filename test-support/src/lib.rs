@@ -1,7 +1,9 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
-//! (litestream's `/metrics`, the change source), a websocket client, the service in-process
+//! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
+//! it to replicate, a websocket client, the service in-process
 //! (feature `service`), the vendored fixtures, the peer harness, and waiting on a condition.
 
+pub mod backup_replica;
 pub mod client;
 pub mod fixtures;
 pub mod litestream;
@@ -9,6 +11,7 @@ pub mod peer;
 pub mod process;
 #[cfg(feature = "service")]
 pub mod service;
+pub mod stock_litestream;
 pub mod upstream;
 pub mod wait;
 

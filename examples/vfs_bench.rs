@@ -1,0 +1,277 @@
+//! Measures the VFS backup source (SPEC §8.1b) with real stock litestream 0.5.17, for
+//! BENCHMARKS.md:
+//!
+//! ```sh
+//! cargo run --release --example vfs_bench                 # both
+//! cargo run --release --example vfs_bench -- poll --mb 100 --polls 30
+//! cargo run --release --example vfs_bench -- delay --seconds 30 --interval-ms 100
+//! ```
+//!
+//! - `poll`: one VFS poll (open the backup through the VFS, run the default
+//!   `--backup-watermark-query`, in the reader process the service uses) on a backup of a
+//!   replica file of `--mb` MB, replicated by `litestream replicate` to a `file://` replica.
+//!   Also the one-off load of the extension.
+//! - `delay`: the real service with `--litestream-vfs` polling every `--interval-ms`, a backup
+//!   replica following it and replicated by `litestream replicate` (50 ms monitor and sync
+//!   intervals), transactions 50–150 ms apart: for each watermark the replica commits, the time until
+//!   the service's `/status` (read every 5 ms) shows a backed-up watermark at or above it.
+//!
+//! litestream is installed by `scripts/install-litestream.sh` on first use. Each part prints one
+//! JSON line and one line for people.
+
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::vfs::{HelperCommand, VfsReader, VfsSource, DEFAULT_WATERMARK_QUERY};
+use change_streamer_actors::vfs_reader;
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{write_large_replica, BackupReplica};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+
+struct Args {
+    parts: Vec<String>,
+    mb: usize,
+    polls: usize,
+    seconds: u64,
+    interval_ms: u64,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        parts: Vec::new(),
+        mb: 100,
+        polls: 30,
+        seconds: 30,
+        interval_ms: 100,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut num = |name: &str| -> u64 {
+            it.next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| usage(&format!("{name} takes a whole number")))
+        };
+        match arg.as_str() {
+            "poll" | "delay" => a.parts.push(arg),
+            "--mb" => a.mb = num("--mb") as usize,
+            "--polls" => a.polls = num("--polls").max(1) as usize,
+            "--seconds" => a.seconds = num("--seconds"),
+            "--interval-ms" => a.interval_ms = num("--interval-ms").max(1),
+            "--bench" => {} // passed by `cargo bench`-style runners
+            other => usage(&format!("unknown argument {other:?}")),
+        }
+    }
+    if a.parts.is_empty() {
+        a.parts = vec!["poll".into(), "delay".into()];
+    }
+    a
+}
+
+fn usage(why: &str) -> ! {
+    eprintln!("vfs_bench: {why}\nusage: cargo run --release --example vfs_bench [-- poll|delay] [--mb N] [--polls N] [--seconds N] [--interval-ms N]");
+    std::process::exit(2)
+}
+
+/// The `q` quantile (0..=1) of `xs`, in ms.
+fn quantile(xs: &mut [f64], q: f64) -> f64 {
+    xs.sort_by(|a, b| a.total_cmp(b));
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    xs[((xs.len() - 1) as f64 * q).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+async fn poll_part(a: &Args) {
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("replica.db");
+    let url = format!("file://{}", dir.path().join("backup").display());
+    let watermark = Watermark::from_u64(123_456_789).to_string();
+    eprintln!("writing a {} MB replica file…", a.mb);
+    write_large_replica(&db, &watermark, a.mb << 20);
+    eprintln!("litestream replicate…");
+    let replication = litestream.replicate(&db, &url, &dir.path().join("litestream.yml"));
+    replication
+        .wait_for_backup(&url, Duration::from_secs(300))
+        .await;
+    // Let the snapshot finish, then stop litestream so that only the reads are timed.
+    actix_rt::time::sleep(Duration::from_secs(3)).await;
+    drop(replication);
+    let backup_mb = dir_bytes(&dir.path().join("backup")) as f64 / (1 << 20) as f64;
+    let db_mb = std::fs::metadata(&db).map(|m| m.len()).unwrap_or(0) as f64 / (1 << 20) as f64;
+
+    let mut reader = VfsReader::new(VfsSource {
+        helper: HelperCommand::for_service().expect("this executable"),
+        extension: litestream.vfs.clone(),
+        backup_url: url,
+        query: DEFAULT_WATERMARK_QUERY.into(),
+    });
+    let t = Instant::now();
+    reader
+        .start(Duration::from_secs(30))
+        .await
+        .expect("load the VFS extension");
+    let load_ms = ms(t.elapsed());
+    let mut polls = Vec::new();
+    for _ in 0..a.polls {
+        let t = Instant::now();
+        let read = reader.read(Duration::from_secs(30)).await;
+        polls.push(ms(t.elapsed()));
+        assert_eq!(read.as_deref(), Ok(watermark.as_str()), "the poll read");
+    }
+    let first = polls[0];
+    let mut rest = polls[1..].to_vec();
+    if rest.is_empty() {
+        rest.push(first);
+    }
+    let (p50, p90) = (quantile(&mut rest, 0.5), quantile(&mut rest, 0.9));
+    println!(
+        "{}",
+        serde_json::json!({"bench": "vfs_poll", "dbMB": db_mb, "backupMB": backup_mb, "polls": a.polls,
+            "loadMs": load_ms, "firstPollMs": first, "p50Ms": p50, "p90Ms": p90})
+    );
+    println!(
+        "vfs poll on a {db_mb:.0} MB replica ({backup_mb:.0} MB backup): extension load {load_ms:.0} ms once; first poll {first:.1} ms, then p50 {p50:.1} ms, p90 {p90:.1} ms ({} polls)",
+        a.polls
+    );
+}
+
+async fn delay_part(a: &Args) {
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("file://{}", dir.path().join("backup").display());
+    let up = FakeUpstream::start().await;
+    let (up_url, vfs, interval) = (
+        up.url(),
+        litestream.vfs.to_string_lossy().into_owned(),
+        a.interval_ms.to_string(),
+    );
+    let svc = TestService::start(&[
+        "--upstream",
+        &up_url,
+        "--litestream-backup-url",
+        &url,
+        "--litestream-vfs",
+        &vfs,
+        "--backup-check-interval-ms",
+        &interval,
+        "--min-cleanup-delay-ms",
+        "3600000",
+    ])
+    .await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        .await;
+    let rv = Watermark::from_u64(100).to_string();
+    let replica = BackupReplica::start(
+        &svc.base(),
+        "backup",
+        &rv,
+        &rv,
+        &dir.path().join("replica.db"),
+    )
+    .await;
+    let _replication = litestream.replicate(&replica.db, &url, &dir.path().join("litestream.yml"));
+    svc.wait_status("the first backup read", |s| {
+        s["backup"]["monitor"]["backupWatermark"].is_string()
+    })
+    .await;
+
+    let writer = {
+        let up = up.clone();
+        actix_rt::spawn(async move {
+            // 50–150 ms apart, pseudo-randomly, so that commits fall at every phase of the
+            // poll and sync periods (a fixed period would lock onto one).
+            let mut state = 0x2545_f491_4f6c_dd1d_u64;
+            for n in 101.. {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                actix_rt::time::sleep(Duration::from_millis(50 + state % 101)).await;
+                up.send(txn(n, 1));
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut seen: Vec<(Instant, String)> = Vec::new();
+    while start.elapsed() < Duration::from_secs(a.seconds) {
+        let st = svc.status().await;
+        if let Some(w) = st["backup"]["monitor"]["backupWatermark"].as_str() {
+            if seen.last().is_none_or(|(_, last)| last != w) {
+                seen.push((Instant::now(), w.to_string()));
+            }
+        }
+        actix_rt::time::sleep(Duration::from_millis(5)).await;
+    }
+    writer.abort();
+    let committed: Vec<(String, Instant)> = replica
+        .progress
+        .borrow()
+        .committed_at
+        .iter()
+        .map(|(w, t)| (w.clone(), *t))
+        .collect();
+    let mut delays: Vec<f64> = committed
+        .iter()
+        .filter_map(|(w, at)| {
+            seen.iter()
+                .find(|(t, s)| t >= at && s.as_str() >= w.as_str())
+                .map(|(t, _)| ms(*t - *at))
+        })
+        .collect();
+    let n = delays.len();
+    let (p50, p99) = (quantile(&mut delays, 0.5), quantile(&mut delays, 0.99));
+    println!(
+        "{}",
+        serde_json::json!({"bench": "vfs_delay", "pollIntervalMs": a.interval_ms, "litestreamSyncMs": 50,
+            "watermarks": n, "p50Ms": p50, "p99Ms": p99})
+    );
+    println!(
+        "watermark committed in the backup replica -> seen by the service through the VFS: p50 {p50:.0} ms, p99 {p99:.0} ms ({n} watermarks; poll every {} ms, litestream sync every 50 ms)",
+        a.interval_ms
+    );
+    svc.stop().await;
+    up.stop().await;
+}
+
+fn main() -> std::process::ExitCode {
+    // The service and the reader in this process start their VFS reader from this binary.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == vfs_reader::SUBCOMMAND)
+    {
+        return vfs_reader::run();
+    }
+    let args = parse_args();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("error")).init();
+    actix_rt::System::new().block_on(async {
+        for part in &args.parts {
+            match part.as_str() {
+                "poll" => poll_part(&args).await,
+                _ => delay_part(&args).await,
+            }
+        }
+    });
+    std::process::ExitCode::SUCCESS
+}

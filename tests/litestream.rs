@@ -1,0 +1,283 @@
+//! End to end with REAL stock litestream 0.5.17 and its VFS (SPEC §6.7, §8.1b): the service runs
+//! with `--litestream-vfs`; a backup replica ([`BackupReplica`]) follows it with `mode=backup`
+//! into its own SQLite file, which a real `litestream replicate` backs up to a `file://`
+//! replica; the service reads the backed-up watermark back out of that replica. litestream is
+//! installed on first use by `scripts/install-litestream.sh`; these tests never skip.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::vfs::ENV_READER;
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// Rows per transaction the fake change source sends.
+const ROWS: u64 = 2;
+/// The backup monitor's poll period in these tests.
+const POLL_MS: u64 = 200;
+/// The cleanup delay floor in these tests.
+const DELAY_MS: u64 = 1500;
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// The service reading its backup through the VFS, fed by a fake change source, with the
+/// backup replica following it; litestream is started by [`Backed::replicate`].
+struct Backed {
+    dir: TempDir,
+    litestream: Litestream,
+    up: FakeUpstream,
+    svc: TestService,
+    replica: BackupReplica,
+    replication: Option<Replication>,
+}
+
+impl Backed {
+    /// Initial sync at watermark 100, then the backup replica subscribes from it.
+    async fn start() -> Backed {
+        let litestream = stock_litestream::install();
+        // The service starts its VFS reader from this binary (this test process is not it).
+        std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backup_url = format!("file://{}", dir.path().join("backup").display());
+        let up = FakeUpstream::start().await;
+        let (up_url, vfs) = (up.url(), litestream.vfs.to_string_lossy().into_owned());
+        let (poll, delay) = (POLL_MS.to_string(), DELAY_MS.to_string());
+        let svc = TestService::start(&[
+            "--upstream",
+            &up_url,
+            "--litestream-backup-url",
+            &backup_url,
+            "--litestream-vfs",
+            &vfs,
+            "--backup-check-interval-ms",
+            &poll,
+            "--min-cleanup-delay-ms",
+            &delay,
+            "--purge-delay-ms",
+            "100",
+        ])
+        .await;
+        up.wait_connections(1).await;
+        up.send(txn(100, 1));
+        let st = svc
+            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+            .await;
+        assert_eq!(st["backup"]["source"], "vfs", "{st}");
+        let rv = w(100);
+        let replica = BackupReplica::start(
+            &svc.base(),
+            "backup",
+            &rv,
+            &rv,
+            &dir.path().join("replica.db"),
+        )
+        .await;
+        Backed {
+            dir,
+            litestream,
+            up,
+            svc,
+            replica,
+            replication: None,
+        }
+    }
+
+    fn backup_url(&self) -> String {
+        format!("file://{}", self.dir.path().join("backup").display())
+    }
+
+    /// Starts `litestream replicate` of the backup replica's file.
+    fn start_replicating(&mut self) {
+        self.replication = Some(self.litestream.replicate(
+            &self.replica.db,
+            &self.backup_url(),
+            &self.dir.path().join("litestream.yml"),
+        ));
+    }
+
+    /// Starts `litestream replicate` and waits for its first snapshot.
+    async fn replicate(&mut self) {
+        self.start_replicating();
+        if let Some(r) = &self.replication {
+            r.wait_for_backup(&self.backup_url(), Duration::from_secs(20))
+                .await;
+        }
+    }
+
+    /// Sends transactions `from..=to` and waits until the backup replica has applied them.
+    async fn send(&self, from: u64, to: u64) {
+        for n in from..=to {
+            self.up.send(txn(n, ROWS));
+        }
+        let last = w(to);
+        wait_until(
+            "the backup replica applies what was sent",
+            Duration::from_secs(20),
+            || self.replica.applied().as_deref() == Some(last.as_str()),
+        )
+        .await;
+    }
+
+    /// Restores the latest backup into a new file and returns its path.
+    fn restore(&self, name: &str) -> PathBuf {
+        let out = self.dir.path().join(name);
+        self.litestream
+            .restore(&self.backup_url(), &out)
+            .expect("litestream restore");
+        out
+    }
+}
+
+fn row_ids(rows: impl IntoIterator<Item = Value>) -> Vec<u64> {
+    rows.into_iter()
+        .map(|r| r["id"].as_u64().expect("row id"))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_the_delay_passed() {
+    let mut b = Backed::start().await;
+    b.send(101, 103).await;
+    // No backup yet: polls fail, nothing is recorded or scheduled.
+    let st = b
+        .svc
+        .wait_status("failed polls without a backup", |s| {
+            s["backup"]["monitor"]["pollErrorsTotal"].as_u64() >= Some(2)
+        })
+        .await;
+    assert_eq!(st["backup"]["lastScheduledWatermark"], Value::Null, "{st}");
+    assert_eq!(st["backup"]["pendingWatermarks"], json!([]), "{st}");
+
+    // Watched from the start: the VFS may read litestream's first files before its snapshot.
+    b.start_replicating();
+    let st = b
+        .svc
+        .wait_status("the backup read back at 103", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == w(103)
+        })
+        .await;
+    let seen = Instant::now();
+    assert_eq!(st["backup"]["lastScheduledWatermark"], Value::Null, "{st}");
+    assert_eq!(
+        st["backup"]["pendingWatermarks"][0]["replica"], "vfs",
+        "{st}"
+    );
+    let st = b
+        .svc
+        .wait_status("a cleanup scheduled to 103", |s| {
+            s["backup"]["lastScheduledWatermark"] == w(103)
+        })
+        .await;
+    assert!(
+        seen.elapsed() >= Duration::from_millis(DELAY_MS - 2 * POLL_MS),
+        "scheduled {:?} after the backup was first read, before the {DELAY_MS} ms delay: {st}",
+        seen.elapsed()
+    );
+    // What was scheduled is in the backup: a restore holds it.
+    let (restored, _) = read_replica(&b.restore("check.db"));
+    assert!(restored >= w(103), "restored {restored}");
+    b.svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_replica_restores_the_backup_and_follows_from_its_watermark_without_a_gap() {
+    let mut b = Backed::start().await;
+    b.replicate().await;
+    b.send(101, 105).await;
+
+    let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=r1")).await;
+    let (id, status) = res.msg().await;
+    res.ack(id).await;
+    assert_eq!(status[0], "status", "{status}");
+    assert_eq!(status[1]["backupURL"], b.backup_url());
+    let st = b.svc.status().await;
+    assert_eq!(st["reservations"][0]["verified"], true, "{st}");
+
+    // Changes keep coming while the replica restores.
+    b.send(106, 108).await;
+    let (restored, rows) = read_replica(&b.restore("restored.db"));
+    let restored_n = Watermark::parse(&restored)
+        .ok()
+        .and_then(|w| w.to_u64())
+        .expect("the restored stateVersion is a watermark");
+    assert!((101..=108).contains(&restored_n), "restored {restored}");
+
+    let mut sub = WsClient::connect(&b.svc.ws(&format!(
+        "/replication/v6/changes?id=r1&taskID=r1&mode=serving&replicaVersion={}&watermark={restored}&initial=true",
+        w(100)
+    )))
+    .await;
+    let (id, first) = sub.msg().await;
+    assert_eq!(first, json!(["status", {"tag": "status"}]));
+    sub.ack(id).await;
+    assert_eq!(res.closed().await.0, 1000, "the reservation ends");
+    b.send(109, 110).await;
+
+    let mut received = Vec::new();
+    let mut commits = Vec::new();
+    while commits.last() != Some(&w(110)) {
+        let (id, msg) = sub.msg().await;
+        match msg[0].as_str() {
+            Some("data") => received.push(msg[1]["new"].clone()),
+            Some("commit") => commits.push(msg[2]["watermark"].as_str().unwrap_or("").to_string()),
+            _ => {}
+        }
+        sub.ack(id).await;
+    }
+    let expected_commits: Vec<String> = (restored_n + 1..=110).map(w).collect();
+    assert_eq!(commits, expected_commits, "restored at {restored}");
+    let mut all = row_ids(rows);
+    all.extend(row_ids(received));
+    let unique: BTreeSet<u64> = all.iter().copied().collect();
+    assert_eq!(unique.len(), all.len(), "a row arrived twice");
+    let expected: BTreeSet<u64> = (101..=110)
+        .flat_map(|n| (0..ROWS).map(move |i| n * 1000 + i))
+        .collect();
+    assert_eq!(unique, expected, "restore + stream hold every row");
+    sub.close().await;
+    b.svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn no_backup_yet_means_no_status_until_there_is_one() {
+    let mut b = Backed::start().await;
+    b.send(101, 102).await;
+    let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    assert_eq!(
+        res.next(Duration::from_millis(3 * POLL_MS + 1000)).await,
+        None,
+        "a status before any backup"
+    );
+    let st = b.svc.status().await;
+    assert_eq!(
+        st["reservations"],
+        json!([{"taskID": "t1", "heldMs": st["reservations"][0]["heldMs"], "orphaned": false, "verified": false}]),
+        "{st}"
+    );
+    assert_eq!(st["backup"]["paused"], true, "{st}");
+
+    b.replicate().await;
+    let (id, status) = res.msg().await;
+    res.ack(id).await;
+    assert_eq!(
+        status,
+        json!(["status", {"tag": "status", "backupURL": b.backup_url(), "replicaVersion": w(100), "minWatermark": w(100)}])
+    );
+    let st = b.svc.status().await;
+    assert_eq!(st["reservations"][0]["verified"], true, "{st}");
+    assert!(
+        res.next(Duration::from_millis(100)).await.is_none(),
+        "the reservation stays open"
+    );
+    b.svc.stop().await;
+}
