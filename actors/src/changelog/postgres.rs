@@ -117,8 +117,8 @@ pub(super) fn run(engine: Engine) {
     let Some(client) = rt.block_on(claim(&config, interval, &ready)) else {
         return; // nobody waits for this instance to own the change DB any more
     };
-    let mut writer = match rt.block_on(PgWriter::load(client, options.segment_rows, options.clock))
-    {
+    let loaded = PgWriter::load(client, options.segment_rows, options.clock, owner);
+    let mut writer = match rt.block_on(loaded) {
         Ok(w) => w,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -143,7 +143,7 @@ pub(super) fn run(engine: Engine) {
         writer.stats.max_watermark,
         writer.stats.rows
     );
-    owner.send_replace(true);
+    writer.crown();
     if ready.send(Ok(())).is_err() {
         return;
     }
@@ -165,7 +165,7 @@ pub(super) fn run(engine: Engine) {
                 "deposed: stopped writing to change DB {}",
                 redacted(&config)
             );
-            owner.send_replace(false);
+            writer.depose();
             drop(writer); // ends the session, and any lock it may still hold
             refuse_all(queue);
             return;

@@ -8,6 +8,7 @@
 //! [`ChangeLogError::NotOwner`] if this session no longer holds the lock.
 
 use log::error;
+use tokio::sync::watch;
 use tokio_postgres::{Client, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
@@ -27,6 +28,8 @@ pub(super) struct PgWriter {
     clock: Clock,
     /// The newest store time written; store times never go back, even if the clock does.
     last_stored_ms: i64,
+    /// Whether this instance owns the change DB, as the handles see it.
+    owner: watch::Sender<bool>,
 }
 
 /// The rows of one group commit that go to one segment, as the columns of one insert.
@@ -54,6 +57,7 @@ impl PgWriter {
         client: Client,
         segment_rows: u64,
         clock: Clock,
+        owner: watch::Sender<bool>,
     ) -> Result<PgWriter, ChangeLogError> {
         client.batch_execute(schema::SCHEMA).await?;
         let rv: Option<String> = client
@@ -77,6 +81,7 @@ impl PgWriter {
             segment_rows,
             clock,
             last_stored_ms,
+            owner,
         })
     }
 
@@ -117,9 +122,24 @@ impl PgWriter {
     }
 
     /// Whether `e` means this writer lost the change DB: the fence refused, or the session
-    /// (and with it the lock) is gone.
+    /// (and with it the lock) is gone. If so, the handles learn it at once, before any caller
+    /// is answered.
     fn deposed_by(&self, e: &ChangeLogError) -> bool {
-        matches!(e, ChangeLogError::NotOwner) || self.client.is_closed()
+        let deposed = matches!(e, ChangeLogError::NotOwner) || self.client.is_closed();
+        if deposed {
+            self.depose();
+        }
+        deposed
+    }
+
+    /// Tells the handles this instance no longer owns the change DB.
+    pub(super) fn depose(&self) {
+        self.owner.send_replace(false);
+    }
+
+    /// Tells the handles this instance owns the change DB.
+    pub(super) fn crown(&self) {
+        self.owner.send_replace(true);
     }
 
     fn answer<T>(&self, reply: Reply<T>, r: Result<T, ChangeLogError>) -> Result<(), ()> {

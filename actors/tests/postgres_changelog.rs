@@ -1,0 +1,214 @@
+//! Ownership of a shared PostgreSQL change DB (SPEC §14), against a real server: at most one
+//! owner, a standby takes over once the owner's session ends, and a deposed owner's writes are
+//! refused. Each test has a database of its own (see `pg_support`).
+
+mod pg_support;
+
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::changelog::{
+    ChangeKind, ChangeLog, ChangeLogError, PgOptions, StateChange, Transaction,
+};
+use change_streamer_actors::clock::Clock;
+use change_streamer_actors::ownership::OWNER_LOCK_KEY;
+use change_streamer_actors::watermark::Watermark;
+use pg_support::TestDb;
+
+const INTERVAL: Duration = Duration::from_millis(100);
+
+fn options(db: &TestDb) -> PgOptions {
+    PgOptions {
+        url: db.url.clone(),
+        takeover_interval: INTERVAL,
+        segment_rows: 10,
+        clock: Clock::System,
+    }
+}
+
+fn txn(n: u64) -> Transaction {
+    Transaction {
+        watermark: Watermark::from_u64(n),
+        changes: vec![
+            (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
+            (ChangeKind::Data, format!(r#"{{"tag":"insert","n":{n}}}"#)),
+            (ChangeKind::Commit, r#"{"tag":"commit"}"#.into()),
+        ],
+    }
+}
+
+/// The backends holding the ownership lock of the test database.
+async fn lock_holders(db: &TestDb) -> Vec<i32> {
+    let c = db.connect().await;
+    c.query(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND objid::int8 = $1 AND objsubid = 1",
+        &[&OWNER_LOCK_KEY],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get(0))
+    .collect()
+}
+
+/// Ends the owner's session from the server side, as PostgreSQL does when it notices the
+/// owner's connection died.
+async fn terminate_owner(db: &TestDb) {
+    let holders = lock_holders(db).await;
+    assert_eq!(holders.len(), 1, "exactly one owner session: {holders:?}");
+    let c = db.connect().await;
+    c.execute("SELECT pg_terminate_backend($1)", &[&holders[0]])
+        .await
+        .unwrap();
+}
+
+/// Opens a standby that claims ownership in the background; the handle arrives once it owns.
+fn standby(db: &TestDb) -> tokio::task::JoinHandle<Result<ChangeLog, ChangeLogError>> {
+    tokio::spawn(ChangeLog::open_postgres(options(db)))
+}
+
+#[actix_rt::test]
+async fn two_owners_are_impossible() {
+    let db = TestDb::create("two_owners").await;
+    let a = ChangeLog::open_postgres(options(&db)).await.unwrap();
+    assert!(a.is_owner());
+    a.append(txn(1)).await.unwrap();
+    let b = standby(&db);
+    // Many takeover intervals pass: the second instance stays a standby.
+    tokio::time::sleep(INTERVAL * 8).await;
+    assert!(
+        !b.is_finished(),
+        "a second owner while the first holds the change DB"
+    );
+    assert_eq!(lock_holders(&db).await.len(), 1);
+    a.append(txn(2)).await.unwrap();
+    // The owner goes away cleanly: the standby owns, with everything the owner stored.
+    drop(a);
+    let b = tokio::time::timeout(INTERVAL + Duration::from_secs(1), b)
+        .await
+        .expect("the standby owns within the takeover interval + 1 s")
+        .unwrap()
+        .unwrap();
+    assert!(b.is_owner());
+    let s = b.stats().await.unwrap();
+    assert_eq!((s.max_watermark, s.rows), (Some(Watermark::from_u64(2)), 6));
+    assert_eq!(lock_holders(&db).await.len(), 1);
+}
+
+#[actix_rt::test]
+async fn a_standby_takes_over_when_the_owners_connection_dies() {
+    let db = TestDb::create("takeover").await;
+    let a = ChangeLog::open_postgres(options(&db)).await.unwrap();
+    for n in 1..=25 {
+        a.append(txn(n)).await.unwrap();
+    }
+    a.save_state(StateChange::CleanupDelay(90_000))
+        .await
+        .unwrap();
+    let b = standby(&db);
+    tokio::time::sleep(INTERVAL * 3).await;
+    assert!(!b.is_finished());
+
+    let killed = Instant::now();
+    terminate_owner(&db).await;
+    let b = tokio::time::timeout(INTERVAL + Duration::from_secs(1), b)
+        .await
+        .expect("the standby owns within the takeover interval + 1 s")
+        .unwrap()
+        .unwrap();
+    eprintln!("takeover after {:?}", killed.elapsed());
+    // The old owner learns it is deposed even though it writes nothing (idle check).
+    tokio::time::timeout(INTERVAL * 3, a.deposed())
+        .await
+        .expect("the old owner notices it lost the change DB");
+    assert!(!a.is_owner());
+
+    // The new owner resumes from the durable state.
+    let s = b.stats().await.unwrap();
+    assert_eq!(
+        (s.replica_version, s.max_watermark, s.rows),
+        (
+            Some(Watermark::from_u64(1)),
+            Some(Watermark::from_u64(25)),
+            75
+        )
+    );
+    assert_eq!(b.load_state().await.unwrap().cleanup_delay_ms, Some(90_000));
+    b.append(txn(26)).await.unwrap();
+    let all = b
+        .read((Watermark::from_u64(0), 0), Watermark::from_u64(26), 1000)
+        .await
+        .unwrap();
+    let commits: Vec<u64> = all
+        .iter()
+        .filter(|c| c.kind == ChangeKind::Commit)
+        .filter_map(|c| c.watermark.to_u64())
+        .collect();
+    assert_eq!(commits, (1..=26).collect::<Vec<_>>());
+}
+
+#[actix_rt::test]
+async fn a_deposed_owners_writes_are_refused() {
+    let db = TestDb::create("deposed").await;
+    let a = ChangeLog::open_postgres(options(&db)).await.unwrap();
+    a.append(txn(1)).await.unwrap();
+    terminate_owner(&db).await;
+    let b = ChangeLog::open_postgres(options(&db)).await.unwrap();
+    b.append(txn(2)).await.unwrap();
+
+    // Every kind of write of the old owner is refused, and it stays deposed.
+    assert!(matches!(
+        a.append(txn(3)).await,
+        Err(ChangeLogError::NotOwner)
+    ));
+    assert!(!a.is_owner());
+    assert!(matches!(
+        a.save_state(StateChange::CleanupDelay(1)).await,
+        Err(ChangeLogError::NotOwner)
+    ));
+    assert!(matches!(
+        a.purge(Watermark::from_u64(9)).await,
+        Err(ChangeLogError::NotOwner)
+    ));
+
+    // Nothing of it reached the change DB; the new owner's log is intact.
+    let s = b.stats().await.unwrap();
+    assert_eq!(
+        (s.min_watermark, s.max_watermark, s.rows),
+        (
+            Some(Watermark::from_u64(1)),
+            Some(Watermark::from_u64(2)),
+            6
+        )
+    );
+    let c = db.connect().await;
+    let rows: i64 = c
+        .query_one("SELECT count(*) FROM change_streamer.change_log", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 6);
+    assert_eq!(b.load_state().await.unwrap().cleanup_delay_ms, None);
+    assert_eq!(lock_holders(&db).await.len(), 1);
+}
+
+#[actix_rt::test]
+async fn the_fence_passes_only_the_lock_holders_session() {
+    use change_streamer_actors::ownership::{holds_lock, try_acquire};
+    let db = TestDb::create("fence").await;
+    let (one, two) = (db.connect().await, db.connect().await);
+    assert!(!holds_lock(&one).await.unwrap());
+    assert!(try_acquire(&one).await.unwrap());
+    assert!(holds_lock(&one).await.unwrap());
+    // Another session can neither take the lock nor pass the fence.
+    assert!(!try_acquire(&two).await.unwrap());
+    assert!(!holds_lock(&two).await.unwrap());
+    // Once the holder lets go, the fence refuses it too.
+    one.execute("SELECT pg_advisory_unlock_all()", &[])
+        .await
+        .unwrap();
+    assert!(!holds_lock(&one).await.unwrap());
+    assert!(try_acquire(&two).await.unwrap());
+    assert!(holds_lock(&two).await.unwrap());
+}
