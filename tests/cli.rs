@@ -46,6 +46,8 @@ fn help_lists_every_flag_with_its_environment_variable() {
             "ZERO_CHANGE_STREAMER_FLOW_CONTROL_CONSENSUS_PADDING_SECONDS",
         ),
         ("--ping-interval-ms", "ZERO_PING_INTERVAL_MS"),
+        ("--change-db", "ZERO_CHANGE_DB"),
+        ("--takeover-interval-ms", "ZERO_TAKEOVER_INTERVAL_MS"),
     ] {
         assert!(
             text.contains(flag) && text.contains(env),
@@ -90,6 +92,26 @@ fn bad_values_exit_non_zero_naming_the_flag() {
             &["--host", "256.0.0.1", "--data-dir", "/tmp"][..],
             &[][..],
             "--host",
+        ),
+        (
+            &["--change-db", "mysql://localhost/db"][..],
+            &[][..],
+            "--change-db",
+        ),
+        (
+            &[][..],
+            &[("ZERO_CHANGE_DB", "not a url")][..],
+            "--change-db",
+        ),
+        (
+            &["--takeover-interval-ms", "0"][..],
+            &[][..],
+            "--takeover-interval-ms",
+        ),
+        (
+            &[][..],
+            &[("ZERO_TAKEOVER_INTERVAL_MS", "-5")][..],
+            "--takeover-interval-ms",
         ),
     ] {
         let (code, text) = run(args, env);
