@@ -368,3 +368,52 @@ async fn measure_takeover_after_kill_9() {
         ms[9]
     );
 }
+
+/// Measures durable ingest (2,000 × 100-change transactions queued together, group commit; the
+/// workload of the SQLite line in BENCHMARKS.md) and the purge of 1 M rows, on PostgreSQL.
+#[actix_rt::test]
+#[ignore = "a measurement: cargo test --release -p change-streamer-actors --test postgres_changelog -- --ignored measure --nocapture"]
+async fn measure_ingest_and_purge() {
+    let db = TestDb::create("measure").await;
+    let log = ChangeLog::open_postgres(PgOptions::new(&db.url, INTERVAL))
+        .await
+        .unwrap();
+    let row = format!(
+        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#,
+        "x".repeat(80)
+    );
+    let make = |n: u64| Transaction {
+        watermark: Watermark::from_u64(n),
+        changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
+            .chain(std::iter::repeat_n((ChangeKind::Data, row.clone()), 98))
+            .chain(std::iter::once((
+                ChangeKind::Commit,
+                r#"{"tag":"commit"}"#.to_string(),
+            )))
+            .collect(),
+    };
+    let mut rates = Vec::new();
+    let mut next = 1u64;
+    for _ in 0..5 {
+        let txns: Vec<Transaction> = (next..next + 2000).map(make).collect();
+        next += 2000;
+        let t0 = Instant::now();
+        let pending: Vec<_> = txns.into_iter().map(|t| log.append(t)).collect();
+        for p in pending {
+            p.await.unwrap();
+        }
+        rates.push(200_000.0 / t0.elapsed().as_secs_f64());
+    }
+    let mut sorted = rates.clone();
+    sorted.sort_by(f64::total_cmp);
+    // 10,000 transactions of 100 rows are stored: purge all but the newest.
+    assert_eq!(log.stats().await.unwrap().rows, 1_000_000);
+    let t0 = Instant::now();
+    let purged = log.purge(Watermark::from_u64(10_000)).await.unwrap();
+    let purge_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    assert_eq!(purged, 999_900);
+    println!(
+        "PostgreSQL change log: durable ingest median {:.0} changes/s (runs {rates:.0?}); purge of {purged} rows {purge_ms:.0} ms",
+        sorted[2]
+    );
+}
