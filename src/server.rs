@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
-use change_streamer_actors::changelog::{ChangeLog, ChangeLogError};
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{MonitorActor, MonitorConfig, Stop};
@@ -45,7 +45,10 @@ impl StartError {
     /// The ids of the flags whose values the error is about.
     pub fn flags(&self) -> &'static [&'static str] {
         match self {
-            StartError::ChangeLog(_) => &["data_dir"],
+            StartError::ChangeLog(ChangeLogError::Open { .. } | ChangeLogError::Sqlite(_)) => {
+                &["data_dir"]
+            }
+            StartError::ChangeLog(_) => &["change_db"],
             StartError::Bind { .. } => &["host", "port"],
         }
     }
@@ -65,7 +68,16 @@ impl Service {
     /// reads (the system clock in production).
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
-        let log = ChangeLog::open(&config.data_dir)?;
+        let log = match &config.change_db {
+            None => ChangeLog::open(&config.data_dir)?,
+            // As a standby, this waits until the change DB's owner is gone (SPEC §14).
+            Some(url) => {
+                let log = ChangeLog::open_postgres(PgOptions::new(url, config.takeover_interval()))
+                    .await?;
+                crate::ownership::exit_when_deposed(log.clone());
+                log
+            }
+        };
         let stats = log.stats().await?;
         // Bind before any actor starts, so that a refused address stops nothing but this.
         let listener = listen(&config.host, config.port)?;

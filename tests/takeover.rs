@@ -1,0 +1,177 @@
+//! End to end on a shared PostgreSQL change DB (SPEC §14): two real service processes on one
+//! database, exactly one of them the owner; kill -9 of the owner mid-ingest, the standby owns
+//! within --takeover-interval-ms + 1 s, asks the change source for the last durable
+//! watermark, and no commit acked upstream is lost or stored twice.
+
+#[path = "../actors/tests/pg_support/mod.rs"]
+mod pg_support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use pg_support::TestDb;
+
+const INTERVAL_MS: u64 = 200;
+
+/// A service process; `listening` says where it listens, once it does (an instance listens
+/// only once it owns the change DB).
+struct Instance {
+    child: Child,
+    listening: mpsc::Receiver<(String, Instant)>,
+    _dir: tempfile::TempDir,
+}
+
+impl Instance {
+    fn start(db: &TestDb, upstream: &str) -> Instance {
+        let dir = tempfile::tempdir().unwrap();
+        let interval = INTERVAL_MS.to_string();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
+            .args(["--host", "127.0.0.1", "--port", "0", "--upstream", upstream])
+            .args(["--change-db", &db.url, "--takeover-interval-ms", &interval])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the binary");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, listening) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("listening on ").nth(1) {
+                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send((addr, Instant::now()));
+                }
+            }
+        });
+        Instance {
+            child,
+            listening,
+            _dir: dir,
+        }
+    }
+
+    fn listening_within(&self, limit: Duration) -> Option<(String, Instant)> {
+        self.listening.recv_timeout(limit).ok()
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wm(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// The commit watermarks the change source was acked.
+fn acked(up: &FakeUpstream) -> Vec<u64> {
+    up.acks()
+        .iter()
+        .filter_map(|a| serde_json::from_str::<serde_json::Value>(a).ok())
+        .filter(|a| a[1]["tag"] == "commit")
+        .filter_map(|a| Watermark::parse(a[2]["watermark"].as_str()?).ok()?.to_u64())
+        .collect()
+}
+
+/// Reads (and acks) a subscription until the commit of `last`: the commit watermarks in order.
+async fn commits_until(c: &mut WsClient, last: u64) -> Vec<u64> {
+    let mut commits = Vec::new();
+    loop {
+        let (id, msg) = c.msg().await;
+        c.ack(id).await;
+        if msg[0] == "commit" {
+            let w = Watermark::parse(msg[2]["watermark"].as_str().unwrap()).unwrap();
+            let n = w.to_u64().unwrap();
+            commits.push(n);
+            if n >= last {
+                return commits;
+            }
+        }
+    }
+}
+
+#[actix_rt::test]
+async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_lost() {
+    let db = TestDb::create("takeover_e2e").await;
+    let up = FakeUpstream::start().await;
+    let mut a = Instance::start(&db, &up.url());
+    a.listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    up.wait_connections(1).await;
+    let b = Instance::start(&db, &up.url());
+    // Exactly one owner: the second instance stands by while the first lives.
+    assert!(
+        b.listening_within(Duration::from_millis(5 * INTERVAL_MS))
+            .is_none(),
+        "two owners of one change DB"
+    );
+    assert_eq!(up.queries().len(), 1, "a standby connected upstream");
+
+    for n in 100..140 {
+        up.send(txn(n, 3));
+    }
+    wait_until("acks from the owner", Duration::from_secs(20), || {
+        acked(&up).len() >= 10
+    })
+    .await;
+    a.child.kill().unwrap(); // SIGKILL, mid-ingest
+    let killed = Instant::now();
+    a.child.wait().unwrap();
+    let acked_by_a = acked(&up);
+
+    let (addr, owned_at) = b
+        .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the standby owns within --takeover-interval-ms + 1 s");
+    eprintln!("takeover in {:?}", owned_at - killed);
+    // The new owner resumes from the last durable watermark.
+    up.wait_connections(2).await;
+    let query = up.queries()[1].clone();
+    let resumed_at = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("lastWatermark="))
+        .and_then(|w| Watermark::parse(w).ok()?.to_u64())
+        .unwrap_or_else(|| panic!("no lastWatermark in {query}"));
+    let last_acked = *acked_by_a.last().unwrap();
+    assert!(
+        resumed_at >= last_acked,
+        "resumed at {resumed_at}, but {last_acked} was acked"
+    );
+    for n in 200..210 {
+        up.send(txn(n, 3));
+    }
+
+    // Everything from the replicaVersion on: each acked commit once, in order.
+    let mut sub = WsClient::connect(&format!(
+        "ws://{addr}/replication/v6/changes?id=r1&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(100)
+    ))
+    .await;
+    let commits = commits_until(&mut sub, 209).await;
+    assert!(
+        commits.windows(2).all(|p| p[0] < p[1]),
+        "a commit twice or out of order: {commits:?}"
+    );
+    for n in acked_by_a.iter().filter(|n| **n > 100) {
+        assert!(commits.contains(n), "acked commit {n} lost: {commits:?}");
+    }
+    assert_eq!(
+        commits.iter().filter(|n| **n >= 200).count(),
+        10,
+        "{commits:?}"
+    );
+    assert_eq!(
+        *commits.iter().filter(|n| **n < 200).max().unwrap(),
+        resumed_at
+    );
+}
