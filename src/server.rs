@@ -16,7 +16,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
-use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions};
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogError};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{MonitorActor, MonitorConfig, Stop};
@@ -28,6 +28,7 @@ use log::{info, warn};
 
 use crate::config::Config;
 use crate::http::{limit_header_size, routes, AppState, BackupActors};
+use crate::ownership::own_change_db;
 use crate::shutdown::{Drain, Halt};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,19 +69,20 @@ impl Service {
     /// reads (the system clock in production).
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
-        let log = match &config.change_db {
-            None => ChangeLog::open(&config.data_dir)?,
-            // As a standby, this waits until the change DB's owner is gone (SPEC §14).
+        // Bind before any actor starts, so that a refused address stops nothing but this. On a
+        // shared change DB, bind first: a standby answers there until it owns it (SPEC §14).
+        let (log, listener) = match &config.change_db {
+            None => {
+                let log = ChangeLog::open(&config.data_dir)?;
+                (log, listen(&config.host, config.port)?)
+            }
             Some(url) => {
-                let log = ChangeLog::open_postgres(PgOptions::new(url, config.takeover_interval()))
-                    .await?;
-                crate::ownership::exit_when_deposed(log.clone());
-                log
+                let listener = listen(&config.host, config.port)?;
+                let log = own_change_db(&config, url, &listener.listener).await?;
+                (log, listener)
             }
         };
         let stats = log.stats().await?;
-        // Bind before any actor starts, so that a refused address stops nothing but this.
-        let listener = listen(&config.host, config.port)?;
         let drain = Drain::default();
 
         let streamer_cfg = StreamerConfig {

@@ -1,5 +1,6 @@
 //! End to end on a shared PostgreSQL change DB (SPEC §14): two real service processes on one
-//! database, exactly one of them the owner; kill -9 of the owner mid-ingest, the standby owns
+//! database, exactly one of them the owner (the standby answers `/healthz`, `/status` and
+//! `/metrics` with its role, and closes sessions with 1011); kill -9 of the owner mid-ingest, the standby owns
 //! within --takeover-interval-ms + 1 s, asks the change source for the last durable
 //! watermark, and no commit acked upstream is lost or stored twice.
 
@@ -19,10 +20,11 @@ use pg_support::TestDb;
 
 const INTERVAL_MS: u64 = 200;
 
-/// A service process; `listening` says where it listens, once it does (an instance listens
-/// only once it owns the change DB).
+/// A service process; `standby` says where it answers as a standby, `listening` where it
+/// listens as the owner, once it does.
 struct Instance {
     child: Child,
+    standby: mpsc::Receiver<String>,
     listening: mpsc::Receiver<(String, Instant)>,
     _dir: tempfile::TempDir,
 }
@@ -42,16 +44,20 @@ impl Instance {
             .expect("start the binary");
         let stderr = child.stderr.take().unwrap();
         let (tx, listening) = mpsc::channel();
+        let (standby_tx, standby) = mpsc::channel();
         std::thread::spawn(move || {
+            let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on ").nth(1) {
-                    let addr = rest.split_whitespace().next().unwrap_or("").to_string();
-                    let _ = tx.send((addr, Instant::now()));
+                    let _ = tx.send((addr(rest), Instant::now()));
+                } else if let Some(rest) = line.split("standby on ").nth(1) {
+                    let _ = standby_tx.send(addr(rest));
                 }
             }
         });
         Instance {
             child,
+            standby,
             listening,
             _dir: dir,
         }
@@ -67,6 +73,36 @@ impl Drop for Instance {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `GET http://{addr}{path}`: the status code and the body.
+async fn get(addr: &str, path: &str) -> (u16, String) {
+    let mut resp = awc::Client::new()
+        .get(format!("http://{addr}{path}"))
+        .send()
+        .await
+        .expect("http get");
+    let body = resp.body().await.expect("body");
+    (
+        resp.status().as_u16(),
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+/// The `change_streamer_owner` gauge's value on `/metrics`.
+async fn owner_gauge(addr: &str) -> String {
+    let (code, text) = get(addr, "/metrics").await;
+    assert_eq!(code, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix("change_streamer_owner "))
+        .unwrap_or_else(|| panic!("no change_streamer_owner in {text}"))
+        .to_string()
+}
+
+async fn role(addr: &str) -> serde_json::Value {
+    let (code, body) = get(addr, "/status").await;
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["role"].clone()
 }
 
 fn wm(n: u64) -> String {
@@ -105,10 +141,15 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
     let db = TestDb::create("takeover_e2e").await;
     let up = FakeUpstream::start().await;
     let mut a = Instance::start(&db, &up.url());
-    a.listening_within(Duration::from_secs(20))
+    let (a_addr, _) = a
+        .listening_within(Duration::from_secs(20))
         .expect("the first instance owns the change DB and listens");
     up.wait_connections(1).await;
     let b = Instance::start(&db, &up.url());
+    let b_addr = b
+        .standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
     // Exactly one owner: the second instance stands by while the first lives.
     assert!(
         b.listening_within(Duration::from_millis(5 * INTERVAL_MS))
@@ -116,6 +157,21 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
         "two owners of one change DB"
     );
     assert_eq!(up.queries().len(), 1, "a standby connected upstream");
+    assert_eq!(role(&a_addr).await, "owner");
+    assert_eq!(owner_gauge(&a_addr).await, "1");
+    assert_eq!(role(&b_addr).await, "standby");
+    assert_eq!(owner_gauge(&b_addr).await, "0");
+    assert_eq!(get(&b_addr, "/healthz").await.0, 200);
+    for path in [
+        "snapshot?taskID=t1",
+        "changes?id=r0&replicaVersion=00&watermark=00",
+    ] {
+        let mut c = WsClient::connect(&format!("ws://{b_addr}/replication/v6/{path}")).await;
+        assert_eq!(
+            c.closed().await,
+            (1011, "standby: not the owner".to_string())
+        );
+    }
 
     for n in 100..140 {
         up.send(txn(n, 3));
@@ -133,6 +189,9 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
         .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
         .expect("the standby owns within --takeover-interval-ms + 1 s");
     eprintln!("takeover in {:?}", owned_at - killed);
+    assert_eq!(addr, b_addr, "the owner serves where the standby answered");
+    assert_eq!(role(&addr).await, "owner");
+    assert_eq!(owner_gauge(&addr).await, "1");
     // The new owner resumes from the last durable watermark.
     up.wait_connections(2).await;
     let query = up.queries()[1].clone();
