@@ -234,3 +234,55 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
         resumed_at
     );
 }
+
+#[actix_rt::test]
+async fn an_owner_that_loses_its_session_stops_and_exits_for_a_standby() {
+    let db = TestDb::create("deposed_e2e").await;
+    let up = FakeUpstream::start().await;
+    let mut a = Instance::start(&db, &up.url());
+    a.listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    wait_until("the initial sync acked", Duration::from_secs(20), || {
+        !acked(&up).is_empty()
+    })
+    .await;
+    let b = Instance::start(&db, &up.url());
+    b.standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
+
+    // PostgreSQL ends the owner's session (as when it notices its connection died).
+    let c = db.connect().await;
+    let ended = c
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks
+             WHERE locktype = 'advisory' AND granted AND objid::int8 = $1
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            &[&change_streamer_actors::ownership::OWNER_LOCK_KEY],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended, 1);
+    let deadline = Instant::now() + Duration::from_millis(3 * INTERVAL_MS) + Duration::from_secs(1);
+    let status = loop {
+        if let Some(status) = a.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the deposed owner still runs");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(
+        status.code(),
+        Some(change_streamer::ownership::EXIT_DEPOSED)
+    );
+    b.listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the standby owns within --takeover-interval-ms + 1 s");
+    up.wait_connections(2).await;
+    assert!(
+        up.queries()[1].contains(&format!("lastWatermark={}", wm(100))),
+        "{:?}",
+        up.queries()
+    );
+}
