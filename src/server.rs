@@ -35,6 +35,8 @@ use crate::shutdown::{Drain, Halt};
 pub enum StartError {
     #[error("--data-dir: {0}")]
     ChangeLog(#[from] ChangeLogError),
+    #[error("--change-db: {0}")]
+    ChangeDb(ChangeLogError),
     #[error("cannot listen on {addr} (--host, --port): {source}")]
     Bind {
         addr: String,
@@ -46,10 +48,8 @@ impl StartError {
     /// The ids of the flags whose values the error is about.
     pub fn flags(&self) -> &'static [&'static str] {
         match self {
-            StartError::ChangeLog(ChangeLogError::Open { .. } | ChangeLogError::Sqlite(_)) => {
-                &["data_dir"]
-            }
-            StartError::ChangeLog(_) => &["change_db"],
+            StartError::ChangeLog(_) => &["data_dir"],
+            StartError::ChangeDb(_) => &["change_db"],
             StartError::Bind { .. } => &["host", "port"],
         }
     }
@@ -78,7 +78,9 @@ impl Service {
             }
             Some(url) => {
                 let listener = listen(&config.host, config.port)?;
-                let log = own_change_db(&config, url, &listener.listener).await?;
+                let log = own_change_db(&config, url, &listener.listener)
+                    .await
+                    .map_err(StartError::ChangeDb)?;
                 (log, listener)
             }
         };

@@ -297,3 +297,13 @@ async fn sigterm_closes_subscriptions_and_reservations_with_1001_and_exits_0() {
     eprintln!("stopped in {:?}", stopping.elapsed());
     up.stop().await;
 }
+
+#[test]
+fn a_change_db_url_postgresql_rejects_is_one_error_naming_change_db() {
+    let (code, text) = run(
+        &["--change-db", "postgres://127.0.0.1:1/db?no_such_option=1"],
+        &[("ZERO_CHANGE_STREAMER_PORT", "0")],
+    );
+    assert_ne!(code, 0);
+    assert_one_clean_error(&text, "--change-db");
+}

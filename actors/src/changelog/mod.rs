@@ -301,11 +301,7 @@ impl ChangeLog {
     /// only after this instance took ownership (as a standby it tries every takeover interval)
     /// and loaded the catalogue. Dropping the future gives up waiting.
     pub async fn open_postgres(options: PgOptions) -> Result<ChangeLog, ChangeLogError> {
-        let config: tokio_postgres::Config =
-            options.url.parse().map_err(|e| ChangeLogError::Open {
-                path: PathBuf::from("--change-db"),
-                source: Box::new(e),
-            })?;
+        let config: tokio_postgres::Config = options.url.parse()?;
         let path = PathBuf::from(postgres::redacted(&config));
         let (writes, wrx) = mpsc::channel();
         let (reads, rrx) = mpsc::channel();
