@@ -32,7 +32,8 @@ pub async fn connect(url: &str) -> Client {
         }
         Err(e) => panic!(
             "no PostgreSQL server answers at {url} ({e}). These tests need one: start it \
-             (e.g. `service postgresql start`, or `docker run -p 5432:5432 \
+             (on the project's machines: `pg_ctlcluster --skip-systemctl-redirect \
+             $(ls /etc/postgresql) main start`; elsewhere e.g. `docker run -p 5432:5432 \
              -e POSTGRES_HOST_AUTH_METHOD=trust postgres`) or point CHANGE_STREAMER_TEST_PG at \
              one (trust auth, user postgres)."
         ),
