@@ -156,6 +156,17 @@ pub struct Config {
         value_parser = parse_non_empty
     )]
     pub backup_watermark_query: String,
+
+    /// postgres:// URL of a change DB shared by several instances: the change log and the
+    /// service's state live there instead of in SQLite under --data-dir; one instance owns it,
+    /// the others stand by.
+    #[arg(long, env = "ZERO_CHANGE_DB", value_parser = parse_postgres_url)]
+    pub change_db: Option<String>,
+
+    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
+    #[arg(long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub takeover_interval_ms: u64,
 }
 
 impl Config {
@@ -167,6 +178,9 @@ impl Config {
     }
     pub fn ping_interval(&self) -> Duration {
         Duration::from_millis(self.ping_interval_ms)
+    }
+    pub fn takeover_interval(&self) -> Duration {
+        Duration::from_millis(self.takeover_interval_ms)
     }
     pub fn padding_ms(&self) -> f64 {
         self.flow_control_consensus_padding_seconds * 1000.0
@@ -286,6 +300,10 @@ fn parse_http_url(s: &str) -> Result<String, String> {
     parse_url(s, &["http", "https"])
 }
 
+fn parse_postgres_url(s: &str) -> Result<String, String> {
+    parse_url(s, &["postgres", "postgresql"])
+}
+
 fn parse_non_empty(s: &str) -> Result<String, String> {
     if s.trim().is_empty() {
         Err("must not be empty".into())
@@ -329,6 +347,9 @@ mod tests {
         assert_eq!(c.slow_subscriber_grace_ms, 30_000);
         assert_eq!(c.max_subscriber_queue_changes, 20_000);
         assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
+        assert_eq!((c.change_db, c.takeover_interval_ms), (None, 1_000));
+        let c = parse(&["--change-db", "postgres://u@db:5432/zero"]).unwrap();
+        assert_eq!(c.change_db.as_deref(), Some("postgres://u@db:5432/zero"));
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod http;
+pub mod ownership;
 pub mod server;
 pub mod session;
 pub mod shutdown;

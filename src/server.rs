@@ -38,12 +38,15 @@ use log::{info, warn};
 
 use crate::config::Config;
 use crate::http::{limit_header_size, routes, AppState, BackupActors};
+use crate::ownership::own_change_db;
 use crate::shutdown::{Drain, Halt};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("--data-dir: {0}")]
     ChangeLog(#[from] ChangeLogError),
+    #[error("--change-db: {0}")]
+    ChangeDb(ChangeLogError),
     #[error("cannot listen on {addr} (--host, --port): {source}")]
     Bind {
         addr: String,
@@ -58,6 +61,7 @@ impl StartError {
     pub fn flags(&self) -> &'static [&'static str] {
         match self {
             StartError::ChangeLog(_) => &["data_dir"],
+            StartError::ChangeDb(_) => &["change_db"],
             StartError::Bind { .. } => &["host", "port"],
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
         }
@@ -78,11 +82,23 @@ impl Service {
     /// reads (the system clock in production).
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
-        let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
+        // Bind before any actor starts, so that a refused address stops nothing but this. On a
+        // shared change DB, bind first: a standby answers there until it owns it (SPEC §14).
+        let (log, listener) = match &config.change_db {
+            None => {
+                let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
+                (log, listen(&config.host, config.port)?)
+            }
+            Some(url) => {
+                let listener = listen(&config.host, config.port)?;
+                let log = own_change_db(&config, url, &listener.listener)
+                    .await
+                    .map_err(StartError::ChangeDb)?;
+                (log, listener)
+            }
+        };
         let stats = log.stats().await?;
         let safety = log.load_state().await?;
-        // Bind before any actor starts, so that a refused address stops nothing but this.
-        let listener = listen(&config.host, config.port)?;
         let drain = Drain::default();
         let vfs = match &config.litestream_vfs {
             Some(path) => Some(check_vfs(&config, path).await?),

@@ -58,6 +58,8 @@ fn help_lists_every_flag_with_its_environment_variable() {
         ),
         ("--litestream-vfs", "ZERO_LITESTREAM_VFS"),
         ("--backup-watermark-query", "ZERO_BACKUP_WATERMARK_QUERY"),
+        ("--change-db", "ZERO_CHANGE_DB"),
+        ("--takeover-interval-ms", "ZERO_TAKEOVER_INTERVAL_MS"),
     ] {
         assert!(
             text.contains(flag) && text.contains(env),
@@ -127,6 +129,26 @@ fn bad_values_exit_non_zero_naming_the_flag() {
             &["--host", "256.0.0.1", "--data-dir", "/tmp"][..],
             &[][..],
             "--host",
+        ),
+        (
+            &["--change-db", "mysql://localhost/db"][..],
+            &[][..],
+            "--change-db",
+        ),
+        (
+            &[][..],
+            &[("ZERO_CHANGE_DB", "not a url")][..],
+            "--change-db",
+        ),
+        (
+            &["--takeover-interval-ms", "0"][..],
+            &[][..],
+            "--takeover-interval-ms",
+        ),
+        (
+            &[][..],
+            &[("ZERO_TAKEOVER_INTERVAL_MS", "-5")][..],
+            "--takeover-interval-ms",
         ),
     ] {
         let (code, text) = run(args, env);
@@ -331,4 +353,14 @@ async fn sigterm_closes_subscriptions_and_reservations_with_1001_and_exits_0() {
     assert!(exit.success(), "{exit:?}");
     eprintln!("stopped in {:?}", stopping.elapsed());
     up.stop().await;
+}
+
+#[test]
+fn a_change_db_url_postgresql_rejects_is_one_error_naming_change_db() {
+    let (code, text) = run(
+        &["--change-db", "postgres://127.0.0.1:1/db?no_such_option=1"],
+        &[("ZERO_CHANGE_STREAMER_PORT", "0")],
+    );
+    assert_ne!(code, 0);
+    assert_one_clean_error(&text, "--change-db");
 }

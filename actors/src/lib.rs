@@ -15,6 +15,7 @@ pub mod cleanup;
 pub mod clock;
 pub mod litestream;
 pub mod monitor;
+pub mod ownership;
 pub mod reservation;
 pub mod session;
 pub mod streamer;

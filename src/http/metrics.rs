@@ -37,6 +37,11 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         .map(|c| c.cleanup_delay_ms)
         .unwrap_or(state.config.starting_cleanup_delay_ms() as i64);
     m.gauge(
+        "change_streamer_owner",
+        crate::ownership::OWNER_GAUGE_HELP,
+        f64::from(u8::from(state.log.is_owner())),
+    )?;
+    m.gauge(
         "change_streamer_reservations",
         "Open snapshot reservations.",
         o.reservations.len() as f64,

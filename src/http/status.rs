@@ -6,6 +6,7 @@ use actix_web::{web, HttpResponse};
 use change_streamer_actors::changelog::ChangeLogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
+use change_streamer_actors::ownership::Role;
 use change_streamer_actors::reservation::{
     GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
 };
@@ -99,6 +100,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
     let cfg = &state.config;
     let c = o.cleanup.as_ref();
     json!({
+        "role": if state.log.is_owner() { Role::Owner } else { Role::Standby },
         "replicaVersion": o.log.replica_version,
         "changeLog": {
             "minWatermark": o.log.min_watermark,

@@ -1,13 +1,16 @@
-//! The change log: every change of every committed transaction, in SQLite (SPEC §3), and the
-//! service's safety state beside it.
+//! The change log: every change of every committed transaction, in SQLite (SPEC §3) or in a
+//! shared PostgreSQL change DB (SPEC §14), and the service's safety state beside it.
 //!
-//! Two threads with their own SQLite connections do the work: the only writer
-//! ([`writer`]: group commit of queued appends, purges, the safety state) and a reader for
-//! catch-up ([`reader`]). [`ChangeLog`] is a cheap handle on their channels; callers queue a
-//! command and await its answer. Dropping every handle ends the threads after they finish what
-//! is queued.
+//! One interface, two engines. [`ChangeLog`] is a cheap handle on two channels
+//! ([`commands`]): writes go to the engine's only writer (group commit of queued appends,
+//! purges, the safety state), catch-up reads to its reader. The SQLite engine serves them with
+//! two threads on their own connections ([`writer`], [`reader`]); the PostgreSQL engine with
+//! two threads each driving its own connection ([`postgres`]), the writer's holding ownership
+//! of the change DB ([`crate::ownership`]). Callers queue a command and await its answer and
+//! never learn which engine they have. Dropping every handle ends the threads after they finish
+//! what is queued.
 //!
-//! Layout: the rows `(watermark, pos, kind, change, stored_ms)` keyed by `(watermark, pos)`,
+//! SQLite layout (PostgreSQL's: [`postgres_schema`]): the rows `(watermark, pos, kind, change, stored_ms)` keyed by `(watermark, pos)`,
 //! where `change` is the JSON text of the message's second element exactly as received, `kind`
 //! its message kind (`begin`, `data`, `commit`) and `stored_ms` when it was stored; one
 //! `replication_state` row with the replicaVersion and the last stored commit watermark; and
@@ -21,6 +24,12 @@
 //! the purge watermark (dropping a table frees its pages in bulk) and deletes rows only in the
 //! one segment it cuts through. Reads walk the segments in order inside one read transaction.
 
+mod catalogue;
+mod commands;
+mod postgres;
+mod postgres_reader;
+mod postgres_schema;
+mod postgres_writer;
 mod reader;
 mod segments;
 mod state;
@@ -34,11 +43,13 @@ use actix::Message;
 use log::info;
 use rusqlite::Connection;
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
-use self::reader::{run_reader, ReadCommand};
+use self::commands::{ReadCommand, WriteCommand, WriteQueue};
+pub use self::postgres::PgOptions;
+use self::reader::run_reader;
 pub use self::state::{RecordedWatermark, SafetyState, StateChange, StoredReservation};
-use self::writer::{WriteCommand, Writer};
+use self::writer::Writer;
 use crate::clock::Clock;
 use crate::watermark::Watermark;
 
@@ -57,6 +68,10 @@ pub enum ChangeLogError {
     },
     #[error("change log: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("change DB: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("change DB: this instance is not its owner")]
+    NotOwner,
     #[error("change log write failed: {0}")]
     Write(String),
     #[error("change log is closed")]
@@ -177,7 +192,10 @@ pub struct PurgeOutcome {
 pub struct ChangeLog {
     writes: mpsc::Sender<WriteCommand>,
     reads: mpsc::Sender<ReadCommand>,
+    /// The SQLite file, or the change DB's URL without its password.
     path: PathBuf,
+    /// Whether this instance still owns the change log (SQLite: always).
+    owner: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for ChangeLog {
@@ -259,9 +277,13 @@ impl ChangeLog {
 
         let (writes, wrx) = mpsc::channel();
         let (reads, rrx) = mpsc::channel();
+        let (owner_tx, owner) = watch::channel(true);
         thread::Builder::new()
             .name("change-log-writer".into())
-            .spawn(move || writer.run(wrx))
+            .spawn(move || {
+                writer.run(WriteQueue::new(wrx));
+                drop(owner_tx);
+            })
             .map_err(|e| open_err(Box::new(e)))?;
         thread::Builder::new()
             .name("change-log-reader".into())
@@ -271,11 +293,60 @@ impl ChangeLog {
             writes,
             reads,
             path,
+            owner,
         })
     }
 
+    /// Opens the PostgreSQL change DB at `options.url` once this instance owns it: resolves
+    /// only after this instance took ownership (as a standby it tries every takeover interval)
+    /// and loaded the catalogue. Dropping the future gives up waiting.
+    pub async fn open_postgres(options: PgOptions) -> Result<ChangeLog, ChangeLogError> {
+        let config: tokio_postgres::Config = options.url.parse()?;
+        let path = PathBuf::from(postgres::redacted(&config));
+        let (writes, wrx) = mpsc::channel();
+        let (reads, rrx) = mpsc::channel();
+        let (owner_tx, owner) = watch::channel(false);
+        let (ready, ready_rx) = oneshot::channel();
+        let engine = postgres::Engine {
+            config,
+            options,
+            queue: WriteQueue::new(wrx),
+            reads: rrx,
+            ready,
+            owner: owner_tx,
+        };
+        thread::Builder::new()
+            .name("change-log-pg-writer".into())
+            .spawn(move || postgres::run(engine))
+            .map_err(|e| ChangeLogError::Open {
+                path: path.clone(),
+                source: Box::new(e),
+            })?;
+        ready_rx.await.map_err(|_| ChangeLogError::Closed)??;
+        Ok(ChangeLog {
+            writes,
+            reads,
+            path,
+            owner,
+        })
+    }
+
+    /// The SQLite file, or the change DB's URL without its password.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Whether this instance still owns the change log (always, with SQLite).
+    pub fn is_owner(&self) -> bool {
+        *self.owner.borrow()
+    }
+
+    /// Resolves once this instance no longer owns the change log: its engine found it was
+    /// deposed (PostgreSQL) or stopped. Every write after that fails with
+    /// [`ChangeLogError::NotOwner`] or [`ChangeLogError::Closed`].
+    pub async fn deposed(&self) {
+        let mut owner = self.owner.clone();
+        let _ = owner.wait_for(|owner| !owner).await;
     }
 
     /// Queues a command now (so that commands keep the caller's order) and returns the

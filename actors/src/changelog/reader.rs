@@ -5,16 +5,10 @@ use std::sync::mpsc;
 
 use rusqlite::{params, Connection};
 
+use super::commands::ReadCommand;
 use super::segments::{load_segments, segment_table};
-use super::{ChangeKind, ChangeLogError, Reply, StoredChange};
+use super::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
-
-pub(super) struct ReadCommand {
-    pub after: (Watermark, i64),
-    pub up_to: Watermark,
-    pub limit: usize,
-    pub reply: Reply<Vec<StoredChange>>,
-}
 
 pub(super) fn run_reader(mut conn: Connection, rx: mpsc::Receiver<ReadCommand>) {
     conn.set_prepared_statement_cache_capacity(64);

@@ -2,26 +2,13 @@
 //! reader thread.
 //!
 //! Rows live in tables `change_log_<n>` of about `SEGMENT_ROWS` rows each, listed with their
-//! watermark range, row count and newest store time in `segments`. Store times only grow
-//! (the writer never stores a time older than the last one it stored), so "every row stored
-//! before T" is a prefix of the log, and a segment whose newest store time is before T lies
-//! wholly inside it.
+//! watermark range, row count and newest store time in `segments` (see [`super::catalogue`]).
 
 use rusqlite::Connection;
 
+use super::catalogue::Segment;
 use super::ChangeLogError;
 use crate::watermark::Watermark;
-
-/// A segment table's place in the log.
-#[derive(Debug, Clone)]
-pub(super) struct Segment {
-    pub id: i64,
-    pub min: Watermark,
-    pub max: Watermark,
-    pub rows: u64,
-    /// When its newest row was stored (unix ms).
-    pub max_stored_ms: i64,
-}
 
 pub(super) fn segment_table(id: i64) -> String {
     format!("change_log_{id}")

@@ -1,6 +1,67 @@
 //! Unit tests of the change log: storage, segments, purges, store times and the safety state.
+//! Each runs against both engines: SQLite in a temporary directory, and PostgreSQL in a
+//! database of its own (see `actors/tests/pg_support`).
+
+use std::time::Duration;
 
 use super::*;
+
+#[path = "../../tests/pg_support/mod.rs"]
+mod pg_support;
+
+/// Where a test's change log lives.
+enum Store {
+    Sqlite(tempfile::TempDir),
+    Postgres(pg_support::TestDb),
+}
+
+impl Store {
+    async fn open_with(&self, segment_rows: u64, clock: Clock) -> ChangeLog {
+        match self {
+            Store::Sqlite(dir) => ChangeLog::open_with(dir.path(), segment_rows, clock).unwrap(),
+            Store::Postgres(db) => ChangeLog::open_postgres(PgOptions {
+                url: db.url.clone(),
+                takeover_interval: Duration::from_millis(50),
+                segment_rows,
+                clock,
+            })
+            .await
+            .unwrap(),
+        }
+    }
+
+    async fn open(&self) -> ChangeLog {
+        self.open_with(SEGMENT_ROWS, Clock::System).await
+    }
+}
+
+/// Runs each named test once on SQLite and once on PostgreSQL.
+macro_rules! on_both_engines {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[actix_rt::test]
+            async fn sqlite() {
+                super::$name(super::Store::Sqlite(tempfile::tempdir().unwrap())).await
+            }
+            #[actix_rt::test]
+            async fn postgres() {
+                let db = super::pg_support::TestDb::create(stringify!($name)).await;
+                super::$name(super::Store::Postgres(db)).await
+            }
+        }
+    )*};
+}
+
+on_both_engines!(
+    stores_reads_and_survives_reopen,
+    purge_keeps_the_newest_transaction,
+    segments_roll_over_read_across_and_purge_whole,
+    queued_appends_commit_in_order,
+    retention_keeps_rows_stored_too_recently,
+    store_times_never_go_back_with_the_clock,
+    safety_state_survives_reopen,
+    a_complete_purge_takes_its_watermark_off_the_schedule,
+);
 
 fn txn(n: u64, rows: usize) -> Transaction {
     let mut changes = vec![(ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string())];
@@ -17,11 +78,9 @@ fn txn(n: u64, rows: usize) -> Transaction {
     }
 }
 
-#[actix_rt::test]
-async fn stores_reads_and_survives_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+async fn stores_reads_and_survives_reopen(store: Store) {
     {
-        let log = ChangeLog::open(dir.path()).unwrap();
+        let log = store.open().await;
         assert_eq!(log.stats().await.unwrap().replica_version, None);
         log.append(txn(100, 2)).await.unwrap();
         log.append(txn(101, 1)).await.unwrap();
@@ -40,7 +99,7 @@ async fn stores_reads_and_survives_reopen() {
         assert_eq!(all[0].kind, ChangeKind::Begin);
         assert_eq!(all[1].json, r#"{"tag":"insert","n":101,"i":0}"#);
     }
-    let log = ChangeLog::open(dir.path()).unwrap();
+    let log = store.open().await;
     let s = log.stats().await.unwrap();
     assert_eq!(s.replica_version, Some(Watermark::from_u64(100)));
     assert_eq!(s.max_watermark, Some(Watermark::from_u64(101)));
@@ -49,10 +108,8 @@ async fn stores_reads_and_survives_reopen() {
     assert!(!log.has_commit(Watermark::from_u64(102)).await.unwrap());
 }
 
-#[actix_rt::test]
-async fn purge_keeps_the_newest_transaction() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = ChangeLog::open(dir.path()).unwrap();
+async fn purge_keeps_the_newest_transaction(store: Store) {
+    let log = store.open().await;
     for n in 1..=5 {
         log.append(txn(n, 1)).await.unwrap();
     }
@@ -65,12 +122,10 @@ async fn purge_keeps_the_newest_transaction() {
     assert_eq!(s.changes_purged_total, 12);
 }
 
-#[actix_rt::test]
-async fn segments_roll_over_read_across_and_purge_whole() {
-    let dir = tempfile::tempdir().unwrap();
+async fn segments_roll_over_read_across_and_purge_whole(store: Store) {
     {
         // 5 rows a transaction, a new segment every 10 rows: two transactions a segment.
-        let log = ChangeLog::open_with_segment_rows(dir.path(), 10).unwrap();
+        let log = store.open_with(10, Clock::System).await;
         for n in 1..=9 {
             log.append(txn(n, 3)).await.unwrap();
         }
@@ -116,7 +171,7 @@ async fn segments_roll_over_read_across_and_purge_whole() {
         assert_eq!(rest.len(), 20);
         assert_eq!(rest[0].watermark, Watermark::from_u64(6));
     }
-    let log = ChangeLog::open_with_segment_rows(dir.path(), 10).unwrap();
+    let log = store.open_with(10, Clock::System).await;
     let s = log.stats().await.unwrap();
     assert_eq!(
         (s.min_watermark, s.max_watermark, s.rows),
@@ -135,10 +190,8 @@ async fn segments_roll_over_read_across_and_purge_whole() {
     );
 }
 
-#[actix_rt::test]
-async fn queued_appends_commit_in_order() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = ChangeLog::open(dir.path()).unwrap();
+async fn queued_appends_commit_in_order(store: Store) {
+    let log = store.open().await;
     let rx: Vec<_> = (1..=1000).map(|n| log.append(txn(n, 3))).collect();
     for r in rx {
         r.await.unwrap();
@@ -152,11 +205,9 @@ fn w(n: u64) -> Watermark {
     Watermark::from_u64(n)
 }
 
-#[actix_rt::test]
-async fn retention_keeps_rows_stored_too_recently() {
-    let dir = tempfile::tempdir().unwrap();
+async fn retention_keeps_rows_stored_too_recently(store: Store) {
     let clock = Clock::manual(1_000_000);
-    let log = ChangeLog::open_with(dir.path(), 10, clock.clone()).unwrap();
+    let log = store.open_with(10, clock.clone()).await;
     for n in 1..=4 {
         log.append(txn(n, 3)).await.unwrap(); // stored at 1_000_000
     }
@@ -186,11 +237,9 @@ async fn retention_keeps_rows_stored_too_recently() {
     assert_eq!(log.stats().await.unwrap().min_watermark, Some(w(7)));
 }
 
-#[actix_rt::test]
-async fn store_times_never_go_back_with_the_clock() {
-    let dir = tempfile::tempdir().unwrap();
+async fn store_times_never_go_back_with_the_clock(store: Store) {
     let clock = Clock::manual(2_000_000);
-    let log = ChangeLog::open_with(dir.path(), 10, clock.clone()).unwrap();
+    let log = store.open_with(10, clock.clone()).await;
     log.append(txn(1, 1)).await.unwrap();
     clock.set_ms(1_000); // the wall clock jumps back
     log.append(txn(2, 1)).await.unwrap();
@@ -200,16 +249,14 @@ async fn store_times_never_go_back_with_the_clock() {
     assert!(out.held_by_retention);
 }
 
-#[actix_rt::test]
-async fn safety_state_survives_reopen() {
-    let dir = tempfile::tempdir().unwrap();
+async fn safety_state_survives_reopen(store: Store) {
     let rec = |n: u64, at: i64| RecordedWatermark {
         watermark: w(n),
         replica: "s3".into(),
         backed_up_ms: at,
     };
     {
-        let log = ChangeLog::open(dir.path()).unwrap();
+        let log = store.open().await;
         assert_eq!(log.load_state().await.unwrap(), SafetyState::default());
         log.save_state(StateChange::CleanupDelay(45_000))
             .await
@@ -242,7 +289,7 @@ async fn safety_state_survives_reopen() {
             .await
             .unwrap();
     }
-    let log = ChangeLog::open(dir.path()).unwrap();
+    let log = store.open().await;
     assert_eq!(
         log.load_state().await.unwrap(),
         SafetyState {
@@ -258,10 +305,8 @@ async fn safety_state_survives_reopen() {
     );
 }
 
-#[actix_rt::test]
-async fn a_complete_purge_takes_its_watermark_off_the_schedule() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = ChangeLog::open(dir.path()).unwrap();
+async fn a_complete_purge_takes_its_watermark_off_the_schedule(store: Store) {
+    let log = store.open().await;
     for n in 1..=5 {
         log.append(txn(n, 1)).await.unwrap();
     }

@@ -6,34 +6,16 @@
 //! of the fsync that makes them durable is shared; each caller is still answered only after its
 //! transaction is durable, and that is when the upstream is acked.
 
-use std::sync::mpsc;
-
 use log::{error, info};
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col, Segment};
-use super::state::{self, SafetyState, StateChange};
+use super::catalogue::{self, Segment};
+use super::commands::{Work, WriteCommand, WriteQueue};
+use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col};
+use super::state::{self, StateChange};
 use super::{ChangeLogError, ChangeLogStats, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::watermark::Watermark;
-
-/// How many queued appends at most share one SQLite transaction.
-const MAX_GROUP: usize = 512;
-
-pub(super) enum WriteCommand {
-    Append(Transaction, Reply<()>),
-    Purge {
-        before: Watermark,
-        /// Only rows stored at or before this time (unix ms) may go; `None`: any age.
-        stored_by_ms: Option<i64>,
-        reply: Reply<PurgeOutcome>,
-    },
-    Stats(Reply<ChangeLogStats>),
-    HasCommit(Watermark, Reply<bool>),
-    Barrier(Reply<()>),
-    State(StateChange, Reply<()>),
-    LoadState(Reply<SafetyState>),
-}
 
 pub(super) struct Writer {
     conn: Connection,
@@ -70,42 +52,22 @@ impl Writer {
             clock,
             last_stored_ms,
         };
-        w.refresh_range();
+        catalogue::refresh_range(&mut w.stats, &w.segments);
         Ok(w)
     }
 
-    /// Recomputes the stats' range and row count from the segments.
-    fn refresh_range(&mut self) {
-        self.stats.min_watermark = self.segments.first().map(|s| s.min.clone());
-        self.stats.max_watermark = self.segments.last().map(|s| s.max.clone());
-        self.stats.rows = self.segments.iter().map(|s| s.rows).sum();
-    }
-
-    pub(super) fn run(mut self, rx: mpsc::Receiver<WriteCommand>) {
-        let mut next = None;
-        loop {
-            let cmd = match next.take() {
-                Some(c) => c,
-                None => match rx.recv() {
-                    Ok(c) => c,
-                    Err(_) => break,
-                },
+    pub(super) fn run(mut self, mut queue: WriteQueue) {
+        while let Some(work) = queue.next(None) {
+            let cmd = match work {
+                Work::Appends(group) => {
+                    self.append_group(group);
+                    continue;
+                }
+                Work::Other(cmd) => cmd,
+                Work::Idle => continue,
             };
             match cmd {
-                WriteCommand::Append(txn, reply) => {
-                    let mut group = vec![(txn, reply)];
-                    while group.len() < MAX_GROUP {
-                        match rx.try_recv() {
-                            Ok(WriteCommand::Append(t, r)) => group.push((t, r)),
-                            Ok(other) => {
-                                next = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    self.append_group(group);
-                }
+                WriteCommand::Append(txn, reply) => self.append_group(vec![(txn, reply)]),
                 WriteCommand::Purge {
                     before,
                     stored_by_ms,
@@ -147,12 +109,7 @@ impl Writer {
             let tx = self.conn.transaction()?;
             let mut touched_from = self.segments.len().saturating_sub(1);
             for (txn, _) in &group {
-                let full = self
-                    .segments
-                    .last()
-                    .is_none_or(|s| s.rows >= self.segment_rows);
-                if full {
-                    let id = self.segments.last().map_or(1, |s| s.id + 1);
+                if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows) {
                     tx.execute_batch(&create_segment_sql(id))?;
                     tx.execute(
                         "INSERT INTO segments (id, min_watermark, max_watermark, rows, max_stored_ms)
@@ -168,7 +125,7 @@ impl Writer {
                     });
                     touched_from = touched_from.min(self.segments.len() - 1);
                 }
-                let Some(seg) = self.segments.last_mut() else {
+                let Some(seg) = self.segments.last() else {
                     continue;
                 };
                 let mut insert = tx.prepare_cached(&format!(
@@ -185,17 +142,7 @@ impl Writer {
                         stored_ms
                     ])?;
                 }
-                seg.rows += txn.changes.len() as u64;
-                seg.max_stored_ms = stored_ms;
-                if txn.watermark > seg.max {
-                    seg.max = txn.watermark.clone();
-                }
-                let s = &mut self.stats;
-                if s.replica_version.is_none() {
-                    info!("initial sync stored: replicaVersion={}", txn.watermark);
-                    s.replica_version = Some(txn.watermark.clone());
-                }
-                s.changes_stored_total += txn.changes.len() as u64;
+                catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
             }
             for seg in &self.segments[touched_from..] {
                 tx.execute(
@@ -215,7 +162,7 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.last_stored_ms = stored_ms;
-                self.refresh_range();
+                catalogue::refresh_range(&mut self.stats, &self.segments);
                 for (_, reply) in group {
                     let _ = reply.send(Ok(()));
                 }
@@ -235,11 +182,7 @@ impl Writer {
     /// to purge. Store times only grow, so the segments wholly older are skipped by their
     /// catalogue entry and only the first younger segment is searched.
     fn first_stored_after(&self, stored_by_ms: i64) -> Result<Option<Watermark>, ChangeLogError> {
-        let Some(seg) = self
-            .segments
-            .iter()
-            .find(|s| s.max_stored_ms > stored_by_ms)
-        else {
+        let Some(seg) = catalogue::first_younger(&self.segments, stored_by_ms) else {
             return Ok(None);
         };
         let w: Option<String> = self
@@ -264,28 +207,21 @@ impl Writer {
         before: &Watermark,
         stored_by_ms: Option<i64>,
     ) -> Result<PurgeOutcome, ChangeLogError> {
-        let Some(max) = self.stats.max_watermark.clone() else {
-            return Ok(PurgeOutcome::default());
-        };
-        // The newest stored transaction always stays, so the log never forgets where it is.
-        let mut bound = if *before > max { max } else { before.clone() };
-        let mut held_by_retention = false;
-        if let Some(young) = stored_by_ms
+        let young = stored_by_ms
             .map(|t| self.first_stored_after(t))
             .transpose()?
-            .flatten()
-        {
-            if young < bound {
-                bound = young;
-                held_by_retention = true;
-            }
-        }
+            .flatten();
+        let Some((bound, held_by_retention)) =
+            catalogue::purge_bound(self.stats.max_watermark.as_ref(), before, young)
+        else {
+            return Ok(PurgeOutcome::default());
+        };
         let segments_before = self.segments.clone();
         let result = (|| -> Result<u64, ChangeLogError> {
             let tx = self.conn.transaction()?;
             let mut purged = 0u64;
             // Whole segments below the bound go at once.
-            let whole = self.segments.iter().take_while(|s| s.max < bound).count();
+            let whole = catalogue::wholly_below(&self.segments, &bound);
             for seg in self.segments.drain(..whole) {
                 tx.execute_batch(&format!("DROP TABLE {}", segment_table(seg.id)))?;
                 tx.execute("DELETE FROM segments WHERE id = ?1", params![seg.id])?;
@@ -320,7 +256,7 @@ impl Writer {
         })();
         match result {
             Ok(rows) => {
-                self.refresh_range();
+                catalogue::refresh_range(&mut self.stats, &self.segments);
                 self.stats.changes_purged_total += rows;
                 Ok(PurgeOutcome {
                     rows,
@@ -335,7 +271,7 @@ impl Writer {
     }
 
     fn has_commit(&self, w: &Watermark) -> Result<bool, ChangeLogError> {
-        let Some(seg) = self.segments.iter().find(|s| s.min <= *w && *w <= s.max) else {
+        let Some(seg) = catalogue::holding(&self.segments, w) else {
             return Ok(false);
         };
         Ok(self

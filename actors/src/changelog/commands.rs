@@ -1,0 +1,92 @@
+//! The commands both change-log engines serve, and the queue they take them from.
+//!
+//! A [`ChangeLog`](super::ChangeLog) handle only queues commands on two channels: writes (and
+//! everything that must see every write queued before it) to the engine's single writer, and
+//! catch-up reads to its reader. The SQLite engine and the PostgreSQL engine serve the same
+//! commands with the same answers; no caller learns which one it has.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
+
+use super::state::{SafetyState, StateChange};
+use super::{ChangeLogStats, PurgeOutcome, Reply, StoredChange, Transaction};
+use crate::watermark::Watermark;
+
+/// How many queued appends at most share one database transaction.
+const MAX_GROUP: usize = 512;
+
+pub(super) enum WriteCommand {
+    Append(Transaction, Reply<()>),
+    Purge {
+        before: Watermark,
+        /// Only rows stored at or before this time (unix ms) may go; `None`: any age.
+        stored_by_ms: Option<i64>,
+        reply: Reply<PurgeOutcome>,
+    },
+    Stats(Reply<ChangeLogStats>),
+    HasCommit(Watermark, Reply<bool>),
+    Barrier(Reply<()>),
+    State(StateChange, Reply<()>),
+    LoadState(Reply<SafetyState>),
+}
+
+pub(super) struct ReadCommand {
+    pub after: (Watermark, i64),
+    pub up_to: Watermark,
+    pub limit: usize,
+    pub reply: Reply<Vec<StoredChange>>,
+}
+
+/// What the writer does next.
+pub(super) enum Work {
+    /// Appends queued one after the other, to commit in one transaction (group commit): the
+    /// fsync that makes them durable is paid once, and each caller is still answered only once
+    /// its transaction is durable.
+    Appends(Vec<(Transaction, Reply<()>)>),
+    Other(WriteCommand),
+    /// Nothing came within the wait (only with a timeout).
+    Idle,
+}
+
+/// The writer's end of the write channel, with the one command read past a group of appends.
+pub(super) struct WriteQueue {
+    rx: mpsc::Receiver<WriteCommand>,
+    next: Option<WriteCommand>,
+}
+
+impl WriteQueue {
+    pub(super) fn new(rx: mpsc::Receiver<WriteCommand>) -> WriteQueue {
+        WriteQueue { rx, next: None }
+    }
+
+    /// The next piece of work, waiting at most `timeout` (`None`: until one comes); `None` once
+    /// every handle is gone.
+    pub(super) fn next(&mut self, timeout: Option<Duration>) -> Option<Work> {
+        let cmd = match self.next.take() {
+            Some(c) => c,
+            None => match timeout {
+                None => self.rx.recv().ok()?,
+                Some(t) => match self.rx.recv_timeout(t) {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => return Some(Work::Idle),
+                    Err(RecvTimeoutError::Disconnected) => return None,
+                },
+            },
+        };
+        let WriteCommand::Append(txn, reply) = cmd else {
+            return Some(Work::Other(cmd));
+        };
+        let mut group = vec![(txn, reply)];
+        while group.len() < MAX_GROUP {
+            match self.rx.try_recv() {
+                Ok(WriteCommand::Append(t, r)) => group.push((t, r)),
+                Ok(other) => {
+                    self.next = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        Some(Work::Appends(group))
+    }
+}
