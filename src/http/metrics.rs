@@ -153,11 +153,6 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
             ([b.as_str()], now)
         }),
     )?;
-    m.gauge(
-        "change_streamer_owner",
-        "1 while this instance owns the change log, 0 on a standby (with SQLite: always 1).",
-        1.0,
-    )?;
     m.counter(
         "change_streamer_subscribers_evicted_total",
         "Subscribers closed for lagging on a tracked send past --slow-subscriber-grace-ms.",

@@ -33,9 +33,6 @@ pub struct Observation {
     pub change_log_bytes: u64,
 }
 
-/// The role of this instance (SPEC §14): with the SQLite change log it is always the owner.
-pub const ROLE: &str = "owner";
-
 #[derive(Debug, thiserror::Error)]
 #[error("{0} did not answer: {1}")]
 pub struct Unavailable(&'static str, String);
@@ -124,7 +121,6 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
             "monitor": o.monitor,
             "source": if cfg.litestream_vfs.is_some() { "vfs" } else { "metrics" },
         },
-        "role": ROLE,
         "reservations": o.reservations,
         "subscribers": o.streamer.subscribers,
         "flowControl": {
