@@ -3,6 +3,8 @@
 //! HTTP metrics endpoint on an ephemeral port. Time is moved by hand, never slept through. One
 //! test per behaviour of the seed (`backup-monitor.ts` and its tests), then the cases SPEC adds.
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +21,7 @@ use change_streamer_actors::reservation::{
 use change_streamer_actors::session::{SessionEnd, SessionId};
 use change_streamer_test_support::fixtures::litestream_page;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use common::reservation_session::{Events, Session};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 
@@ -41,28 +44,6 @@ impl Handler<Take> for Purge {
     type Result = Vec<String>;
     fn handle(&mut self, _: Take, _: &mut Context<Self>) -> Vec<String> {
         std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-/// A reservation's session: records what it is told.
-#[derive(Default)]
-struct Session(Vec<ReservationEvent>);
-impl Actor for Session {
-    type Context = Context<Self>;
-}
-impl Handler<ReservationEvent> for Session {
-    type Result = ();
-    fn handle(&mut self, e: ReservationEvent, _: &mut Context<Self>) {
-        self.0.push(e);
-    }
-}
-#[derive(Message)]
-#[rtype(result = "Vec<ReservationEvent>")]
-struct Events;
-impl Handler<Events> for Session {
-    type Result = Vec<ReservationEvent>;
-    fn handle(&mut self, _: Events, _: &mut Context<Self>) -> Vec<ReservationEvent> {
-        std::mem::take(&mut self.0)
     }
 }
 

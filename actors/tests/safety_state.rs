@@ -4,6 +4,8 @@
 //! back. Time is a manual clock moved by hand; expiry is checked by message at the moment the
 //! test chooses (the actor's own timer does the same in the service).
 
+mod common;
+
 use actix::prelude::*;
 use change_streamer_actors::changelog::{
     ChangeLog, ChangeLogState, GetChangeLogState, SafetyState,
@@ -19,6 +21,7 @@ use change_streamer_actors::reservation::{
 };
 use change_streamer_actors::session::{SessionEnd, SessionId};
 use change_streamer_actors::watermark::Watermark;
+use common::reservation_session::{Events, Session};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 const FLOOR: i64 = 30_000;
@@ -32,28 +35,6 @@ impl Actor for Purger {
 impl Handler<ScheduleCleanup> for Purger {
     type Result = ();
     fn handle(&mut self, _: ScheduleCleanup, _: &mut Context<Self>) {}
-}
-
-/// A reservation's session: records what it is told.
-#[derive(Default)]
-struct Session(Vec<ReservationEvent>);
-impl Actor for Session {
-    type Context = Context<Self>;
-}
-impl Handler<ReservationEvent> for Session {
-    type Result = ();
-    fn handle(&mut self, e: ReservationEvent, _: &mut Context<Self>) {
-        self.0.push(e);
-    }
-}
-#[derive(Message)]
-#[rtype(result = "Vec<ReservationEvent>")]
-struct Events;
-impl Handler<Events> for Session {
-    type Result = Vec<ReservationEvent>;
-    fn handle(&mut self, _: Events, _: &mut Context<Self>) -> Vec<ReservationEvent> {
-        std::mem::take(&mut self.0)
-    }
 }
 
 /// The change log's answer to a reservation: minWatermark `min`.

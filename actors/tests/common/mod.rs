@@ -3,6 +3,8 @@
 //! messages, and waiting on releases and on the change log's real I/O.
 #![allow(dead_code)] // each test file uses a part
 
+pub mod reservation_session;
+
 use std::time::Duration;
 
 use actix::prelude::*;
