@@ -1,9 +1,9 @@
-//! The `change-streamer` binary: parse the configuration, start the service, stop it
-//! gracefully on SIGINT or SIGTERM. Also the backup monitor's VFS reader, when run with
-//! [`vfs_reader::SUBCOMMAND`].
+//! The `change-streamer` binary: parse the configuration, run the service (as the owner or a
+//! standby of a shared change DB, [`ownership::run`]), stop it gracefully on SIGINT or
+//! SIGTERM. Also the backup monitor's VFS reader, when run with [`vfs_reader::SUBCOMMAND`].
 
 use change_streamer::config;
-use change_streamer::Service;
+use change_streamer::ownership;
 use change_streamer_actors::vfs_reader;
 
 fn main() -> std::process::ExitCode {
@@ -19,9 +19,8 @@ fn main() -> std::process::ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
-        let service = Service::start(config, change_streamer_actors::clock::Clock::System).await?;
-        wait_for_signal().await;
-        service.stop().await;
+        let clock = change_streamer_actors::clock::Clock::System;
+        ownership::run(config, clock, wait_for_signal()).await?;
         actix_rt::System::current().stop();
         Ok::<(), change_streamer::server::StartError>(())
     });

@@ -1,23 +1,36 @@
 //! The service's side of sharing a PostgreSQL change DB (SPEC §14): standing by until this
-//! instance owns it, and what happens when it stops owning it.
+//! instance owns it, serving as the owner, and standing by again once deposed.
 //!
 //! The change log's PostgreSQL engine holds ownership and fences every write
-//! ([`change_streamer_actors::ownership`]). While it waits to own the change DB
-//! ([`own_change_db`]), a small standby server answers on the service's own listening socket:
-//! `/healthz`, `/status` (`"role": "standby"`) and `/metrics` (`change_streamer_owner 0`), and
-//! it closes `/snapshot` and `/changes` websockets with 1011 `standby: not the owner`. Once the
-//! instance owns the change DB the standby server stops and the service starts as usual on the
-//! same socket.
+//! ([`change_streamer_actors::ownership`]). [`run`] is the instance's life:
 //!
-//! An owner that is deposed refuses every further write (nothing more is stored or acked
-//! upstream) and the service exits with [`EXIT_DEPOSED`]: the process's end closes the
-//! upstream connection and every session at once, and whoever supervises it starts it again,
-//! as a standby.
+//! 1. **Standby.** While it waits to own the change DB, a small standby server answers on the
+//!    service's own listening socket: `/healthz`, `/status` (`"role": "standby"`) and
+//!    `/metrics` (`change_streamer_owner 0`); it closes `/snapshot` and `/changes` websockets
+//!    with 1011 `standby: not the owner`. The engine tries to take ownership every
+//!    `--takeover-interval-ms`.
+//! 2. **Owner.** Once it owns the change DB the standby server stops and the service starts
+//!    on the same socket ([`Service::serve`]).
+//! 3. **Deposed.** Once the engine finds it no longer owns the change DB (the fence refused a
+//!    write, its session ended, or the idle check failed), it refuses every further write, so
+//!    nothing more is stored or acked upstream, and reports it
+//!    ([`ChangeLog::deposed`]). The service then steps down ([`Service::step_down`]): it stops
+//!    reading upstream, halts the actors that write, closes every session with 1011
+//!    `standby: not the owner` and stops its HTTP server; after one takeover interval (the other
+//!    standbys' turn first) it is a standby again, at 1.
+//!
+//! SIGINT or SIGTERM ends any phase gracefully: the owner stops as [`Service::stop`] says, a
+//! standby stops answering and exits.
+
+use std::future::Future;
+use std::sync::Arc;
 
 use actix::prelude::*;
+use actix_web::dev::ServerHandle;
 use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_web_actors::ws;
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions};
+use change_streamer_actors::clock::Clock;
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::session::SessionEnd;
 use log::{error, info, warn};
@@ -25,12 +38,10 @@ use serde_json::json;
 
 use crate::config::Config;
 use crate::http::{open_websocket, refuse, status::healthz, Opening};
+use crate::server::{listen, Listening, Service, StartError};
 use crate::session::close;
 
-/// The exit status of an owner that lost the change DB (`EX_TEMPFAIL`: start it again).
-pub const EXIT_DEPOSED: i32 = 75;
-
-/// The close reason a standby gives websocket clients (with 1011).
+/// The close reason a standby, and an owner that steps down, gives websocket clients (1011).
 pub const STANDBY_REASON: &str = "standby: not the owner";
 
 /// The help of the `change_streamer_owner` gauge.
@@ -45,42 +56,130 @@ fn standby_gauge() -> String {
     )
 }
 
+/// Runs the service until `stop` resolves (SIGINT or SIGTERM), then stops it gracefully. With
+/// SQLite it is the owner throughout; with a shared change DB it goes through the phases of
+/// the module documentation for as long as it runs.
+pub async fn run(
+    config: Config,
+    clock: Clock,
+    stop: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let Some(url) = config.change_db.clone() else {
+        let service = Service::start(config, clock).await?;
+        stop.await;
+        service.stop().await;
+        return Ok(());
+    };
+    let config = Arc::new(config);
+    let mut listener = listen(&config.host, config.port)?;
+    tokio::pin!(stop);
+    loop {
+        let standby = Standby::start(&listener);
+        let opened = tokio::select! {
+            opened = open(&config, &url) => opened,
+            () = &mut stop => {
+                info!("stopping the standby");
+                standby.stop().await;
+                info!("stopped");
+                return Ok(());
+            }
+        };
+        standby.stop().await;
+        let log = opened.map_err(StartError::ChangeDb)?;
+        let service = Service::serve(config.clone(), log.clone(), listener, clock.clone()).await?;
+        tokio::select! {
+            () = log.deposed() => {}
+            () = &mut stop => {
+                service.stop().await;
+                return Ok(());
+            }
+        }
+        error!(
+            "no longer the owner of change DB {}: stepping down to a standby",
+            log.path().display()
+        );
+        drop(log);
+        listener = service
+            .step_down(SessionEnd::Unavailable(STANDBY_REASON.into()))
+            .await;
+        // The other standbys' turn first: this one tries again after one takeover interval.
+        let standby = Standby::start(&listener);
+        tokio::select! {
+            () = actix_rt::time::sleep(config.takeover_interval()) => {}
+            () = &mut stop => {
+                standby.stop().await;
+                info!("stopped");
+                return Ok(());
+            }
+        }
+        standby.stop().await;
+    }
+}
+
+/// Opens the shared change DB once this instance owns it (the engine tries every takeover
+/// interval meanwhile).
+async fn open(config: &Config, url: &str) -> Result<ChangeLog, ChangeLogError> {
+    let log = ChangeLog::open_postgres(PgOptions::new(url, config.takeover_interval())).await?;
+    info!("owner of change DB {}", log.path().display());
+    Ok(log)
+}
+
 /// Waits until this instance owns the change DB at `url`, answering as a standby on
-/// `listener` meanwhile, and returns the opened change log.
-pub async fn own_change_db(
+/// `listener` meanwhile, and returns the opened change log. (For [`Service::start`]; a
+/// deposed owner's step down is [`run`]'s.)
+pub(crate) async fn own_change_db(
     config: &Config,
     url: &str,
-    listener: &std::net::TcpListener,
+    listener: &Listening,
 ) -> Result<ChangeLog, ChangeLogError> {
-    let standby = match listener.try_clone().and_then(|l| {
-        HttpServer::new(|| App::new().configure(standby_routes))
-            .workers(1)
-            .disable_signals()
-            .shutdown_timeout(1)
-            .listen(l)
-    }) {
-        Ok(server) => {
-            if let Ok(addr) = listener.local_addr() {
-                info!("standby on {addr} until this instance owns the change DB");
+    let standby = Standby::start(listener);
+    let opened = open(config, url).await;
+    standby.stop().await;
+    opened
+}
+
+/// The standby server on the service's listening socket, while it runs.
+struct Standby(Option<ServerHandle>);
+
+impl Standby {
+    /// Starts answering as a standby on a copy of `listener` (the socket stays bound and
+    /// listening when this server stops).
+    fn start(listener: &Listening) -> Standby {
+        let server = listener.try_clone().and_then(|l| {
+            HttpServer::new(|| App::new().configure(standby_routes))
+                .workers(1)
+                .disable_signals()
+                .shutdown_timeout(1)
+                .listen(l)
+                .map_err(|source| StartError::Bind {
+                    addr: listener.addr.to_string(),
+                    source,
+                })
+        });
+        match server {
+            Ok(server) => {
+                info!(
+                    "standby on {} until this instance owns the change DB",
+                    listener.addr
+                );
+                let server = server.run();
+                let handle = server.handle();
+                actix_rt::spawn(server);
+                Standby(Some(handle))
             }
-            let server = server.run();
-            let handle = server.handle();
-            actix_rt::spawn(server);
-            Some(handle)
+            Err(e) => {
+                warn!("standby: cannot answer on the listening socket meanwhile: {e}");
+                Standby(None)
+            }
         }
-        Err(e) => {
-            warn!("standby: cannot answer on the listening socket meanwhile: {e}");
-            None
-        }
-    };
-    let opened = ChangeLog::open_postgres(PgOptions::new(url, config.takeover_interval())).await;
-    if let Some(standby) = standby {
-        standby.stop(true).await;
     }
-    let log = opened?;
-    info!("owner of change DB {}", log.path().display());
-    exit_when_deposed(log.clone());
-    Ok(log)
+
+    /// Stops answering; the open connections end first (at most one second).
+    async fn stop(self) {
+        if let Some(server) = self.0 {
+            server.stop(true).await;
+        }
+    }
 }
 
 fn standby_routes(cfg: &mut web::ServiceConfig) {
@@ -138,16 +237,4 @@ impl Actor for NotOwner {
 
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for NotOwner {
     fn handle(&mut self, _: Result<ws::Message, ws::ProtocolError>, _: &mut Self::Context) {}
-}
-
-/// Exits the process once `log`'s engine reports this instance no longer owns the change DB.
-fn exit_when_deposed(log: ChangeLog) {
-    actix_rt::spawn(async move {
-        log.deposed().await;
-        error!(
-            "no longer the owner of change DB {}: exiting ({EXIT_DEPOSED}) to start again as a standby",
-            log.path().display()
-        );
-        std::process::exit(EXIT_DEPOSED);
-    });
 }

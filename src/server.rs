@@ -16,7 +16,9 @@
 //! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
 //! close every reservation and subscription with 1001, stop reading upstream, wait until every
 //! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
-//! queued on the change log is durable, then stop every actor.
+//! queued on the change log is durable, then stop every actor. [`Service::step_down`] is the
+//! end of an owner deposed from a shared change DB ([`crate::ownership`]): the same, but every
+//! session is closed with 1011 and nothing is flushed, and the listening socket is handed back.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -30,6 +32,7 @@ use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig, Stop};
 use change_streamer_actors::reservation::{CloseAll, ReservationActor};
+use change_streamer_actors::session::SessionEnd;
 use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::{CloseAllSubscribers, Streamer, StreamerConfig};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
@@ -75,6 +78,9 @@ pub struct Service {
     server: actix_web::dev::ServerHandle,
     upstream: Option<UpstreamHandle>,
     drain: Drain,
+    /// The listening socket, kept (the HTTP server listens on a copy) for the standby that
+    /// answers there once a deposed owner steps down.
+    listener: Listening,
 }
 
 impl Service {
@@ -91,12 +97,23 @@ impl Service {
             }
             Some(url) => {
                 let listener = listen(&config.host, config.port)?;
-                let log = own_change_db(&config, url, &listener.listener)
+                let log = own_change_db(&config, url, &listener)
                     .await
                     .map_err(StartError::ChangeDb)?;
                 (log, listener)
             }
         };
+        Service::serve(config, log, listener, clock).await
+    }
+
+    /// Starts everything on an opened change log (owned, if it is a shared one), serving on
+    /// `listener`; the service keeps a copy of the socket for [`step_down`](Self::step_down).
+    pub(crate) async fn serve(
+        config: Arc<Config>,
+        log: ChangeLog,
+        listener: Listening,
+        clock: Clock,
+    ) -> Result<Service, StartError> {
         let stats = log.stats().await?;
         let safety = log.load_state().await?;
         let drain = Drain::default();
@@ -205,7 +222,7 @@ impl Service {
         .workers(2)
         .shutdown_timeout(5)
         .disable_signals()
-        .listen(listener.listener)
+        .listen(listener.try_clone()?)
         .map_err(|source| StartError::Bind {
             addr: listener.name.clone(),
             source,
@@ -235,6 +252,7 @@ impl Service {
             server: handle,
             upstream,
             drain,
+            listener,
         })
     }
 
@@ -276,12 +294,7 @@ impl Service {
             u.stop().await;
         }
         // Each session drops its guard once its close frame is written and it has stopped.
-        if !drain.wait(SESSION_DRAIN).await {
-            warn!(
-                "sessions still open {} s after the stop notice; stopping without them",
-                SESSION_DRAIN.as_secs()
-            );
-        }
+        drained(drain).await;
         server.stop(true).await;
         match log.barrier().await {
             Ok(()) => info!("change log flushed"),
@@ -293,6 +306,55 @@ impl Service {
         }
         let _ = futures_util::future::join(purger.send(Halt), streamer.send(Halt)).await;
         info!("stopped");
+    }
+
+    /// The end of a deposed owner (SPEC §14): stop ingesting, stop every actor that writes,
+    /// close every session with `end` (1011 `standby: not the owner`), stop the HTTP server,
+    /// and hand back the listening socket for the standby. Unlike [`stop`](Self::stop) it
+    /// closes nothing through the actors: the reservation actor is halted with its
+    /// reservations still written down, so the next owner finds them orphaned, and the change
+    /// log refuses any write anyway ([`ChangeLogError::NotOwner`]).
+    pub(crate) async fn step_down(self, end: SessionEnd) -> Listening {
+        let Service {
+            state,
+            server,
+            upstream,
+            drain,
+            listener,
+            ..
+        } = self;
+        let AppState {
+            streamer,
+            purger,
+            backup,
+            ..
+        } = state;
+        server.pause().await;
+        if let Some(u) = upstream {
+            u.stop().await;
+        }
+        if let Some(b) = &backup {
+            let _ = b.monitor.send(Stop).await;
+            let _ = futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt))
+                .await;
+        }
+        let _ = purger.send(Halt).await;
+        drain.close_all(&end);
+        drained(drain).await;
+        server.stop(true).await;
+        let _ = streamer.send(Halt).await;
+        info!("stepped down: every session closed, nothing more is written");
+        listener
+    }
+}
+
+/// Waits, bounded, until every session has ended.
+async fn drained(drain: Drain) {
+    if !drain.wait(SESSION_DRAIN).await {
+        warn!(
+            "sessions still open {} s after the stop notice; stopping without them",
+            SESSION_DRAIN.as_secs()
+        );
     }
 }
 
@@ -331,14 +393,24 @@ const VFS_LOAD_LIMIT: Duration = Duration::from_secs(10);
 pub const SESSION_DRAIN: Duration = Duration::from_secs(10);
 
 /// A bound listening socket, and how to name it in errors.
-struct Listening {
-    listener: std::net::TcpListener,
-    addr: SocketAddr,
+pub(crate) struct Listening {
+    pub(crate) listener: std::net::TcpListener,
+    pub(crate) addr: SocketAddr,
     name: String,
 }
 
+impl Listening {
+    /// Another handle on the same socket (for a server that may stop before the socket should).
+    pub(crate) fn try_clone(&self) -> Result<std::net::TcpListener, StartError> {
+        self.listener.try_clone().map_err(|source| StartError::Bind {
+            addr: self.name.clone(),
+            source,
+        })
+    }
+}
+
 /// Binds `host:port` (address reuse on, as actix-web's own `bind` does).
-fn listen(host: &str, port: u16) -> Result<Listening, StartError> {
+pub(crate) fn listen(host: &str, port: u16) -> Result<Listening, StartError> {
     let name = format!("{host}:{port}");
     let bind_error = |source| StartError::Bind {
         addr: name.clone(),

@@ -8,7 +8,11 @@
 //! tokio-rs/mini-redis's `shutdown_complete`). The HTTP handlers reach the channel through a
 //! [`Guards`] (a weak sender), so the application's own copies, which live until the HTTP server
 //! is gone, do not count: the stop learns that the sessions ended without stopping the server.
+//!
+//! The same wrapper lets a deposed owner close every session with one close frame of its own
+//! ([`Drain::close_all`]) without asking each actor: see [`Guarded`].
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -16,27 +20,36 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::HttpResponse;
-use bytes::Bytes;
+use bytes::{BufMut, Bytes, BytesMut};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::session::SessionEnd;
 use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::Streamer;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// Held by each websocket session for as long as it lives.
 #[derive(Clone, Debug)]
 pub struct ShutdownGuard {
     _held: mpsc::Sender<()>,
+    /// The close frame every session is to end with at once, once there is one.
+    close_all: watch::Receiver<Option<Bytes>>,
 }
 
 /// Hands out [`ShutdownGuard`]s while the stop has not begun; holding one does not delay it.
 #[derive(Clone, Debug)]
-pub struct Guards(mpsc::WeakSender<()>);
+pub struct Guards {
+    held: mpsc::WeakSender<()>,
+    close_all: watch::Receiver<Option<Bytes>>,
+}
 
 impl Guards {
     /// A guard for a new session; `None` once the stop has begun and every session has gone.
     pub fn guard(&self) -> Option<ShutdownGuard> {
-        self.0.upgrade().map(|tx| ShutdownGuard { _held: tx })
+        self.held.upgrade().map(|tx| ShutdownGuard {
+            _held: tx,
+            close_all: self.close_all.clone(),
+        })
     }
 }
 
@@ -45,37 +58,86 @@ impl Guards {
 pub struct Drain {
     guard: ShutdownGuard,
     done: mpsc::Receiver<()>,
+    close_all: watch::Sender<Option<Bytes>>,
 }
 
 impl Default for Drain {
     fn default() -> Self {
         let (tx, done) = mpsc::channel(1);
+        let (close_all, close_rx) = watch::channel(None);
         Drain {
-            guard: ShutdownGuard { _held: tx },
+            guard: ShutdownGuard {
+                _held: tx,
+                close_all: close_rx,
+            },
             done,
+            close_all,
         }
     }
 }
 
 impl Drain {
     pub fn guards(&self) -> Guards {
-        Guards(self.guard._held.downgrade())
+        Guards {
+            held: self.guard._held.downgrade(),
+            close_all: self.close_all.subscribe(),
+        }
+    }
+
+    /// Ends every session's connection, now and opened from now on, with `end`'s close frame
+    /// (see [`Guarded`]); the sessions' actors stop as their connections end.
+    pub fn close_all(&self, end: &SessionEnd) {
+        let (code, reason) = end.close_frame();
+        self.close_all.send_replace(Some(close_frame(code, &reason)));
     }
 
     /// Drops its own guard, then waits until every other one is dropped, at most `limit`.
     /// Returns whether they all were.
     pub async fn wait(self, limit: Duration) -> bool {
-        let Drain { guard, mut done } = self;
+        let Drain {
+            guard, mut done, ..
+        } = self;
         drop(guard);
         tokio::time::timeout(limit, done.recv()).await.is_ok()
     }
 }
 
+/// A server's close frame (RFC 6455 §5.2, §5.5.1): FIN and opcode 8, an unmasked payload of
+/// the code (big-endian) and the reason, which [`SessionEnd::close_frame`] cut to 123 bytes so
+/// that the payload fits a control frame's 125.
+fn close_frame(code: u16, reason: &str) -> Bytes {
+    let mut frame = BytesMut::with_capacity(4 + reason.len());
+    frame.put_u8(0x88);
+    frame.put_u8((2 + reason.len()) as u8);
+    frame.put_u16(code);
+    frame.put_slice(reason.as_bytes());
+    frame.freeze()
+}
+
+/// Resolves once [`Drain::close_all`] gave a close frame; never if the drain is dropped first.
+fn closing(mut rx: watch::Receiver<Option<Bytes>>) -> Pin<Box<dyn Future<Output = Bytes>>> {
+    Box::pin(async move {
+        match rx.wait_for(Option::is_some).await {
+            Ok(frame) => frame.clone().unwrap_or_default(),
+            Err(_) => std::future::pending().await,
+        }
+    })
+}
+
 /// A response body that holds a [`ShutdownGuard`] until the body ends. A websocket's body is
 /// its session actor's context, so the guard lives exactly as long as the session, whatever
 /// ends it (close, error, dropped connection), and the session code needs no change.
+///
+/// Why the close-all notice is here rather than a message to each session: a deposed owner
+/// must end every session at once with one code and reason (SPEC §14), whichever actor holds
+/// it. The body yields the session's frames whole, one encoded batch per chunk, so a close
+/// frame put between two chunks is a well-formed frame; after it the body ends, which closes
+/// the connection and drops the session's context, and actix then stops the actor (its
+/// `stopped` runs, as on any other end).
 struct Guarded {
     body: BoxBody,
+    closing: Option<Pin<Box<dyn Future<Output = Bytes>>>>,
+    ended: bool,
     _guard: Option<ShutdownGuard>,
 }
 
@@ -90,7 +152,22 @@ impl MessageBody for Guarded {
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Bytes, Self::Error>>> {
-        Pin::new(&mut self.get_mut().body).poll_next(cx)
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(closing) = &mut this.closing {
+            if let Poll::Ready(frame) = closing.as_mut().poll(cx) {
+                this.closing = None;
+                this.ended = true;
+                return Poll::Ready(Some(Ok(frame)));
+            }
+        }
+        let next = Pin::new(&mut this.body).poll_next(cx);
+        if matches!(next, Poll::Ready(None)) {
+            this.ended = true;
+        }
+        next
     }
 }
 
@@ -99,6 +176,8 @@ pub fn hold_until_closed(response: HttpResponse, guard: Option<ShutdownGuard>) -
     response
         .map_body(|_, body| Guarded {
             body,
+            closing: guard.as_ref().map(|g| closing(g.close_all.clone())),
+            ended: false,
             _guard: guard,
         })
         .map_into_boxed_body()
