@@ -24,6 +24,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web::dev::ServerHandle;
@@ -73,10 +74,14 @@ pub async fn run(
     let config = Arc::new(config);
     let mut listener = listen(&config.host, config.port)?;
     tokio::pin!(stop);
+    let mut standby = Standby::start(&listener);
+    let mut first_try_after = Duration::ZERO;
     loop {
-        let standby = Standby::start(&listener);
         let opened = tokio::select! {
-            opened = open(&config, &url) => opened,
+            opened = async {
+                actix_rt::time::sleep(first_try_after).await;
+                open(&config, &url).await
+            } => opened,
             () = &mut stop => {
                 info!("stopping the standby");
                 standby.stop().await;
@@ -102,17 +107,9 @@ pub async fn run(
         listener = service
             .step_down(SessionEnd::Unavailable(STANDBY_REASON.into()))
             .await;
+        standby = Standby::start(&listener);
         // The other standbys' turn first: this one tries again after one takeover interval.
-        let standby = Standby::start(&listener);
-        tokio::select! {
-            () = actix_rt::time::sleep(config.takeover_interval()) => {}
-            () = &mut stop => {
-                standby.stop().await;
-                info!("stopped");
-                return Ok(());
-            }
-        }
-        standby.stop().await;
+        first_try_after = config.takeover_interval();
     }
 }
 

@@ -1,8 +1,11 @@
 //! End to end on a shared PostgreSQL change DB (SPEC §14): two real service processes on one
 //! database, exactly one of them the owner (the standby answers `/healthz`, `/status` and
-//! `/metrics` with its role, and closes sessions with 1011); kill -9 of the owner mid-ingest, the standby owns
-//! within --takeover-interval-ms + 1 s, asks the change source for the last durable
-//! watermark, and no commit acked upstream is lost or stored twice.
+//! `/metrics` with its role, and closes sessions with 1011); kill -9 of the owner mid-ingest,
+//! the standby owns within --takeover-interval-ms + 1 s, asks the change source for the last
+//! durable watermark, and no commit acked upstream is lost or stored twice; an open
+//! reservation and a grown cleanup delay carried over the kill -9; an owner whose PostgreSQL
+//! session ends closes its sessions with 1011, becomes a standby and owns again later; a
+//! standby stops gracefully on SIGTERM and SIGINT.
 
 #[path = "../actors/tests/pg_support/mod.rs"]
 mod pg_support;
@@ -13,10 +16,12 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use change_streamer_test_support::wait::wait_until;
 use pg_support::TestDb;
+use serde_json::json;
 
 const INTERVAL_MS: u64 = 200;
 
@@ -26,16 +31,24 @@ struct Instance {
     child: Child,
     standby: mpsc::Receiver<String>,
     listening: mpsc::Receiver<(String, Instant)>,
+    /// Said once the deposed owner's change log writer ended: no handle on it was left.
+    writer_gone: mpsc::Receiver<()>,
     _dir: tempfile::TempDir,
 }
 
 impl Instance {
     fn start(db: &TestDb, upstream: &str) -> Instance {
+        Self::start_with(db, upstream, INTERVAL_MS, &[])
+    }
+
+    /// With its own takeover interval and more flags.
+    fn start_with(db: &TestDb, upstream: &str, interval_ms: u64, args: &[&str]) -> Instance {
         let dir = tempfile::tempdir().unwrap();
-        let interval = INTERVAL_MS.to_string();
+        let interval = interval_ms.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
             .args(["--host", "127.0.0.1", "--port", "0", "--upstream", upstream])
             .args(["--change-db", &db.url, "--takeover-interval-ms", &interval])
+            .args(args)
             .arg("--data-dir")
             .arg(dir.path())
             .env("RUST_LOG", "info")
@@ -45,6 +58,7 @@ impl Instance {
         let stderr = child.stderr.take().unwrap();
         let (tx, listening) = mpsc::channel();
         let (standby_tx, standby) = mpsc::channel();
+        let (gone_tx, writer_gone) = mpsc::channel();
         std::thread::spawn(move || {
             let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -52,6 +66,8 @@ impl Instance {
                     let _ = tx.send((addr(rest), Instant::now()));
                 } else if let Some(rest) = line.split("standby on ").nth(1) {
                     let _ = standby_tx.send(addr(rest));
+                } else if line.contains("deposed change log writer stopped") {
+                    let _ = gone_tx.send(());
                 }
             }
         });
@@ -59,6 +75,7 @@ impl Instance {
             child,
             standby,
             listening,
+            writer_gone,
             _dir: dir,
         }
     }
@@ -235,25 +252,8 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
     );
 }
 
-#[actix_rt::test]
-async fn an_owner_that_loses_its_session_stops_and_exits_for_a_standby() {
-    let db = TestDb::create("deposed_e2e").await;
-    let up = FakeUpstream::start().await;
-    let mut a = Instance::start(&db, &up.url());
-    a.listening_within(Duration::from_secs(20))
-        .expect("the first instance owns the change DB and listens");
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    wait_until("the initial sync acked", Duration::from_secs(20), || {
-        !acked(&up).is_empty()
-    })
-    .await;
-    let b = Instance::start(&db, &up.url());
-    b.standby
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the second instance answers as a standby");
-
-    // PostgreSQL ends the owner's session (as when it notices its connection died).
+/// Ends the owner's PostgreSQL session, as PostgreSQL does when it notices its connection died.
+async fn terminate_owner_session(db: &TestDb) {
     let c = db.connect().await;
     let ended = c
         .execute(
@@ -264,25 +264,270 @@ async fn an_owner_that_loses_its_session_stops_and_exits_for_a_standby() {
         )
         .await
         .unwrap();
-    assert_eq!(ended, 1);
-    let deadline = Instant::now() + Duration::from_millis(3 * INTERVAL_MS) + Duration::from_secs(1);
-    let status = loop {
-        if let Some(status) = a.child.try_wait().unwrap() {
-            break status;
+    assert_eq!(ended, 1, "one owner session to end");
+}
+
+/// The close of `c`, skipping whatever messages come before it, within `limit`.
+async fn close_within(c: &mut WsClient, limit: Duration) -> (u16, String) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match c.next(left).await {
+            Some(Seen::Closed { code, reason }) => return (code, reason),
+            Some(Seen::Msg { id, .. }) => c.ack(id).await,
+            None => panic!("no close within {limit:?}"),
         }
-        assert!(Instant::now() < deadline, "the deposed owner still runs");
-        actix_rt::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert_eq!(
-        status.code(),
-        Some(change_streamer::ownership::EXIT_DEPOSED)
+    }
+}
+
+/// The flags of an instance with the backup monitor on (reservations served), polling `lite`.
+fn backup_flags(lite: &FakeLitestream, floor_ms: u64) -> Vec<String> {
+    [
+        "--litestream-backup-url",
+        "s3://bucket/replica",
+        "--litestream-metrics-url",
+        &lite.url(),
+        "--backup-check-interval-ms",
+        "20",
+        "--min-cleanup-delay-ms",
+        &floor_ms.to_string(),
+        "--purge-delay-ms",
+        "20",
+        "--change-log-retention-ms",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+#[actix_rt::test]
+async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becomes_a_standby() {
+    let db = TestDb::create("deposed_e2e").await;
+    let up = FakeUpstream::start().await;
+    let lite = FakeLitestream::start(Answer::default()).await;
+    let flags = backup_flags(&lite, 60_000);
+    let mut a = Instance::start_with(&db, &up.url(), INTERVAL_MS, &strs(&flags));
+    let (a_addr, _) = a
+        .listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    assert_eq!(a.standby.try_recv().ok(), Some(a_addr.clone()));
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    wait_until("the initial sync acked", Duration::from_secs(20), || {
+        !acked(&up).is_empty()
+    })
+    .await;
+    // A subscriber and a reservation, both live on the owner.
+    let mut sub = WsClient::connect(&format!(
+        "ws://{a_addr}/replication/v6/changes?id=r1&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(100)
+    ))
+    .await;
+    assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
+    let mut res = WsClient::connect(&format!(
+        "ws://{a_addr}/replication/v6/snapshot?taskID=t1"
+    ))
+    .await;
+    let (id, _) = res.msg().await;
+    res.ack(id).await;
+    // The other instance tries more often, so that it is the one to take over.
+    let b = Instance::start_with(&db, &up.url(), INTERVAL_MS / 4, &strs(&flags));
+    let b_addr = b
+        .standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
+
+    terminate_owner_session(&db).await;
+    let bound = Duration::from_millis(2 * INTERVAL_MS) + Duration::from_secs(1);
+    let closed = (1011, "standby: not the owner".to_string());
+    assert_eq!(close_within(&mut sub, bound).await, closed, "subscriber");
+    assert_eq!(close_within(&mut res, bound).await, closed, "reservation");
+    let standby_at = a
+        .standby
+        .recv_timeout(bound)
+        .expect("the deposed owner answers as a standby");
+    assert_eq!(standby_at, a_addr, "on the same socket");
+    a.writer_gone
+        .recv_timeout(Duration::from_secs(5))
+        .expect("every actor and handle on the deposed change log is gone");
+    let (owner_at, _) = b
+        .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the other instance owns within --takeover-interval-ms + 1 s");
+    assert_eq!(owner_at, b_addr);
+    assert!(
+        a.child.try_wait().unwrap().is_none(),
+        "the deposed owner exited"
     );
-    b.listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
-        .expect("the standby owns within --takeover-interval-ms + 1 s");
+    assert_eq!(role(&a_addr).await, "standby");
+    assert_eq!(owner_gauge(&a_addr).await, "0");
+    assert_eq!(get(&a_addr, "/healthz").await.0, 200);
+    let mut c = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t2")).await;
+    assert_eq!(c.closed().await, closed, "a new session on the deposed owner");
+    assert_eq!(role(&b_addr).await, "owner");
+    // The new owner resumed where the deposed one stopped storing.
     up.wait_connections(2).await;
     assert!(
         up.queries()[1].contains(&format!("lastWatermark={}", wm(100))),
         "{:?}",
         up.queries()
     );
+    // The reservation the deposed owner held is the new owner's orphan.
+    let (_, st) = get(&b_addr, "/status").await;
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["reservations"][0]["taskID"], "t1", "{st}");
+    assert_eq!(st["reservations"][0]["orphaned"], true, "{st}");
+
+    // Once the other instance is gone, the deposed one owns again, on the same socket.
+    drop(b);
+    let (again, _) = a
+        .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the deposed owner owns again within --takeover-interval-ms + 1 s");
+    assert_eq!(again, a_addr);
+    assert_eq!(role(&a_addr).await, "owner");
+    assert_eq!(owner_gauge(&a_addr).await, "1");
+    up.wait_connections(3).await;
+    let mut sub = WsClient::connect(&format!(
+        "ws://{a_addr}/replication/v6/changes?id=r1&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(100)
+    ))
+    .await;
+    assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
+    up.send(txn(101, 1));
+    assert_eq!(commits_until(&mut sub, 101).await, vec![101]);
+}
+
+#[actix_rt::test]
+async fn an_open_reservation_and_the_grown_cleanup_delay_survive_a_kill_9_takeover() {
+    const FLOOR_MS: u64 = 1500;
+    let db = TestDb::create("carried_e2e").await;
+    let up = FakeUpstream::start().await;
+    let lite = FakeLitestream::start(Answer::default()).await;
+    let flags = backup_flags(&lite, FLOOR_MS);
+    let mut a = Instance::start_with(&db, &up.url(), INTERVAL_MS, &strs(&flags));
+    let (a_addr, _) = a
+        .listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    up.wait_connections(1).await;
+    for n in 100..=104 {
+        up.send(txn(n, 2));
+    }
+    wait_until("acks up to 104", Duration::from_secs(20), || {
+        acked(&up).contains(&104)
+    })
+    .await;
+    // Task t0 holds its reservation longer than the floor, then subscribes: the delay grows.
+    let mut t0 = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t0")).await;
+    let (id, _) = t0.msg().await;
+    t0.ack(id).await;
+    actix_rt::time::sleep(Duration::from_millis(FLOOR_MS + 500)).await;
+    let mut sub = WsClient::connect(&format!(
+        "ws://{a_addr}/replication/v6/changes?id=r0&taskID=t0&initial=true&mode=backup&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(102)
+    ))
+    .await;
+    assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
+    let grown = loop {
+        let (_, st) = get(&a_addr, "/status").await;
+        let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+        let delay = st["backup"]["cleanupDelayMs"].as_i64().unwrap();
+        if delay > FLOOR_MS as i64 {
+            break delay;
+        }
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Task t1 reserves (durable once its status is sent) and is restoring at the kill.
+    let mut t1 = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t1")).await;
+    let (id, status) = t1.msg().await;
+    assert_eq!(status[1]["minWatermark"], json!(wm(100)));
+    t1.ack(id).await;
+    // One more read of the state after the growth showed: it is durable by now.
+    get(&a_addr, "/status").await;
+    // litestream backed 104 up long ago: without the reservation it would be purged at once.
+    lite.set_body(render_page(
+        "/db",
+        &[(Some(wm(104).as_str()), "s3", "1.0".into())],
+    ));
+    let b = Instance::start_with(&db, &up.url(), INTERVAL_MS, &strs(&flags));
+    b.standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    up.drop_connection();
+
+    let (b_addr, _) = b
+        .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the standby owns within --takeover-interval-ms + 1 s");
+    let seen = lite.requests();
+    lite.wait_for_request(seen + 5, Duration::from_secs(5))
+        .await;
+    let (_, st) = get(&b_addr, "/status").await;
+    let st: serde_json::Value = serde_json::from_str(&st).unwrap();
+    assert_eq!(st["role"], "owner", "{st}");
+    assert_eq!(st["backup"]["cleanupDelayMs"], json!(grown), "{st}");
+    let reservations = st["reservations"].as_array().expect("reservations");
+    assert_eq!(reservations.len(), 1, "{st}");
+    assert_eq!(reservations[0]["taskID"], "t1", "{st}");
+    assert_eq!(reservations[0]["orphaned"], true, "{st}");
+    assert_eq!(st["backup"]["paused"], true, "{st}");
+    assert_eq!(st["backup"]["lastScheduledWatermark"], json!(null), "{st}");
+    assert_eq!(st["changeLog"]["minWatermark"], json!(wm(100)), "{st}");
+    assert_eq!(st["purge"]["rowsPurged"], json!(0), "{st}");
+}
+
+/// SIGTERM or SIGINT to a standby: it stops answering and exits with status 0.
+async fn a_standby_stops_gracefully_on(signal: &str) {
+    let db = TestDb::create("standby_stop").await;
+    let up = FakeUpstream::start().await;
+    let a = Instance::start(&db, &up.url());
+    let (a_addr, _) = a
+        .listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    let mut b = Instance::start(&db, &up.url());
+    let b_addr = b
+        .standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
+    assert_eq!(role(&b_addr).await, "standby");
+    let sent = Command::new("kill")
+        .args([signal, &b.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(status) = b.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the standby still runs 5 s after {signal}");
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(status.code(), Some(0), "{signal}");
+    assert!(
+        std::net::TcpStream::connect(&b_addr).is_err(),
+        "the standby's socket still accepts"
+    );
+    assert!(
+        b.listening_within(Duration::from_millis(3 * INTERVAL_MS))
+            .is_none(),
+        "it owned the change DB on its way out"
+    );
+    assert_eq!(role(&a_addr).await, "owner");
+}
+
+#[actix_rt::test]
+async fn a_standby_stops_gracefully_on_sigterm() {
+    a_standby_stops_gracefully_on("-TERM").await;
+}
+
+#[actix_rt::test]
+async fn a_standby_stops_gracefully_on_sigint() {
+    a_standby_stops_gracefully_on("-INT").await;
 }

@@ -168,6 +168,8 @@ pub(super) fn run(engine: Engine) {
             writer.depose();
             drop(writer); // ends the session, and any lock it may still hold
             refuse_all(queue);
+            // Every handle is gone: nothing of this ownership is left running.
+            info!("deposed change log writer stopped");
             return;
         }
     }
