@@ -4,6 +4,7 @@
 
 use change_streamer::config;
 use change_streamer::ownership;
+use change_streamer::shutdown::wait_for_signal;
 use change_streamer_actors::vfs_reader;
 
 fn main() -> std::process::ExitCode {
@@ -34,27 +35,5 @@ fn main() -> std::process::ExitCode {
             );
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => log::info!("SIGINT received"),
-                    _ = term.recv() => log::info!("SIGTERM received"),
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }

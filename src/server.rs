@@ -335,8 +335,8 @@ impl Service {
         }
         if let Some(b) = &backup {
             let _ = b.monitor.send(Stop).await;
-            let _ = futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt))
-                .await;
+            let _ =
+                futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt)).await;
         }
         let _ = purger.send(Halt).await;
         drain.close_all(&end);
@@ -402,10 +402,12 @@ pub(crate) struct Listening {
 impl Listening {
     /// Another handle on the same socket (for a server that may stop before the socket should).
     pub(crate) fn try_clone(&self) -> Result<std::net::TcpListener, StartError> {
-        self.listener.try_clone().map_err(|source| StartError::Bind {
-            addr: self.name.clone(),
-            source,
-        })
+        self.listener
+            .try_clone()
+            .map_err(|source| StartError::Bind {
+                addr: self.name.clone(),
+                source,
+            })
     }
 }
 

@@ -88,7 +88,8 @@ impl Drain {
     /// (see [`Guarded`]); the sessions' actors stop as their connections end.
     pub fn close_all(&self, end: &SessionEnd) {
         let (code, reason) = end.close_frame();
-        self.close_all.send_replace(Some(close_frame(code, &reason)));
+        self.close_all
+            .send_replace(Some(close_frame(code, &reason)));
     }
 
     /// Drops its own guard, then waits until every other one is dropped, at most `limit`.
@@ -181,6 +182,29 @@ pub fn hold_until_closed(response: HttpResponse, guard: Option<ShutdownGuard>) -
             _guard: guard,
         })
         .map_into_boxed_body()
+}
+
+/// Resolves on the first SIGINT or SIGTERM (Ctrl-C elsewhere than unix).
+pub async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => log::info!("SIGINT received"),
+                    _ = term.recv() => log::info!("SIGTERM received"),
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
 /// Stops an actor that has no stop message of its own (its timers keep it alive otherwise).

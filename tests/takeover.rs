@@ -329,10 +329,8 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
     ))
     .await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
-    let mut res = WsClient::connect(&format!(
-        "ws://{a_addr}/replication/v6/snapshot?taskID=t1"
-    ))
-    .await;
+    let mut res =
+        WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t1")).await;
     let (id, _) = res.msg().await;
     res.ack(id).await;
     // The other instance tries more often, so that it is the one to take over.
@@ -366,8 +364,13 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
     assert_eq!(role(&a_addr).await, "standby");
     assert_eq!(owner_gauge(&a_addr).await, "0");
     assert_eq!(get(&a_addr, "/healthz").await.0, 200);
-    let mut c = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t2")).await;
-    assert_eq!(c.closed().await, closed, "a new session on the deposed owner");
+    let mut c =
+        WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t2")).await;
+    assert_eq!(
+        c.closed().await,
+        closed,
+        "a new session on the deposed owner"
+    );
     assert_eq!(role(&b_addr).await, "owner");
     // The new owner resumed where the deposed one stopped storing.
     up.wait_connections(2).await;
@@ -422,7 +425,8 @@ async fn an_open_reservation_and_the_grown_cleanup_delay_survive_a_kill_9_takeov
     })
     .await;
     // Task t0 holds its reservation longer than the floor, then subscribes: the delay grows.
-    let mut t0 = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t0")).await;
+    let mut t0 =
+        WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t0")).await;
     let (id, _) = t0.msg().await;
     t0.ack(id).await;
     actix_rt::time::sleep(Duration::from_millis(FLOOR_MS + 500)).await;
@@ -443,7 +447,8 @@ async fn an_open_reservation_and_the_grown_cleanup_delay_survive_a_kill_9_takeov
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     };
     // Task t1 reserves (durable once its status is sent) and is restoring at the kill.
-    let mut t1 = WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t1")).await;
+    let mut t1 =
+        WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t1")).await;
     let (id, status) = t1.msg().await;
     assert_eq!(status[1]["minWatermark"], json!(wm(100)));
     t1.ack(id).await;
@@ -506,7 +511,10 @@ async fn a_standby_stops_gracefully_on(signal: &str) {
         if let Some(status) = b.child.try_wait().unwrap() {
             break status;
         }
-        assert!(Instant::now() < deadline, "the standby still runs 5 s after {signal}");
+        assert!(
+            Instant::now() < deadline,
+            "the standby still runs 5 s after {signal}"
+        );
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     };
     assert_eq!(status.code(), Some(0), "{signal}");

@@ -3,7 +3,13 @@
 //! ```sh
 //! cargo run --release --example demo            # until Ctrl-C
 //! cargo run --release --example demo -- --seconds 30
+//! cargo run --release --example demo -- --change-db postgres://postgres@127.0.0.1:5432/demo \
+//!     [--kill-after 10] [--seconds 30]
 //! ```
+//!
+//! With `--change-db` it is the other demo, [`takeover`]: two service processes sharing that
+//! PostgreSQL change DB, and a `kill -9` of the owner on Enter (or after `--kill-after`
+//! seconds) to watch the standby take over. What follows is the default demo.
 //!
 //! It starts the real service (its embedded change log in a temporary directory) and, around
 //! it, stand-ins for the outside world:
@@ -40,27 +46,57 @@ use change_streamer_test_support::stock_litestream::{self, Litestream};
 use change_streamer_test_support::upstream::{self, FakeUpstream};
 use serde_json::Value;
 
+mod takeover;
+
 const REPLICAS: usize = 3;
 
 /// The last watermark the backup replica applied (what litestream "backs up").
 type Applied = Rc<RefCell<Option<String>>>;
 
-fn parse_seconds() -> Option<u64> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == "--seconds") {
-        Some(i) => match args.get(i + 1).and_then(|s| s.parse().ok()) {
-            Some(s) => Some(s),
-            None => {
-                eprintln!("demo: --seconds takes a whole number of seconds");
-                std::process::exit(2);
+const USAGE: &str = "usage: cargo run --release --example demo [-- [--seconds N] [--change-db postgres://… [--kill-after N]]]";
+
+/// The demo's flags.
+#[derive(Default)]
+struct Args {
+    seconds: Option<u64>,
+    /// Two instances sharing this PostgreSQL change DB ([`takeover`]).
+    change_db: Option<String>,
+    /// With `change_db`: kill the owner after this many seconds (also on Enter).
+    kill_after: Option<u64>,
+}
+
+fn parse_args() -> Args {
+    let fail = |why: &str| -> ! {
+        eprintln!("demo: {why}\n{USAGE}");
+        std::process::exit(2);
+    };
+    let seconds = |v: Option<String>, flag: &str| -> u64 {
+        v.and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| fail(&format!("{flag} takes a whole number of seconds")))
+    };
+    let mut args = Args::default();
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seconds" => args.seconds = Some(seconds(it.next(), "--seconds")),
+            "--kill-after" => args.kill_after = Some(seconds(it.next(), "--kill-after")),
+            "--change-db" => {
+                args.change_db = Some(
+                    it.next()
+                        .unwrap_or_else(|| fail("--change-db takes a postgres:// URL")),
+                )
             }
-        },
-        None if args.len() > 1 => {
-            eprintln!("usage: cargo run --release --example demo [-- --seconds N]");
-            std::process::exit(2);
+            "-h" | "--help" => {
+                println!("{USAGE}\n\nWithout --change-db: one instance on its embedded SQLite change log, with\nreplicas, a backup and litestream around it.\n\n{}", takeover::LEGEND);
+                std::process::exit(0);
+            }
+            other => fail(&format!("unknown argument {other}")),
         }
-        None => None,
     }
+    if args.kill_after.is_some() && args.change_db.is_none() {
+        fail("--kill-after needs --change-db");
+    }
+    args
 }
 
 /// Pushes transactions forever at about `per_second`.
@@ -530,8 +566,19 @@ fn main() -> std::process::ExitCode {
     {
         return vfs_reader::run();
     }
-    let seconds = parse_seconds();
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == takeover::SERVE)
+    {
+        return takeover::serve();
+    }
+    let args = parse_args();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    actix_rt::System::new().block_on(run(seconds));
+    match args.change_db {
+        Some(db) => {
+            actix_rt::System::new().block_on(takeover::run(db, args.seconds, args.kill_after))
+        }
+        None => actix_rt::System::new().block_on(run(args.seconds)),
+    }
     std::process::ExitCode::SUCCESS
 }
