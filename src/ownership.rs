@@ -84,12 +84,12 @@ pub async fn run(
             } => opened,
             () = &mut stop => {
                 info!("stopping the standby");
-                standby.stop().await;
+                standby.stop(true).await;
                 info!("stopped");
                 return Ok(());
             }
         };
-        standby.stop().await;
+        standby.stop(false).await;
         let log = opened.map_err(StartError::ChangeDb)?;
         let service = Service::serve(config.clone(), log.clone(), listener, clock.clone()).await?;
         tokio::select! {
@@ -131,7 +131,7 @@ pub(crate) async fn own_change_db(
 ) -> Result<ChangeLog, ChangeLogError> {
     let standby = Standby::start(listener);
     let opened = open(config, url).await;
-    standby.stop().await;
+    standby.stop(false).await;
     opened
 }
 
@@ -171,10 +171,12 @@ impl Standby {
         }
     }
 
-    /// Stops answering; the open connections end first (at most one second).
-    async fn stop(self) {
+    /// Stops answering. `graceful`: the open connections end first, at most one second;
+    /// otherwise they are closed at once, so that a client keeping its connection alive
+    /// (a probe polling `/status`) does not delay the owner's start on this socket.
+    async fn stop(self, graceful: bool) {
         if let Some(server) = self.0 {
-            server.stop(true).await;
+            server.stop(graceful).await;
         }
     }
 }

@@ -2,7 +2,12 @@
 //! run it (debug build) for a bounded time and check that its summary, taken from the
 //! service's own `/status` and `/metrics`, shows every part working: transactions stored,
 //! replicas that restored and subscribed, cleanups scheduled from litestream's reports, rows
-//! purged, the stalled replica released by consensus and then dropped.
+//! purged, the stalled replica released by consensus and then dropped. With `--change-db` it
+//! runs two instances on one PostgreSQL change DB and kills the owner: the summary shows one
+//! takeover within the bound and subscribers that went on with no gap and no commit twice.
+
+#[path = "../actors/tests/pg_support/mod.rs"]
+mod pg_support;
 
 use std::process::Command;
 
@@ -40,4 +45,43 @@ fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
         "three replicas and the backup remain, the stalled one was dropped: {s}"
     );
     assert!(num("cleanupDelayMs") >= 3000.0, "{s}");
+}
+
+#[actix_rt::test]
+async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
+    let db = pg_support::TestDb::create("demo").await;
+    let out = Command::new(example_bin("demo"))
+        .args([
+            "--change-db",
+            &db.url,
+            "--kill-after",
+            "4",
+            "--seconds",
+            "10",
+        ])
+        .output()
+        .expect("run demo");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("kill -9 of "), "{stdout}");
+    let summary = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("summary: "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    let s: serde_json::Value = serde_json::from_str(summary).expect("summary is JSON");
+    let takeovers = s["takeoverMs"].as_array().expect("takeoverMs");
+    assert_eq!(takeovers.len(), 1, "{stdout}");
+    // --takeover-interval-ms (200) + 1 s after PostgreSQL noticed; it notices a killed
+    // process's connection at once.
+    assert!(takeovers[0].as_u64() < Some(1200), "{stdout}");
+    assert_eq!(s["gaps"], 0, "{stdout}");
+    assert_eq!(s["twice"], 0, "{stdout}");
+    assert_eq!(s["reconnects"], 2, "both subscribers came back: {stdout}");
+    for commits in s["subscriberCommits"].as_array().expect("commits") {
+        assert!(commits.as_u64() > Some(500), "{stdout}");
+    }
 }

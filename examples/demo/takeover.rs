@@ -18,9 +18,12 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use actix_codec::Framed;
+use awc::ws::{Codec, Frame, Message};
+use awc::BoxedSocket;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::upstream::{self, FakeUpstream};
+use futures_util::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 
 /// The hidden first argument that makes this binary a service process.
@@ -182,16 +185,16 @@ async fn subscriber(
         let url = format!(
             "ws://{addr}/replication/v6/changes?id={name}&replicaVersion={rv}&watermark={from}"
         );
-        // A killed instance's port refuses; try the other one.
-        if tokio::net::TcpStream::connect(&addr).await.is_err() {
+        // A killed instance's port refuses, a standby handing over may drop the connection:
+        // try again, on the other one.
+        let Ok((_, mut c)) = awc::Client::new().ws(&url).connect().await else {
             actix_rt::time::sleep(Duration::from_millis(100)).await;
             continue;
-        }
-        let mut c = WsClient::connect(&url).await;
+        };
         let mut served = false;
         loop {
-            match c.next(Duration::from_secs(30)).await {
-                Some(Seen::Msg { id, msg }) => {
+            match next(&mut c).await {
+                Got::Msg(id, msg) => {
                     if !served {
                         served = true;
                         let mut s = seen.borrow_mut();
@@ -213,19 +216,60 @@ async fn subscriber(
                             s.commits += 1;
                         }
                     }
-                    c.ack(id).await;
+                    let ack = Message::Text(format!(r#"{{"ack":{id}}}"#).into());
+                    if c.send(ack).await.is_err() {
+                        break;
+                    }
                 }
-                Some(Seen::Closed { code, reason }) => {
+                Got::Closed(code, reason) => {
                     if served {
                         let line = format!("{name} closed by {addr}: {code} {reason}");
                         seen.borrow_mut().events.push(line);
                     }
                     break;
                 }
-                None => break,
             }
         }
         actix_rt::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What a subscription read next.
+enum Got {
+    Msg(u64, Value),
+    /// The close code and reason; 1006 for a connection that ended without one.
+    Closed(u16, String),
+}
+
+/// The next message or close of a subscription (SPEC §5 framing), answering pings.
+async fn next(c: &mut Framed<BoxedSocket, Codec>) -> Got {
+    let lost = || Got::Closed(1006, String::new());
+    loop {
+        let frame = match tokio::time::timeout(Duration::from_secs(30), c.next()).await {
+            Ok(Some(Ok(f))) => f,
+            _ => return lost(),
+        };
+        match frame {
+            Frame::Text(t) => {
+                let Ok(v) = serde_json::from_slice::<Value>(&t) else {
+                    return lost();
+                };
+                let Some(id) = v["id"].as_u64() else {
+                    return lost();
+                };
+                return Got::Msg(id, v["msg"].clone());
+            }
+            Frame::Ping(p) => {
+                let _ = c.send(Message::Pong(p)).await;
+            }
+            Frame::Close(r) => {
+                let _ = c.send(Message::Close(None)).await;
+                return r.map_or(Got::Closed(1005, String::new()), |r| {
+                    Got::Closed(u16::from(r.code), r.description.unwrap_or_default())
+                });
+            }
+            _ => {}
+        }
     }
 }
 
