@@ -9,149 +9,19 @@
 
 #[path = "../actors/tests/pg_support/mod.rs"]
 mod pg_support;
+mod takeover_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use change_streamer_test_support::wait::wait_until;
 use pg_support::TestDb;
 use serde_json::json;
-
-const INTERVAL_MS: u64 = 200;
-
-/// A service process; `standby` says where it answers as a standby, `listening` where it
-/// listens as the owner, once it does.
-struct Instance {
-    child: Child,
-    standby: mpsc::Receiver<String>,
-    listening: mpsc::Receiver<(String, Instant)>,
-    /// Said once the deposed owner's change log writer ended: no handle on it was left.
-    writer_gone: mpsc::Receiver<()>,
-    _dir: tempfile::TempDir,
-}
-
-impl Instance {
-    fn start(db: &TestDb, upstream: &str) -> Instance {
-        Self::start_with(db, upstream, INTERVAL_MS, &[])
-    }
-
-    /// With its own takeover interval and more flags.
-    fn start_with(db: &TestDb, upstream: &str, interval_ms: u64, args: &[&str]) -> Instance {
-        let dir = tempfile::tempdir().unwrap();
-        let interval = interval_ms.to_string();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
-            .args(["--host", "127.0.0.1", "--port", "0", "--upstream", upstream])
-            .args(["--change-db", &db.url, "--takeover-interval-ms", &interval])
-            .args(args)
-            .arg("--data-dir")
-            .arg(dir.path())
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the binary");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, listening) = mpsc::channel();
-        let (standby_tx, standby) = mpsc::channel();
-        let (gone_tx, writer_gone) = mpsc::channel();
-        std::thread::spawn(move || {
-            let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on ").nth(1) {
-                    let _ = tx.send((addr(rest), Instant::now()));
-                } else if let Some(rest) = line.split("standby on ").nth(1) {
-                    let _ = standby_tx.send(addr(rest));
-                } else if line.contains("deposed change log writer stopped") {
-                    let _ = gone_tx.send(());
-                }
-            }
-        });
-        Instance {
-            child,
-            standby,
-            listening,
-            writer_gone,
-            _dir: dir,
-        }
-    }
-
-    fn listening_within(&self, limit: Duration) -> Option<(String, Instant)> {
-        self.listening.recv_timeout(limit).ok()
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `GET http://{addr}{path}`: the status code and the body.
-async fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut resp = awc::Client::new()
-        .get(format!("http://{addr}{path}"))
-        .send()
-        .await
-        .expect("http get");
-    let body = resp.body().await.expect("body");
-    (
-        resp.status().as_u16(),
-        String::from_utf8_lossy(&body).into_owned(),
-    )
-}
-
-/// The `change_streamer_owner` gauge's value on `/metrics`.
-async fn owner_gauge(addr: &str) -> String {
-    let (code, text) = get(addr, "/metrics").await;
-    assert_eq!(code, 200);
-    text.lines()
-        .find_map(|l| l.strip_prefix("change_streamer_owner "))
-        .unwrap_or_else(|| panic!("no change_streamer_owner in {text}"))
-        .to_string()
-}
-
-async fn role(addr: &str) -> serde_json::Value {
-    let (code, body) = get(addr, "/status").await;
-    assert_eq!(code, 200, "{body}");
-    serde_json::from_str::<serde_json::Value>(&body).unwrap()["role"].clone()
-}
-
-fn wm(n: u64) -> String {
-    Watermark::from_u64(n).to_string()
-}
-
-/// The commit watermarks the change source was acked.
-fn acked(up: &FakeUpstream) -> Vec<u64> {
-    up.acks()
-        .iter()
-        .filter_map(|a| serde_json::from_str::<serde_json::Value>(a).ok())
-        .filter(|a| a[1]["tag"] == "commit")
-        .filter_map(|a| Watermark::parse(a[2]["watermark"].as_str()?).ok()?.to_u64())
-        .collect()
-}
-
-/// Reads (and acks) a subscription until the commit of `last`: the commit watermarks in order.
-async fn commits_until(c: &mut WsClient, last: u64) -> Vec<u64> {
-    let mut commits = Vec::new();
-    loop {
-        let (id, msg) = c.msg().await;
-        c.ack(id).await;
-        if msg[0] == "commit" {
-            let w = Watermark::parse(msg[2]["watermark"].as_str().unwrap()).unwrap();
-            let n = w.to_u64().unwrap();
-            commits.push(n);
-            if n >= last {
-                return commits;
-            }
-        }
-    }
-}
+use takeover_support::*;
 
 #[actix_rt::test]
 async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_lost() {
@@ -250,58 +120,6 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
         *commits.iter().filter(|n| **n < 200).max().unwrap(),
         resumed_at
     );
-}
-
-/// Ends the owner's PostgreSQL session, as PostgreSQL does when it notices its connection died.
-async fn terminate_owner_session(db: &TestDb) {
-    let c = db.connect().await;
-    let ended = c
-        .execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_locks
-             WHERE locktype = 'advisory' AND granted AND objid::int8 = $1
-               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-            &[&change_streamer_actors::ownership::OWNER_LOCK_KEY],
-        )
-        .await
-        .unwrap();
-    assert_eq!(ended, 1, "one owner session to end");
-}
-
-/// The close of `c`, skipping whatever messages come before it, within `limit`.
-async fn close_within(c: &mut WsClient, limit: Duration) -> (u16, String) {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match c.next(left).await {
-            Some(Seen::Closed { code, reason }) => return (code, reason),
-            Some(Seen::Msg { id, .. }) => c.ack(id).await,
-            None => panic!("no close within {limit:?}"),
-        }
-    }
-}
-
-/// The flags of an instance with the backup monitor on (reservations served), polling `lite`.
-fn backup_flags(lite: &FakeLitestream, floor_ms: u64) -> Vec<String> {
-    [
-        "--litestream-backup-url",
-        "s3://bucket/replica",
-        "--litestream-metrics-url",
-        &lite.url(),
-        "--backup-check-interval-ms",
-        "20",
-        "--min-cleanup-delay-ms",
-        &floor_ms.to_string(),
-        "--purge-delay-ms",
-        "20",
-        "--change-log-retention-ms",
-        "0",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
-fn strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
 }
 
 #[actix_rt::test]

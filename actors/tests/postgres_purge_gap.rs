@@ -105,7 +105,10 @@ async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
     let log = ChangeLog::open_postgres(PgOptions::new(&db.url, Duration::from_secs(1)))
         .await
         .unwrap();
-    let row = format!(r#"{{"tag":"insert","new":{{"id":1,"v":"{}"}}}}"#, "x".repeat(80));
+    let row = format!(
+        r#"{{"tag":"insert","new":{{"id":1,"v":"{}"}}}}"#,
+        "x".repeat(80)
+    );
     let make = |n: u64| Transaction {
         watermark: w(n),
         changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))

@@ -46,58 +46,13 @@ use change_streamer_test_support::stock_litestream::{self, Litestream};
 use change_streamer_test_support::upstream::{self, FakeUpstream};
 use serde_json::Value;
 
+mod args;
 mod takeover;
 
 const REPLICAS: usize = 3;
 
 /// The last watermark the backup replica applied (what litestream "backs up").
 type Applied = Rc<RefCell<Option<String>>>;
-
-const USAGE: &str = "usage: cargo run --release --example demo [-- [--seconds N] [--change-db postgres://… [--kill-after N]]]";
-
-/// The demo's flags.
-#[derive(Default)]
-struct Args {
-    seconds: Option<u64>,
-    /// Two instances sharing this PostgreSQL change DB ([`takeover`]).
-    change_db: Option<String>,
-    /// With `change_db`: kill the owner after this many seconds (also on Enter).
-    kill_after: Option<u64>,
-}
-
-fn parse_args() -> Args {
-    let fail = |why: &str| -> ! {
-        eprintln!("demo: {why}\n{USAGE}");
-        std::process::exit(2);
-    };
-    let seconds = |v: Option<String>, flag: &str| -> u64 {
-        v.and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| fail(&format!("{flag} takes a whole number of seconds")))
-    };
-    let mut args = Args::default();
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--seconds" => args.seconds = Some(seconds(it.next(), "--seconds")),
-            "--kill-after" => args.kill_after = Some(seconds(it.next(), "--kill-after")),
-            "--change-db" => {
-                args.change_db = Some(
-                    it.next()
-                        .unwrap_or_else(|| fail("--change-db takes a postgres:// URL")),
-                )
-            }
-            "-h" | "--help" => {
-                println!("{USAGE}\n\nWithout --change-db: one instance on its embedded SQLite change log, with\nreplicas, a backup and litestream around it.\n\n{}", takeover::LEGEND);
-                std::process::exit(0);
-            }
-            other => fail(&format!("unknown argument {other}")),
-        }
-    }
-    if args.kill_after.is_some() && args.change_db.is_none() {
-        fail("--kill-after needs --change-db");
-    }
-    args
-}
 
 /// Pushes transactions forever at about `per_second`.
 async fn write_transactions(up: FakeUpstream, per_second: u64) {
@@ -572,7 +527,7 @@ fn main() -> std::process::ExitCode {
     {
         return takeover::serve();
     }
-    let args = parse_args();
+    let args = args::parse_args();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match args.change_db {
         Some(db) => {

@@ -88,11 +88,15 @@ fn start_instance(i: usize, db: &str, up: &str, said: &mpsc::Sender<Said>) -> In
     let said = said.clone();
     std::thread::spawn(move || {
         let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
+        let mut said_unreachable = false;
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
             if let Some(rest) = line.split("standby on ").nth(1) {
                 let _ = said.send(Said::Standby(i, addr(rest)));
             } else if line.contains("listening on ") {
                 let _ = said.send(Said::Owner(i, Instant::now()));
+            } else if line.contains("unreachable") && !said_unreachable {
+                said_unreachable = true;
+                eprintln!("instance {}: {line}", (b'A' + i as u8) as char);
             } else if line.contains("change-streamer: ") {
                 eprintln!("instance {}: {line}", (b'A' + i as u8) as char);
             }
@@ -332,6 +336,7 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
     let mut takeovers: Vec<u128> = Vec::new();
     let mut subs: Vec<Shared<Followed>> = Vec::new();
     let mut printed = 0usize;
+    let mut hinted = false;
     let mut tick = actix_rt::time::interval(Duration::from_millis(100));
     let mut last_view = Instant::now() - Duration::from_secs(1);
     let ctrl_c = tokio::signal::ctrl_c();
@@ -403,6 +408,31 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
                     instances[o].name
                 ));
             }
+        }
+        if owner.is_none()
+            && killed_at.is_none()
+            && !hinted
+            && start.elapsed() > Duration::from_secs(5)
+        {
+            hinted = true;
+            log(
+                "no instance owns the change DB yet: can they reach it? (the database must exist)"
+                    .into(),
+            );
+        }
+        // An instance that ended by itself (a bad --change-db, say) ends the demo.
+        let ended = instances.iter_mut().enumerate().find_map(|(i, inst)| {
+            let killed = restart_at.is_some_and(|(_, k)| k == i);
+            match inst.child.try_wait() {
+                Ok(Some(status)) if !killed => Some((inst.name, status)),
+                _ => None,
+            }
+        });
+        if let Some((name, status)) = ended {
+            log(format!(
+                "{name} ended by itself ({status}); stopping the demo"
+            ));
+            break;
         }
         if let Some((at, i)) = restart_at {
             if Instant::now() >= at {

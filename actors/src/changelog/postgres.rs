@@ -209,6 +209,22 @@ fn refuse_all(mut queue: WriteQueue) {
     }
 }
 
+/// `e` and its causes: tokio-postgres says only "db error" and leaves the server's message to
+/// its source.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Stands by until this session holds the ownership lock, trying every `interval` (and
 /// connecting anew whenever the change DB cannot be reached). `None` once nobody waits.
 async fn claim(
@@ -241,8 +257,9 @@ async fn claim(
                 tokio::time::sleep(interval).await;
             },
             Err(e) => warn!(
-                "standby: change DB {} unreachable ({e}); retrying in {interval:?}",
-                redacted(config)
+                "standby: change DB {} unreachable ({}); retrying in {interval:?}",
+                redacted(config),
+                with_causes(&e)
             ),
         }
         if ready.is_closed() {
