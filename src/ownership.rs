@@ -72,7 +72,8 @@ pub async fn run(
         return Ok(());
     };
     let config = Arc::new(config);
-    let mut listener = listen(&config.host, config.port)?;
+    // Kept for the whole run; each server (standby or owner) listens on a duplicate of it.
+    let listener = listen(&config.host, config.port)?;
     tokio::pin!(stop);
     let mut standby = Standby::start(&listener);
     let mut first_try_after = Duration::ZERO;
@@ -91,7 +92,24 @@ pub async fn run(
         };
         standby.stop(false).await;
         let log = opened.map_err(StartError::ChangeDb)?;
-        let service = Service::serve(config.clone(), log.clone(), listener, clock.clone()).await?;
+        let serving = Service::serve(
+            config.clone(),
+            log.clone(),
+            listener.duplicate()?,
+            clock.clone(),
+        );
+        let service = match serving.await {
+            Ok(service) => service,
+            // Deposed before anything started (reading the state back is the first write
+            // command): stand by again.
+            Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
+                warn!("deposed while starting: standing by again");
+                standby = Standby::start(&listener);
+                first_try_after = config.takeover_interval();
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         tokio::select! {
             () = log.deposed() => {}
             () = &mut stop => {
@@ -104,7 +122,7 @@ pub async fn run(
             log.path().display()
         );
         drop(log);
-        listener = service
+        service
             .step_down(SessionEnd::Unavailable(STANDBY_REASON.into()))
             .await;
         standby = Standby::start(&listener);
@@ -142,12 +160,12 @@ impl Standby {
     /// Starts answering as a standby on a copy of `listener` (the socket stays bound and
     /// listening when this server stops).
     fn start(listener: &Listening) -> Standby {
-        let server = listener.try_clone().and_then(|l| {
+        let server = listener.duplicate().and_then(|l| {
             HttpServer::new(|| App::new().configure(standby_routes))
                 .workers(1)
                 .disable_signals()
                 .shutdown_timeout(1)
-                .listen(l)
+                .listen(l.listener)
                 .map_err(|source| StartError::Bind {
                     addr: listener.addr.to_string(),
                     source,

@@ -78,9 +78,6 @@ pub struct Service {
     server: actix_web::dev::ServerHandle,
     upstream: Option<UpstreamHandle>,
     drain: Drain,
-    /// The listening socket, kept (the HTTP server listens on a copy) for the standby that
-    /// answers there once a deposed owner steps down.
-    listener: Listening,
 }
 
 impl Service {
@@ -107,7 +104,7 @@ impl Service {
     }
 
     /// Starts everything on an opened change log (owned, if it is a shared one), serving on
-    /// `listener`; the service keeps a copy of the socket for [`step_down`](Self::step_down).
+    /// `listener`.
     pub(crate) async fn serve(
         config: Arc<Config>,
         log: ChangeLog,
@@ -222,7 +219,7 @@ impl Service {
         .workers(2)
         .shutdown_timeout(5)
         .disable_signals()
-        .listen(listener.try_clone()?)
+        .listen(listener.listener)
         .map_err(|source| StartError::Bind {
             addr: listener.name.clone(),
             source,
@@ -252,7 +249,6 @@ impl Service {
             server: handle,
             upstream,
             drain,
-            listener,
         })
     }
 
@@ -314,13 +310,12 @@ impl Service {
     /// closes nothing through the actors: the reservation actor is halted with its
     /// reservations still written down, so the next owner finds them orphaned, and the change
     /// log refuses any write anyway ([`ChangeLogError::NotOwner`]).
-    pub(crate) async fn step_down(self, end: SessionEnd) -> Listening {
+    pub(crate) async fn step_down(self, end: SessionEnd) {
         let Service {
             state,
             server,
             upstream,
             drain,
-            listener,
             ..
         } = self;
         let AppState {
@@ -341,10 +336,11 @@ impl Service {
         let _ = purger.send(Halt).await;
         drain.close_all(&end);
         drained(drain).await;
-        server.stop(true).await;
+        // Every session is closed: what is left are idle keep-alive connections, which should
+        // not hold the socket back from the standby.
+        server.stop(false).await;
         let _ = streamer.send(Halt).await;
         info!("stepped down: every session closed, nothing more is written");
-        listener
     }
 }
 
@@ -401,13 +397,19 @@ pub(crate) struct Listening {
 
 impl Listening {
     /// Another handle on the same socket (for a server that may stop before the socket should).
-    pub(crate) fn try_clone(&self) -> Result<std::net::TcpListener, StartError> {
-        self.listener
+    pub(crate) fn duplicate(&self) -> Result<Listening, StartError> {
+        let listener = self
+            .listener
             .try_clone()
             .map_err(|source| StartError::Bind {
                 addr: self.name.clone(),
                 source,
-            })
+            })?;
+        Ok(Listening {
+            listener,
+            addr: self.addr,
+            name: self.name.clone(),
+        })
     }
 }
 
