@@ -247,6 +247,21 @@ mod tests {
         );
     }
 
+    #[test]
+    fn the_close_all_frame_is_an_unmasked_close_with_code_and_reason() {
+        let end = SessionEnd::Unavailable("standby: not the owner".into());
+        let (code, reason) = end.close_frame();
+        let frame = close_frame(code, &reason);
+        assert_eq!(&frame[..4], &[0x88, 24, 0x03, 0xF3]);
+        assert_eq!(&frame[4..], b"standby: not the owner");
+        let longest = close_frame(1011, &"x".repeat(123));
+        assert_eq!(
+            (frame.len(), longest[1]),
+            (26, 125),
+            "a control frame's payload limit"
+        );
+    }
+
     #[actix_rt::test]
     async fn the_drain_gives_up_at_its_bound() {
         let drain = Drain::default();
