@@ -69,6 +69,14 @@ struct Instance {
     _dir: tempfile::TempDir,
 }
 
+impl Drop for Instance {
+    /// A demo that ends early (a panic, say) leaves no service process running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn start_instance(i: usize, db: &str, up: &str, said: &mpsc::Sender<Said>) -> Instance {
     let dir = tempfile::tempdir().expect("tempdir");
     let exe = std::env::current_exe().expect("the demo's own path");
