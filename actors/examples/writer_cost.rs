@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::changelog::{ChangeKind, ChangeLog, Transaction};
 use change_streamer_actors::watermark::Watermark;
+use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;
 
 /// The writer thread's name as the kernel keeps it (15 bytes).
@@ -40,7 +41,10 @@ fn txn(n: u64, changes: usize, row: &str) -> Transaction {
     Transaction {
         watermark: Watermark::from_u64(n),
         changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
-            .chain(std::iter::repeat_n((ChangeKind::Data, row.to_string()), data))
+            .chain(std::iter::repeat_n(
+                (ChangeKind::Data, row.to_string()),
+                data,
+            ))
             .chain(std::iter::once((
                 ChangeKind::Commit,
                 r#"{"tag":"commit"}"#.to_string(),
@@ -83,17 +87,25 @@ fn run(rate: f64, seconds: f64, changes: usize) -> Run {
             .enable_all()
             .build()
             .expect("runtime");
+        // One task awaits them all in order, as the upstream client does with its acks.
         rt.block_on(async move {
-            let mut tasks = tokio::task::JoinSet::new();
-            while let Some((measured, at, fut)) = fut_rx.recv().await {
-                let done = done_tx.clone();
-                tasks.spawn(async move {
-                    let res: Result<(), _> = fut.await;
-                    res.expect("append");
-                    let _ = done.send((measured, Instant::now().duration_since(at)));
-                });
+            let mut pending = FuturesOrdered::new();
+            let mut open = true;
+            while open || !pending.is_empty() {
+                tokio::select! {
+                    next = fut_rx.recv(), if open => match next {
+                        Some((measured, at, fut)) => pending.push_back(async move {
+                            let res: Result<(), _> = fut.await;
+                            res.expect("append");
+                            (measured, at)
+                        }),
+                        None => open = false,
+                    },
+                    Some((measured, at)) = pending.next(), if !pending.is_empty() => {
+                        let _ = done_tx.send((measured, Instant::now().duration_since(at)));
+                    }
+                }
             }
-            while tasks.join_next().await.is_some() {}
         });
     });
     let interval = Duration::from_secs_f64(1.0 / rate);
@@ -148,7 +160,11 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(d)
     };
-    let (seconds, runs, changes) = (env("DURATION_S", 10.0), env("RUNS", 3.0), env("CHANGES", 10.0));
+    let (seconds, runs, changes) = (
+        env("DURATION_S", 10.0),
+        env("RUNS", 3.0),
+        env("CHANGES", 10.0),
+    );
     let mut rates: Vec<f64> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())

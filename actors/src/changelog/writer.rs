@@ -21,10 +21,14 @@ use crate::watermark::Watermark;
 
 /// How long at most a group of appends is held open for more before its one fsynced commit
 /// (like PostgreSQL's `commit_delay`). See [`Writer::commit_window`] and ARCHITECTURE.md.
-const COMMIT_WINDOW: Duration = Duration::from_millis(10);
+const COMMIT_WINDOW: Duration = Duration::from_millis(100);
 
 /// A group this large commits at once, without waiting out the window.
-const WINDOW_TXNS: usize = 64;
+const WINDOW_TXNS: usize = 32;
+
+/// The shortest sleep inside the window, so that a high rate does not wake the writer for
+/// every transaction.
+const MIN_NAP: Duration = Duration::from_millis(1);
 
 /// Rows per multi-row `INSERT` (SQLite allows 32,766 parameters; five per row).
 const ROWS_PER_INSERT: usize = 16;
@@ -32,7 +36,9 @@ const ROWS_PER_INSERT: usize = 16;
 /// The `INSERT` of `rows` rows into segment table `table`.
 fn insert_sql(table: &str, rows: usize) -> String {
     let values = vec!["(?, ?, ?, ?, ?)"; rows].join(", ");
-    format!("INSERT OR REPLACE INTO {table} (watermark, pos, kind, change, stored_ms) VALUES {values}")
+    format!(
+        "INSERT OR REPLACE INTO {table} (watermark, pos, kind, change, stored_ms) VALUES {values}"
+    )
 }
 
 pub(super) struct Writer {
@@ -43,6 +49,9 @@ pub(super) struct Writer {
     clock: Clock,
     /// The newest store time written; store times never go back, even if the clock does.
     last_stored_ms: i64,
+    /// The mean time between appends seen in the last commit window: how long the next
+    /// window first sleeps before it could be full.
+    arrival_gap: Option<Duration>,
 }
 
 impl Writer {
@@ -69,6 +78,7 @@ impl Writer {
             segment_rows,
             clock,
             last_stored_ms,
+            arrival_gap: None,
         };
         catalogue::refresh_range(&mut w.stats, &w.segments);
         Ok(w)
@@ -123,13 +133,25 @@ impl Writer {
         hold: bool,
     ) -> (usize, Option<WriteCommand>) {
         let deadline = Instant::now() + COMMIT_WINDOW;
+        let cap = WINDOW_TXNS;
+        let opened = Instant::now();
+        let first = group.len();
         let mut after = None;
-        'window: while hold && group.len() < WINDOW_TXNS {
-            let left = deadline.saturating_duration_since(Instant::now());
+        'window: while hold && group.len() < cap {
+            let now = Instant::now();
+            let left = deadline.saturating_duration_since(now);
             if left.is_zero() {
                 break;
             }
-            std::thread::park_timeout(left);
+            // Appends do not wake the thread: sleep until the window ends or, at the rate seen
+            // so far in it, until it would be full.
+            let came = (group.len() - first) as u32;
+            let gap = match came {
+                0 => self.arrival_gap,
+                n => Some(now.duration_since(opened) / n),
+            };
+            let nap = gap.map_or(left, |g| (g * (cap - group.len()) as u32).min(left));
+            std::thread::park_timeout(nap.max(MIN_NAP));
             loop {
                 match queue.next(Some(Duration::ZERO)) {
                     Some(Work::Appends(more)) => group.extend(more),
@@ -141,6 +163,10 @@ impl Writer {
                     None => break 'window,
                 }
             }
+        }
+        let came = (group.len() - first) as u32;
+        if hold && came > 0 {
+            self.arrival_gap = Some(opened.elapsed() / came);
         }
         let size = group.len();
         self.append_group(group);
@@ -188,7 +214,9 @@ impl Writer {
     fn append_group(&mut self, group: Vec<(Transaction, Reply<()>)>) {
         let (stats_before, segments_before) = (self.stats.clone(), self.segments.clone());
         let stored_ms = self.clock.now_ms().max(self.last_stored_ms);
-        let result = self.conn.prepare_cached("BEGIN IMMEDIATE")
+        let result = self
+            .conn
+            .prepare_cached("BEGIN IMMEDIATE")
             .and_then(|mut begin| begin.execute([]))
             .and_then(|_| self.write_group(&group, stored_ms))
             .and_then(|()| self.conn.prepare_cached("COMMIT")?.execute([]));
