@@ -21,7 +21,7 @@ use crate::watermark::Watermark;
 
 /// How long at most a group of appends is held open for more before its one fsynced commit
 /// (like PostgreSQL's `commit_delay`). See [`Writer::commit_window`] and ARCHITECTURE.md.
-const COMMIT_WINDOW: Duration = Duration::from_millis(100);
+pub(super) const COMMIT_WINDOW: Duration = Duration::from_millis(100);
 
 /// A group this large commits at once, without waiting out the window.
 const WINDOW_TXNS: usize = 32;
