@@ -390,11 +390,20 @@ async fn a_barrier_ends_the_commit_window_after_committing_what_it_holds() {
     log.barrier().await.unwrap();
     let took = t0.elapsed();
     use futures_util::FutureExt;
-    assert!(matches!(a.now_or_never(), Some(Ok(()))), "held append not durable");
-    assert!(matches!(b.now_or_never(), Some(Ok(()))), "held append not durable");
+    assert!(
+        matches!(a.now_or_never(), Some(Ok(()))),
+        "held append not durable"
+    );
+    assert!(
+        matches!(b.now_or_never(), Some(Ok(()))),
+        "held append not durable"
+    );
     assert!(
         took < writer::COMMIT_WINDOW * 7 / 10,
         "the barrier waited {took:?}, as if for the window"
     );
-    assert_eq!(log.stats().await.unwrap().max_watermark, Some(Watermark::from_u64(3)));
+    assert_eq!(
+        log.stats().await.unwrap().max_watermark,
+        Some(Watermark::from_u64(3))
+    );
 }
