@@ -3,8 +3,9 @@
 //! Everything that changes the database (appending transactions, purging, the safety state)
 //! is a [`WriteCommand`] on its channel, answered through a oneshot, in the order queued.
 //! Appends queued together are committed in one SQLite transaction (group commit), so the cost
-//! of the fsync that makes them durable is shared; each caller is still answered only after its
-//! transaction is durable, and that is when the upstream is acked.
+//! of the fsync that makes them durable is shared; under load the group is first held open for
+//! more, up to a bounded window (`Writer::commit_group`). Each caller is still answered only
+//! after its transaction is durable, and that is when the upstream is acked.
 
 use std::time::{Duration, Instant};
 
@@ -20,7 +21,7 @@ use crate::clock::Clock;
 use crate::watermark::Watermark;
 
 /// How long at most a group of appends is held open for more before its one fsynced commit
-/// (like PostgreSQL's `commit_delay`). See [`Writer::commit_window`] and ARCHITECTURE.md.
+/// (like PostgreSQL's `commit_delay`). See `Writer::commit_group` and ARCHITECTURE.md.
 pub(super) const COMMIT_WINDOW: Duration = Duration::from_millis(100);
 
 /// A group this large commits at once, without waiting out the window.
@@ -132,9 +133,9 @@ impl Writer {
         mut group: Vec<(Transaction, Reply<()>)>,
         hold: bool,
     ) -> (usize, Option<WriteCommand>) {
-        let deadline = Instant::now() + COMMIT_WINDOW;
-        let cap = WINDOW_TXNS;
         let opened = Instant::now();
+        let deadline = opened + COMMIT_WINDOW;
+        let cap = WINDOW_TXNS;
         let first = group.len();
         let mut after = None;
         'window: while hold && group.len() < cap {
