@@ -196,6 +196,9 @@ pub struct ChangeLog {
     path: PathBuf,
     /// Whether this instance still owns the change log (SQLite: always).
     owner: watch::Receiver<bool>,
+    /// The SQLite writer thread, unparked by every command but an append: it may be sleeping
+    /// out a commit window ([`writer`]), which such a command ends. `None`: PostgreSQL.
+    wake: Option<thread::Thread>,
 }
 
 impl std::fmt::Debug for ChangeLog {
@@ -278,7 +281,7 @@ impl ChangeLog {
         let (writes, wrx) = mpsc::channel();
         let (reads, rrx) = mpsc::channel();
         let (owner_tx, owner) = watch::channel(true);
-        thread::Builder::new()
+        let writer_thread = thread::Builder::new()
             .name("change-log-writer".into())
             .spawn(move || {
                 writer.run(WriteQueue::new(wrx));
@@ -294,6 +297,7 @@ impl ChangeLog {
             reads,
             path,
             owner,
+            wake: Some(writer_thread.thread().clone()),
         })
     }
 
@@ -328,6 +332,7 @@ impl ChangeLog {
             reads,
             path,
             owner,
+            wake: None,
         })
     }
 
@@ -356,7 +361,12 @@ impl ChangeLog {
         make: impl FnOnce(Reply<T>) -> WriteCommand,
     ) -> impl std::future::Future<Output = Result<T, ChangeLogError>> {
         let (tx, rx) = oneshot::channel();
-        let queued = self.writes.send(make(tx)).is_ok();
+        let cmd = make(tx);
+        let append = matches!(cmd, WriteCommand::Append(..));
+        let queued = self.writes.send(cmd).is_ok();
+        if let Some(writer) = self.wake.as_ref().filter(|_| !append) {
+            writer.unpark();
+        }
         async move {
             if !queued {
                 return Err(ChangeLogError::Closed);
