@@ -4,6 +4,8 @@
 //! client answers `{"ack": n}` once it has processed message `n`, always for the oldest message
 //! not yet acked. Anything else is a protocol error that ends the connection (close 1002).
 
+use std::fmt::Write as _;
+
 use serde::Deserialize;
 
 /// Numbering of sent messages and checking of acks, for one connection.
@@ -33,20 +35,27 @@ struct Ack {
 impl Framing {
     /// Wraps a message JSON text in the next frame; returns the frame's id and text.
     pub fn frame(&mut self, message: &str) -> (u64, String) {
-        self.last_sent += 1;
-        let id = self.last_sent;
-        let mut s = String::with_capacity(message.len() + 24);
-        s.push_str("{\"msg\":");
-        s.push_str(message);
-        s.push_str(",\"id\":");
-        s.push_str(&id.to_string());
-        s.push('}');
+        let mut s = String::with_capacity(message.len() + 32);
+        let id = self.frame_into(message, &mut s);
         (id, s)
+    }
+
+    /// Appends the next frame for `message` to `out` and returns its id: a session writes a
+    /// whole batch of frames into one buffer (one allocation per batch, not per frame).
+    pub fn frame_into(&mut self, message: &str, out: &mut String) -> u64 {
+        self.last_sent += 1;
+        out.push_str("{\"msg\":");
+        out.push_str(message);
+        out.push_str(",\"id\":");
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{}", self.last_sent);
+        out.push('}');
+        self.last_sent
     }
 
     /// Checks a client text frame; returns the id it acks.
     pub fn ack(&mut self, text: &str) -> Result<u64, FramingError> {
-        let Ack { ack } = serde_json::from_str(text).map_err(|_| FramingError::NotAnAck)?;
+        let ack = parse_ack(text).ok_or(FramingError::NotAnAck)?;
         if ack > self.last_sent {
             return Err(FramingError::NotSent {
                 got: ack,
@@ -62,6 +71,27 @@ impl Framing {
         self.last_acked = ack;
         Ok(ack)
     }
+}
+
+/// Reads `{"ack": n}`. Clients send it as `{"ack":n}` with no spaces, which is read here
+/// without a JSON parser: it is the one client frame of a busy session, one per message sent.
+/// Anything else (spaces, a number with a sign, a fraction or a leading zero, 20 digits or
+/// more, other fields) goes through `serde_json` with its strict rules, so both paths accept
+/// exactly the same texts.
+fn parse_ack(text: &str) -> Option<u64> {
+    let digits = text
+        .strip_prefix("{\"ack\":")
+        .and_then(|rest| rest.strip_suffix('}'));
+    if let Some(d) = digits {
+        let plain = !d.is_empty()
+            && d.len() < 20
+            && d.bytes().all(|b| b.is_ascii_digit())
+            && (d.len() == 1 || !d.starts_with('0'));
+        if plain {
+            return d.parse().ok();
+        }
+    }
+    serde_json::from_str::<Ack>(text).ok().map(|a| a.ack)
 }
 
 #[cfg(test)]
@@ -81,6 +111,42 @@ mod tests {
         assert_eq!(f.frame("[]").0, 2);
         assert_eq!(f.ack(r#"{"ack":1}"#), Ok(1));
         assert_eq!(f.ack(r#"{"ack": 2}"#), Ok(2));
+    }
+
+    #[test]
+    fn the_fast_ack_path_accepts_exactly_what_json_accepts() {
+        let texts = [
+            r#"{"ack":7}"#,
+            r#"{"ack":0}"#,
+            r#"{"ack":07}"#,
+            r#"{"ack":-7}"#,
+            r#"{"ack":7.0}"#,
+            r#"{"ack":1e3}"#,
+            r#"{"ack":}"#,
+            r#"{"ack":"7"}"#,
+            r#"{"ack":7,"x":1}"#,
+            r#"{"ack": 7}"#,
+            r#"{"ack":7} "#,
+            r#"{"ack":18446744073709551615}"#,
+            r#"{"ack":18446744073709551616}"#,
+            r#"{"ack":1844674407370955161}"#,
+            r#"{"ack":7}}"#,
+            r#"{"ack":+7}"#,
+            r#"{"ack":７}"#,
+        ];
+        for t in texts {
+            let json = serde_json::from_str::<Ack>(t).ok().map(|a| a.ack);
+            assert_eq!(parse_ack(t), json, "{t}");
+        }
+    }
+
+    #[test]
+    fn frames_written_into_one_buffer_are_numbered_on() {
+        let mut f = Framing::default();
+        let mut out = String::new();
+        assert_eq!(f.frame_into("[1]", &mut out), 1);
+        assert_eq!(f.frame_into("[2]", &mut out), 2);
+        assert_eq!(out, r#"{"msg":[1],"id":1}{"msg":[2],"id":2}"#);
     }
 
     #[test]
