@@ -50,7 +50,7 @@ use crate::watermark::Watermark;
 use flow::FlowControl;
 use ingest::Txn;
 use join::Catchup;
-use subscriber::Subscriber;
+use subscriber::{SharedFrames, Subscriber};
 
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
@@ -123,6 +123,8 @@ pub struct Streamer {
     /// Catch-up progress of the subscribers catching up.
     catchup: HashMap<SessionId, Catchup>,
     flow: FlowControl,
+    /// The frames of the live changes forwarded in this turn, once for all subscribers.
+    shared: SharedFrames,
     next_token: u64,
     /// The zero of the streamer's millisecond scale. Flow control's "now" and its timers both
     /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
@@ -144,6 +146,7 @@ impl Streamer {
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
             flow: FlowControl::default(),
+            shared: SharedFrames::default(),
             next_token: 1,
             origin: Instant::now(),
             upstream_connected: false,
@@ -166,8 +169,9 @@ impl Streamer {
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
         let now = self.now_ms();
+        let batch = self.shared.take();
         for sub in self.subscribers.values_mut() {
-            sub.flush(now);
+            sub.flush_turn(now, &batch);
         }
     }
 

@@ -44,8 +44,9 @@ pub enum Token {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum ToSession {
-    /// Write these frames, in order.
-    Send(Vec<Outgoing>),
+    /// Write these frames, in order. Often the same list for every live subscriber (see
+    /// [`SharedFrames`](super::subscriber::SharedFrames)).
+    Send(Arc<Vec<Outgoing>>),
     /// Close the socket.
     Close(SessionEnd),
 }

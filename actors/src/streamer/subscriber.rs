@@ -18,6 +18,7 @@
 //! holds for one subscriber, whatever the socket does.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -122,6 +123,9 @@ pub struct Subscriber {
     pub(super) backlog: Vec<Arc<Change>>,
     /// Frames queued for this session alone in the current streamer turn.
     pub(super) outbox: Vec<Outgoing>,
+    /// This turn's frames when they are a run of the turn's [`SharedFrames`] (`outbox` is
+    /// then empty).
+    follows: Option<Range<usize>>,
     pub(super) sent_messages: u64,
     pub(super) acked_messages: u64,
     /// (messages sent up to and including a flush, its time), for the flushes not wholly
@@ -150,6 +154,39 @@ pub enum Delivery {
 
 const MAX_SAMPLES: usize = 10;
 
+/// The frames of the live changes forwarded in the current streamer turn, kept once for all
+/// the subscribers that get every one of them.
+///
+/// ### Why one frame list for all
+/// Live subscribers almost always get the same frames: the same changes, the same commit
+/// watermarks, the same tracked token. Building a list per subscriber cost, per change and
+/// subscriber, a copy of the frame and a reference count taken here and dropped on a session's
+/// thread. So the frames are queued once, each subscriber only notes the run of them it got,
+/// and at the end of the turn they are handed, as one shared list, to every session whose run
+/// is the whole list. A subscriber that gets a different sequence (a change filtered for it,
+/// a catch-up frame) has its own list for the rest of the turn.
+#[derive(Default)]
+pub struct SharedFrames {
+    frames: Vec<Outgoing>,
+    /// Live changes forwarded since start, for [`SharedFrames::progress_mark`].
+    live: u64,
+}
+
+impl SharedFrames {
+    /// A [`Token::Progress`] on every `every`-th live change, so that a subscriber's session
+    /// reports how far its client read inside long transactions too (SPEC §10.2); the same
+    /// change carries it for every subscriber, so that the frames stay shared.
+    pub fn progress_mark(&mut self, every: u64) -> Option<Token> {
+        self.live += 1;
+        (self.live % every.max(1) == 0).then_some(Token::Progress)
+    }
+
+    /// Takes the turn's frames, as the one list handed to every session that got them all.
+    pub fn take(&mut self) -> Arc<Vec<Outgoing>> {
+        Arc::new(std::mem::take(&mut self.frames))
+    }
+}
+
 impl Subscriber {
     /// `max_queue_changes` is `--max-subscriber-queue-changes`.
     pub fn new(
@@ -175,6 +212,7 @@ impl Subscriber {
             lagging: None,
             backlog: Vec::new(),
             outbox: Vec::new(),
+            follows: None,
             sent_messages: 0,
             acked_messages: 0,
             sent_at: VecDeque::new(),
@@ -194,11 +232,13 @@ impl Subscriber {
     /// nothing more of the transaction reaches it live, and at the transaction's end it reads
     /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
     /// subscriber keeps one place for the `rollback` that must close a transaction it began.
+    /// Sent frames join this turn's [`SharedFrames`] when they can.
     pub fn send_live(
         &mut self,
         change: &Arc<Change>,
         token: Option<Token>,
         limit: usize,
+        shared: &mut SharedFrames,
     ) -> Delivery {
         match self.phase {
             Phase::CatchingUp => {
@@ -215,7 +255,7 @@ impl Subscriber {
             Phase::Live if self.overflowed => {
                 // The rollback of a transaction whose begin it got still closes it.
                 if change.kind == Kind::Rollback && self.position.0 == change.watermark {
-                    self.send(change, token)
+                    self.deliver(change, token, shared, true)
                 } else {
                     Delivery::Overflowed
                 }
@@ -226,49 +266,128 @@ impl Subscriber {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {
-                    self.send(change, token)
+                    self.deliver(change, token, shared, true)
                 }
             }
             Phase::Validating | Phase::Queued => Delivery::Filtered,
         }
     }
 
-    /// Sends a change (catch-up, backlog or live) unless it is filtered.
-    pub fn send(&mut self, change: &Change, token: Option<Token>) -> Delivery {
+    /// Sends a change of its own (catch-up or backlog) unless it is filtered.
+    pub fn send(
+        &mut self,
+        change: &Change,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+    ) -> Delivery {
+        self.deliver(change, token, shared, false)
+    }
+
+    fn deliver(
+        &mut self,
+        change: &Change,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+        live: bool,
+    ) -> Delivery {
         if change.watermark <= self.watermark || (change.needs_v5 && self.protocol < 5) {
             return Delivery::Filtered;
         }
         let commit = if change.kind == Kind::Commit {
             self.watermark = change.watermark.clone();
-            Some(change.watermark.clone())
+            Some(&change.watermark)
         } else {
             None
         };
-        self.position = (change.watermark.clone(), change.pos);
-        self.queue(change.message.clone(), commit, token);
+        if self.position.0 != change.watermark {
+            self.position.0 = change.watermark.clone();
+        }
+        self.position.1 = change.pos;
+        self.queue(&change.message, commit, token, shared, live);
         Delivery::Sent
     }
 
     /// Queues a frame that is not a change (the initial `status`).
-    pub fn send_frame(&mut self, message: Arc<str>) {
-        self.queue(message, None, None);
+    pub fn send_frame(&mut self, message: Arc<str>, shared: &mut SharedFrames) {
+        self.queue(&message, None, None, shared, false);
     }
 
-    fn queue(&mut self, message: Arc<str>, commit: Option<Watermark>, token: Option<Token>) {
+    /// Queues one frame. A live frame (`live`) is taken from, or added to, the turn's shared
+    /// frames as long as everything this subscriber got in the turn is a run of them
+    /// (`follows`); the first frame that breaks the run (a change filtered for it alone, a
+    /// frame of its own) copies the run into its own outbox, which takes the rest of the turn.
+    /// A frame of its own asks for a progress report every `report_every` frames
+    /// ([`Token::Progress`]); live frames carry the streamer's own marks
+    /// ([`SharedFrames::progress_mark`]), the same for every subscriber.
+    fn queue(
+        &mut self,
+        message: &Arc<str>,
+        commit: Option<&Watermark>,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+        live: bool,
+    ) {
         self.sent_messages += 1;
-        let token = token
-            .or_else(|| (self.sent_messages % self.report_every == 0).then_some(Token::Progress));
+        if live && self.outbox.is_empty() {
+            let frames = &mut shared.frames;
+            let len = frames.len();
+            let is_last = frames
+                .last()
+                .is_some_and(|l| Arc::ptr_eq(&l.message, message) && l.token == token);
+            let run = self.follows.get_or_insert_with(|| {
+                let start = if is_last { len - 1 } else { len };
+                start..start
+            });
+            if run.end == len {
+                frames.push(Outgoing {
+                    message: message.clone(),
+                    commit: commit.cloned(),
+                    token,
+                });
+                run.end += 1;
+                return;
+            }
+            if run.end + 1 == len && is_last {
+                run.end += 1;
+                return;
+            }
+        }
+        if let Some(run) = self.follows.take() {
+            self.outbox.extend_from_slice(&shared.frames[run]);
+        }
+        let token = token.or_else(|| {
+            (!live && self.sent_messages % self.report_every == 0).then_some(Token::Progress)
+        });
         self.outbox.push(Outgoing {
-            message,
-            commit,
+            message: message.clone(),
+            commit: commit.cloned(),
             token,
         });
     }
 
-    /// Hands the outbox to the session, noting when (`now_ms`) for the lag.
-    pub fn flush(&mut self, now_ms: f64) {
-        if !self.outbox.is_empty() {
-            let frames = std::mem::take(&mut self.outbox);
+    /// Hands what it was queued so far in this turn to the session, noting when (`now_ms`)
+    /// for the lag (in the middle of a turn; [`Subscriber::flush_turn`] at its end).
+    pub fn flush(&mut self, now_ms: f64, shared: &SharedFrames) {
+        let frames = match self.follows.take() {
+            Some(run) if !run.is_empty() => shared.frames[run].to_vec(),
+            _ => std::mem::take(&mut self.outbox),
+        };
+        self.hand_over(now_ms, Arc::new(frames));
+    }
+
+    /// Hands the turn's frames to the session at the end of the turn: `batch` (the turn's
+    /// shared frames) itself when it got every one of them, which is the common case.
+    pub fn flush_turn(&mut self, now_ms: f64, batch: &Arc<Vec<Outgoing>>) {
+        let frames = match self.follows.take() {
+            Some(run) if run.start == 0 && run.end == batch.len() => batch.clone(),
+            Some(run) if !run.is_empty() => Arc::new(batch[run].to_vec()),
+            _ => Arc::new(std::mem::take(&mut self.outbox)),
+        };
+        self.hand_over(now_ms, frames);
+    }
+
+    fn hand_over(&mut self, now_ms: f64, frames: Arc<Vec<Outgoing>>) {
+        if !frames.is_empty() {
             self.sent_at.push_back((self.sent_messages, now_ms));
             self.session.do_send(ToSession::Send(frames));
         }
@@ -353,6 +472,95 @@ impl Subscriber {
                 ms: (now_ms - l.since_ms).max(0.0) as u64,
             }),
             process_rate: (self.process_rate() * 10.0).round() / 10.0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The shared frame list: subscribers that get every live change share one list; one that
+    //! is filtered from a change gets its own, complete and in order, whatever its place in
+    //! the iteration.
+    use super::*;
+    use tokio::sync::mpsc;
+
+    struct Recorder(mpsc::UnboundedSender<Arc<Vec<Outgoing>>>);
+    impl Actor for Recorder {
+        type Context = Context<Self>;
+    }
+    impl Handler<ToSession> for Recorder {
+        type Result = ();
+        fn handle(&mut self, msg: ToSession, _: &mut Context<Self>) {
+            if let ToSession::Send(frames) = msg {
+                let _ = self.0.send(frames);
+            }
+        }
+    }
+
+    fn live(n: u64, protocol: u32) -> (Subscriber, mpsc::UnboundedReceiver<Arc<Vec<Outgoing>>>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let session = Recorder(tx).start().recipient();
+        let w = Watermark::from_u64(1);
+        let mut s = Subscriber::new(
+            SessionId(n),
+            n.to_string(),
+            Mode::Serving,
+            protocol,
+            w,
+            session,
+            100,
+        );
+        s.phase = Phase::Live;
+        (s, rx)
+    }
+
+    fn texts(frames: &[Outgoing]) -> Vec<&str> {
+        frames.iter().map(|f| &*f.message).collect()
+    }
+
+    #[actix_rt::test]
+    async fn subscribers_getting_every_change_share_one_list_and_a_filtered_one_gets_its_own() {
+        let w = Watermark::from_u64(2);
+        let changes = [
+            Change::new(Kind::Begin, w.clone(), 0, r#"{"tag":"begin"}"#),
+            Change::new(Kind::Data, w.clone(), 1, r#"{"tag":"insert"}"#),
+            Change::new(
+                Kind::Data,
+                w.clone(),
+                2,
+                r#"{"tag":"update-table-metadata"}"#,
+            ),
+            Change::new(Kind::Data, w.clone(), 3, r#"{"tag":"delete"}"#),
+            Change::new(Kind::Commit, w, 4, r#"{"tag":"commit"}"#),
+        ]
+        .map(Arc::new);
+        // The v4 subscriber comes first, between and last in the iteration.
+        for order in [[0, 1, 2], [1, 0, 2], [1, 2, 0]] {
+            let mut subs = [live(1, 4), live(2, 6), live(3, 6)];
+            let mut shared = SharedFrames::default();
+            for c in &changes {
+                for &i in &order {
+                    subs[i].0.send_live(c, None, 100, &mut shared);
+                }
+            }
+            let batch = shared.take();
+            for (s, _) in &mut subs {
+                s.flush_turn(0.0, &batch);
+            }
+            let mut got = Vec::new();
+            for (_, rx) in &mut subs {
+                got.push(rx.recv().await.expect("frames"));
+            }
+            let all: Vec<&str> = changes.iter().map(|c| &*c.message).collect();
+            assert_eq!(texts(&got[1]), all);
+            assert!(Arc::ptr_eq(&got[1], &batch) && Arc::ptr_eq(&got[2], &batch));
+            let v4: Vec<&str> = all
+                .iter()
+                .copied()
+                .filter(|m| !m.contains("metadata"))
+                .collect();
+            assert_eq!(texts(&got[0]), v4, "order {order:?}");
+            assert!(got[0].last().is_some_and(|f| f.commit.is_some()));
         }
     }
 }
