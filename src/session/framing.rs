@@ -4,8 +4,6 @@
 //! client answers `{"ack": n}` once it has processed message `n`, always for the oldest message
 //! not yet acked. Anything else is a protocol error that ends the connection (close 1002).
 
-use std::fmt::Write as _;
-
 use serde::Deserialize;
 
 /// Numbering of sent messages and checking of acks, for one connection.
@@ -47,8 +45,7 @@ impl Framing {
         out.push_str("{\"msg\":");
         out.push_str(message);
         out.push_str(",\"id\":");
-        // Writing to a String cannot fail.
-        let _ = write!(out, "{}", self.last_sent);
+        push_decimal(out, self.last_sent);
         out.push('}');
         self.last_sent
     }
@@ -70,6 +67,23 @@ impl Framing {
         }
         self.last_acked = ack;
         Ok(ack)
+    }
+}
+
+/// Appends `n` in decimal: one per frame sent, so without the formatting machinery.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }
 
@@ -137,6 +151,15 @@ mod tests {
         for t in texts {
             let json = serde_json::from_str::<Ack>(t).ok().map(|a| a.ack);
             assert_eq!(parse_ack(t), json, "{t}");
+        }
+    }
+
+    #[test]
+    fn ids_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            let mut s = String::new();
+            push_decimal(&mut s, n);
+            assert_eq!(s, n.to_string());
         }
     }
 

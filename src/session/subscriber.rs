@@ -3,10 +3,11 @@
 //! On start it asks the [`Streamer`] to subscribe it. Refused with error type 1 or 2, it sends
 //! the `error` frame and closes (1000) once that frame is acked, or after one ping interval
 //! without the ack. Accepted, it writes the frames the streamer hands it ([`ToSession`]) and
-//! reports acks that matter back ([`SessionProgress`]): acked commits and tracked frames. An
-//! accepted `initial=true` subscription of a task ends that task's snapshot reservation, the
-//! one kind of end that may grow the cleanup delay. Its `stopped` tells the streamer it is gone,
-//! so it no longer holds back a broadcast or a purge.
+//! reports acks that matter back ([`SessionProgress`]): tracked frames at once, acked commits
+//! at most [`COMMIT_REPORT_DELAY`] later. An accepted `initial=true` subscription of a task
+//! ends that task's snapshot reservation, the one kind of end that may grow the cleanup delay.
+//! Its `stopped` tells the streamer it is gone, so it no longer holds back a broadcast or a
+//! purge.
 //!
 //! [`Streamer`]: change_streamer_actors::streamer::Streamer
 

@@ -35,6 +35,7 @@ mod ingest;
 mod join;
 mod purge;
 mod session;
+mod shared;
 mod subscriber;
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,7 +51,8 @@ use crate::watermark::Watermark;
 use flow::FlowControl;
 use ingest::Txn;
 use join::Catchup;
-use subscriber::{SharedFrames, Subscriber};
+use shared::SharedFrames;
+use subscriber::Subscriber;
 
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
