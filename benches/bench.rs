@@ -72,6 +72,9 @@ fn peer_bench(peer: &Option<std::path::PathBuf>, args: &[&str]) -> Option<Value>
 /// When each tracked frame (by token) was acked, per subscriber.
 type AckTimes = Arc<Mutex<HashMap<Token, Vec<Instant>>>>;
 
+/// A fake subscriber session that acks every batch as it arrives, reporting as the real
+/// session does (`src/session/subscriber.rs`): tracked frames at once, an acked commit alone at
+/// most [`COMMIT_REPORT_DELAY`] later (the newest of them).
 struct Session {
     session_id: SessionId,
     streamer: Addr<Streamer>,
@@ -80,15 +83,32 @@ struct Session {
     total: Arc<AtomicU64>,
     ack_times: Option<AckTimes>,
     delivered_at: Option<Arc<Mutex<Vec<Instant>>>>,
+    /// An acked commit not reported yet: (messages acked, its watermark).
+    unreported: Option<(u64, Watermark)>,
+    report_armed: bool,
 }
+
+/// The real session's delay for reporting an acked commit alone.
+const COMMIT_REPORT_DELAY: Duration = Duration::from_millis(5);
 
 impl Actor for Session {
     type Context = Context<Self>;
 }
 
+impl Session {
+    fn report(&mut self, acked: u64, tokens: Vec<Token>) {
+        self.streamer.do_send(SessionProgress {
+            session_id: self.session_id,
+            acked_messages: acked,
+            acked_commit: self.unreported.take().map(|(_, c)| c),
+            tokens,
+        });
+    }
+}
+
 impl Handler<ToSession> for Session {
     type Result = ();
-    fn handle(&mut self, msg: ToSession, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: ToSession, ctx: &mut Context<Self>) {
         let ToSession::Send(frames) = msg else { return };
         self.received += frames.len() as u64;
         self.total.fetch_add(frames.len() as u64, Ordering::Relaxed);
@@ -98,15 +118,14 @@ impl Handler<ToSession> for Session {
         if self.stalled {
             return;
         }
-        let mut commit = None;
         let mut tokens = Vec::new();
         for f in frames.iter() {
-            if f.commit.is_some() {
-                commit = f.commit.clone();
+            if let Some(c) = &f.commit {
+                self.unreported = Some((self.received, c.clone()));
             }
             tokens.extend(f.token);
         }
-        if commit.is_some() || !tokens.is_empty() {
+        if !tokens.is_empty() {
             if let Some(times) = &self.ack_times {
                 let now = Instant::now();
                 let mut t = times.lock().unwrap();
@@ -114,11 +133,14 @@ impl Handler<ToSession> for Session {
                     t.entry(*tok).or_default().push(now);
                 }
             }
-            self.streamer.do_send(SessionProgress {
-                session_id: self.session_id,
-                acked_messages: self.received,
-                acked_commit: commit,
-                tokens,
+            self.report(self.received, tokens);
+        } else if self.unreported.is_some() && !self.report_armed {
+            self.report_armed = true;
+            ctx.run_later(COMMIT_REPORT_DELAY, |act, _| {
+                act.report_armed = false;
+                if let Some((acked, _)) = act.unreported {
+                    act.report(acked, Vec::new());
+                }
             });
         }
     }
@@ -221,6 +243,8 @@ async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
             total: t2,
             ack_times: Some(a2),
             delivered_at: (i == 0).then_some(d2),
+            unreported: None,
+            report_armed: false,
         });
         streamer
             .send(Subscribe {

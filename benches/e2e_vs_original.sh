@@ -20,8 +20,10 @@ WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256} SERVICES=${SERVIC
 OUT=$(mktemp -d /tmp/cs-e2e.XXXXXX)
 echo "logs and results in $OUT" >&2
 
-(cd "$ROOT" && nice cargo build --release --bin change-streamer -p change-streamer -p change-streamer-loadgen >&2)
-BIN=$ROOT/target/release/change-streamer
+(cd "$ROOT" && nice cargo build --release --bin change-streamer -p change-streamer >&2 \
+  && nice cargo build --release -p change-streamer-loadgen >&2)
+# BIN=path/to/change-streamer measures another build of ours (e.g. main's, before and after).
+BIN=${BIN:-$ROOT/target/release/change-streamer}
 LOADGEN=$ROOT/target/release/change-streamer-loadgen
 if [[ " $SERVICES " == *" zero "* && ! -d $ZW_DIR/node_modules/@rocicorp/zero ]]; then
   "$PEER/setup.sh" "$ZW_DIR" >&2

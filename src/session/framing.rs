@@ -33,20 +33,26 @@ struct Ack {
 impl Framing {
     /// Wraps a message JSON text in the next frame; returns the frame's id and text.
     pub fn frame(&mut self, message: &str) -> (u64, String) {
-        self.last_sent += 1;
-        let id = self.last_sent;
-        let mut s = String::with_capacity(message.len() + 24);
-        s.push_str("{\"msg\":");
-        s.push_str(message);
-        s.push_str(",\"id\":");
-        s.push_str(&id.to_string());
-        s.push('}');
+        let mut s = String::with_capacity(message.len() + 32);
+        let id = self.frame_into(message, &mut s);
         (id, s)
+    }
+
+    /// Appends the next frame for `message` to `out` and returns its id: a session writes a
+    /// whole batch of frames into one buffer (one allocation per batch, not per frame).
+    pub fn frame_into(&mut self, message: &str, out: &mut String) -> u64 {
+        self.last_sent += 1;
+        out.push_str("{\"msg\":");
+        out.push_str(message);
+        out.push_str(",\"id\":");
+        push_decimal(out, self.last_sent);
+        out.push('}');
+        self.last_sent
     }
 
     /// Checks a client text frame; returns the id it acks.
     pub fn ack(&mut self, text: &str) -> Result<u64, FramingError> {
-        let Ack { ack } = serde_json::from_str(text).map_err(|_| FramingError::NotAnAck)?;
+        let ack = parse_ack(text).ok_or(FramingError::NotAnAck)?;
         if ack > self.last_sent {
             return Err(FramingError::NotSent {
                 got: ack,
@@ -62,6 +68,44 @@ impl Framing {
         self.last_acked = ack;
         Ok(ack)
     }
+}
+
+/// Appends `n` in decimal: one per frame sent, so without the formatting machinery.
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
+    }
+}
+
+/// Reads `{"ack": n}`. Clients send it as `{"ack":n}` with no spaces, which is read here
+/// without a JSON parser: it is the one client frame of a busy session, one per message sent.
+/// Anything else (spaces, a number with a sign, a fraction or a leading zero, 20 digits or
+/// more, other fields) goes through `serde_json` with its strict rules, so both paths accept
+/// exactly the same texts.
+fn parse_ack(text: &str) -> Option<u64> {
+    let digits = text
+        .strip_prefix("{\"ack\":")
+        .and_then(|rest| rest.strip_suffix('}'));
+    if let Some(d) = digits {
+        let plain = !d.is_empty()
+            && d.len() < 20
+            && d.bytes().all(|b| b.is_ascii_digit())
+            && (d.len() == 1 || !d.starts_with('0'));
+        if plain {
+            return d.parse().ok();
+        }
+    }
+    serde_json::from_str::<Ack>(text).ok().map(|a| a.ack)
 }
 
 #[cfg(test)]
@@ -81,6 +125,51 @@ mod tests {
         assert_eq!(f.frame("[]").0, 2);
         assert_eq!(f.ack(r#"{"ack":1}"#), Ok(1));
         assert_eq!(f.ack(r#"{"ack": 2}"#), Ok(2));
+    }
+
+    #[test]
+    fn the_fast_ack_path_accepts_exactly_what_json_accepts() {
+        let texts = [
+            r#"{"ack":7}"#,
+            r#"{"ack":0}"#,
+            r#"{"ack":07}"#,
+            r#"{"ack":-7}"#,
+            r#"{"ack":7.0}"#,
+            r#"{"ack":1e3}"#,
+            r#"{"ack":}"#,
+            r#"{"ack":"7"}"#,
+            r#"{"ack":7,"x":1}"#,
+            r#"{"ack": 7}"#,
+            r#"{"ack":7} "#,
+            r#"{"ack":18446744073709551615}"#,
+            r#"{"ack":18446744073709551616}"#,
+            r#"{"ack":1844674407370955161}"#,
+            r#"{"ack":7}}"#,
+            r#"{"ack":+7}"#,
+            r#"{"ack":７}"#,
+        ];
+        for t in texts {
+            let json = serde_json::from_str::<Ack>(t).ok().map(|a| a.ack);
+            assert_eq!(parse_ack(t), json, "{t}");
+        }
+    }
+
+    #[test]
+    fn ids_are_written_in_decimal() {
+        for n in [0, 7, 10, 99, 1234567890, u64::MAX] {
+            let mut s = String::new();
+            push_decimal(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
+    }
+
+    #[test]
+    fn frames_written_into_one_buffer_are_numbered_on() {
+        let mut f = Framing::default();
+        let mut out = String::new();
+        assert_eq!(f.frame_into("[1]", &mut out), 1);
+        assert_eq!(f.frame_into("[2]", &mut out), 2);
+        assert_eq!(out, r#"{"msg":[1],"id":1}{"msg":[2],"id":2}"#);
     }
 
     #[test]

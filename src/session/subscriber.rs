@@ -3,10 +3,11 @@
 //! On start it asks the [`Streamer`] to subscribe it. Refused with error type 1 or 2, it sends
 //! the `error` frame and closes (1000) once that frame is acked, or after one ping interval
 //! without the ack. Accepted, it writes the frames the streamer hands it ([`ToSession`]) and
-//! reports acks that matter back ([`SessionProgress`]): acked commits and tracked frames. An
-//! accepted `initial=true` subscription of a task ends that task's snapshot reservation, the
-//! one kind of end that may grow the cleanup delay. Its `stopped` tells the streamer it is gone,
-//! so it no longer holds back a broadcast or a purge.
+//! reports acks that matter back ([`SessionProgress`]): tracked frames at once, acked commits
+//! at most [`COMMIT_REPORT_DELAY`] later. An accepted `initial=true` subscription of a task
+//! ends that task's snapshot reservation, the one kind of end that may grow the cleanup delay.
+//! Its `stopped` tells the streamer it is gone, so it no longer holds back a broadcast or a
+//! purge.
 //!
 //! [`Streamer`]: change_streamer_actors::streamer::Streamer
 
@@ -15,9 +16,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
+use bytestring::ByteString;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
 use change_streamer_actors::session::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{Mode, SessionGone, SessionProgress, ToSession, Token};
+use change_streamer_actors::streamer::{
+    Mode, Outgoing, SessionGone, SessionProgress, ToSession, Token,
+};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
@@ -49,7 +53,28 @@ pub struct SubscriberSession {
     tracked: VecDeque<(u64, Option<Watermark>, Option<Token>)>,
     /// Set while an error frame waits for its ack before the close.
     error_frame: Option<u64>,
+    /// The newest acked commit the streamer has not heard of: (the ack's id, its watermark).
+    unreported: Option<(u64, Watermark)>,
+    /// A report of `unreported` is scheduled ([`COMMIT_REPORT_DELAY`]).
+    report_armed: bool,
+    /// Where each frame of the batch being written ends (kept to reuse its allocation).
+    ends: Vec<usize>,
 }
+
+/// How long an acked commit may wait before the streamer hears of it, when no tracked frame
+/// was acked with it.
+///
+/// ### Why acked commits are reported late
+/// Acks of tracked frames (flow control, catch-up batches, progress) are reported at once:
+/// something waits on them. An acked commit only moves the subscriber's acked watermark, which
+/// the purge rule and `/status` read, and neither needs it within milliseconds. Reporting every
+/// one cost a message to the streamer per transaction per subscriber, each waking the
+/// streamer's thread and making it poll its timers; reporting the newest of them once per
+/// delay costs a few hundred per second per subscriber at most, whatever the rate.
+const COMMIT_REPORT_DELAY: Duration = Duration::from_millis(5);
+
+/// `{"msg":` + `,"id":` + up to 20 digits + `}`.
+const FRAME_OVERHEAD: usize = 34;
 
 impl SubscriberSession {
     pub fn new(
@@ -68,6 +93,9 @@ impl SubscriberSession {
             liveness: Liveness::default(),
             tracked: VecDeque::new(),
             error_frame: None,
+            ends: Vec::new(),
+            unreported: None,
+            report_armed: false,
         }
     }
 
@@ -85,29 +113,66 @@ impl SubscriberSession {
         });
     }
 
+    /// Writes a batch of frames. They are framed into one buffer, and each frame handed to
+    /// the websocket is a slice of it: one allocation per batch instead of several per frame.
+    fn write(&mut self, frames: &[Outgoing], ctx: &mut ws::WebsocketContext<Self>) {
+        let size = frames
+            .iter()
+            .map(|f| f.message.len() + FRAME_OVERHEAD)
+            .sum();
+        let mut text = String::with_capacity(size);
+        self.ends.clear();
+        for f in frames {
+            let id = self.framing.frame_into(&f.message, &mut text);
+            self.ends.push(text.len());
+            if f.commit.is_some() || f.token.is_some() {
+                self.tracked.push_back((id, f.commit.clone(), f.token));
+            }
+        }
+        let all = ByteString::from(text);
+        let mut start = 0;
+        for &end in &self.ends {
+            ctx.text(all.slice_ref(&all[start..end]));
+            start = end;
+        }
+    }
+
     fn on_ack(&mut self, id: u64, ctx: &mut ws::WebsocketContext<Self>) {
         if self.error_frame.is_some_and(|e| id >= e) {
             close(ctx, SessionEnd::ErrorAcked);
             return;
         }
-        let mut commit = None;
         let mut tokens = Vec::new();
         while self.tracked.front().is_some_and(|(t, _, _)| *t <= id) {
             if let Some((_, c, t)) = self.tracked.pop_front() {
-                if c.is_some() {
-                    commit = c;
+                if let Some(c) = c {
+                    self.unreported = Some((id, c));
                 }
                 tokens.extend(t);
             }
         }
-        if commit.is_some() || !tokens.is_empty() {
-            self.streamer.do_send(SessionProgress {
-                session_id: self.session_id,
-                acked_messages: id,
-                acked_commit: commit,
-                tokens,
+        if !tokens.is_empty() {
+            self.report(id, tokens);
+        } else if self.unreported.is_some() && !self.report_armed {
+            self.report_armed = true;
+            ctx.run_later(COMMIT_REPORT_DELAY, |act, _| {
+                act.report_armed = false;
+                if let Some((id, _)) = act.unreported {
+                    act.report(id, Vec::new());
+                }
             });
         }
+    }
+
+    /// Tells the streamer the client acked through `acked`, with the tracked frames' `tokens`
+    /// and the newest acked commit not yet reported.
+    fn report(&mut self, acked: u64, tokens: Vec<Token>) {
+        self.streamer.do_send(SessionProgress {
+            session_id: self.session_id,
+            acked_messages: acked,
+            acked_commit: self.unreported.take().map(|(_, c)| c),
+            tokens,
+        });
     }
 }
 
@@ -173,15 +238,7 @@ impl Handler<ToSession> for SubscriberSession {
     type Result = ();
     fn handle(&mut self, msg: ToSession, ctx: &mut Self::Context) {
         match msg {
-            ToSession::Send(frames) => {
-                for f in frames.iter() {
-                    let (id, text) = self.framing.frame(&f.message);
-                    if f.commit.is_some() || f.token.is_some() {
-                        self.tracked.push_back((id, f.commit.clone(), f.token));
-                    }
-                    ctx.text(text);
-                }
-            }
+            ToSession::Send(frames) => self.write(&frames, ctx),
             ToSession::Close(end) => close(ctx, end),
         }
     }

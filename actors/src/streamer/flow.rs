@@ -72,9 +72,11 @@ impl Streamer {
         self.flow.bytes_since_tracked += change.payload_len;
         let tracked = self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
             && self.flow.tracked_send.is_none();
+        let every = (limit as u64 / 4).max(1);
+        let progress = self.shared.progress_mark(every);
         if !tracked {
             for sub in self.subscribers.values_mut() {
-                sub.send_live(&change, None, limit);
+                sub.send_live(&change, progress, limit, &mut self.shared);
             }
             return None;
         }
@@ -90,7 +92,12 @@ impl Streamer {
             .collect();
         let mut broadcast = Broadcast::new(active.iter().copied(), now);
         for sub in self.subscribers.values_mut() {
-            let delivery = sub.send_live(&change, Some(Token::Broadcast(token)), limit);
+            let delivery = sub.send_live(
+                &change,
+                Some(Token::Broadcast(token)),
+                limit,
+                &mut self.shared,
+            );
             // A lagging subscriber counts as finished for every later tracked send.
             if (delivery != Delivery::Sent || sub.lagging.is_some()) && sub.is_active() {
                 broadcast.mark_completed(sub.session_id, now);

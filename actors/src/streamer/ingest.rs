@@ -101,7 +101,7 @@ impl Streamer {
                 ));
                 let limit = self.cfg.max_queue_changes;
                 for sub in self.subscribers.values_mut() {
-                    sub.send_live(&rollback, None, limit);
+                    sub.send_live(&rollback, None, limit, &mut self.shared);
                 }
                 self.flush_all();
             }

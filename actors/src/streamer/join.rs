@@ -213,9 +213,9 @@ impl Streamer {
             return;
         };
         if sub.protocol >= 2 {
-            sub.send_frame(Arc::from(STATUS_FRAME));
+            sub.send_frame(Arc::from(STATUS_FRAME), &mut self.shared);
         }
-        sub.flush(now);
+        sub.flush(now, &self.shared);
         match last_commit {
             Some(up_to) if up_to > sub.watermark => {
                 info!(
@@ -331,7 +331,7 @@ impl Streamer {
                     );
                     sub.phase = Phase::CatchingUp;
                     sub.behind_since = Some(now);
-                    sub.flush(now);
+                    sub.flush(now, &self.shared);
                     self.catchup.insert(
                         sub.session_id,
                         Catchup::new(sub.position.clone(), last.clone()),
@@ -382,7 +382,7 @@ impl Streamer {
             self.catchup.remove(&session_id);
             let backlog = std::mem::take(&mut sub.backlog);
             for change in &backlog {
-                sub.send(change, None);
+                sub.send(change, None, &mut self.shared);
             }
             sub.phase = Phase::Live;
             sub.behind_since = None;
@@ -392,7 +392,7 @@ impl Streamer {
                 sub.watermark,
                 backlog.len()
             );
-            sub.flush(now);
+            sub.flush(now, &self.shared);
             return;
         }
         // The backlog may have grown while the read was out: send only what there is room for
@@ -408,13 +408,15 @@ impl Streamer {
         }
         let sent = rows
             .iter()
-            .filter(|row| sub.send(&Change::from_stored(row), None) == Delivery::Sent)
+            .filter(|row| {
+                sub.send(&Change::from_stored(row), None, &mut self.shared) == Delivery::Sent
+            })
             .count();
         // The batch's last frame is tracked: its ack asks for the next batch.
         if let Some(last) = sub.outbox.last_mut() {
             last.token = Some(Token::CatchupBatch(batch));
         }
-        sub.flush(now);
+        sub.flush(now, &self.shared);
         if sent == 0 {
             self.read_catchup(ctx, session_id);
         } else {

@@ -35,6 +35,7 @@ mod ingest;
 mod join;
 mod purge;
 mod session;
+mod shared;
 mod subscriber;
 
 use std::collections::{BTreeMap, HashMap};
@@ -50,6 +51,7 @@ use crate::watermark::Watermark;
 use flow::FlowControl;
 use ingest::Txn;
 use join::Catchup;
+use shared::SharedFrames;
 use subscriber::Subscriber;
 
 pub use ingest::{
@@ -123,6 +125,8 @@ pub struct Streamer {
     /// Catch-up progress of the subscribers catching up.
     catchup: HashMap<SessionId, Catchup>,
     flow: FlowControl,
+    /// The frames of the live changes forwarded in this turn, once for all subscribers.
+    shared: SharedFrames,
     next_token: u64,
     /// The zero of the streamer's millisecond scale. Flow control's "now" and its timers both
     /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
@@ -144,6 +148,7 @@ impl Streamer {
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
             flow: FlowControl::default(),
+            shared: SharedFrames::default(),
             next_token: 1,
             origin: Instant::now(),
             upstream_connected: false,
@@ -166,8 +171,9 @@ impl Streamer {
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
         let now = self.now_ms();
+        let batch = self.shared.take();
         for sub in self.subscribers.values_mut() {
-            sub.flush(now);
+            sub.flush_turn(now, &batch);
         }
     }
 

@@ -1,11 +1,12 @@
 //! The streamer's conversation with each subscriber's websocket session.
 //!
 //! The session is a thin wire adapter: it writes the frames it is given ([`ToSession`]), numbers
-//! them, and reports acks back ([`SessionProgress`]) only when they matter: when a commit was
-//! acked (the subscriber's acked watermark moved, which the purge rule reads) or when a tracked
-//! message was acked (a broadcast or a catch-up batch waits on it, or the streamer asked to
-//! hear of it, to bound what the subscriber holds). When it stops, for any reason, it says so
-//! ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
+//! them, and reports acks back ([`SessionProgress`]) only when they matter: at once when a
+//! tracked message was acked (a broadcast or a catch-up batch waits on it, or the streamer
+//! asked to hear of it, to bound what the subscriber holds), and within a few milliseconds
+//! when a commit was acked (the subscriber's acked watermark moved, which the purge rule and
+//! `/status` read; the newest of the commits acked meanwhile). When it stops, for any reason,
+//! it says so ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
 
 use std::sync::Arc;
 
@@ -44,8 +45,9 @@ pub enum Token {
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub enum ToSession {
-    /// Write these frames, in order.
-    Send(Vec<Outgoing>),
+    /// Write these frames, in order. Often the same list for every live subscriber (see
+    /// [`SharedFrames`](super::shared::SharedFrames)).
+    Send(Arc<Vec<Outgoing>>),
     /// Close the socket.
     Close(SessionEnd),
 }

@@ -18,6 +18,7 @@
 //! holds for one subscriber, whatever the socket does.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::sync::Arc;
 
 use actix::prelude::*;
@@ -25,6 +26,7 @@ use serde::Serialize;
 
 use super::change::{Change, Kind};
 use super::session::{Outgoing, ToSession, Token};
+use super::shared::SharedFrames;
 use crate::session::SessionId;
 use crate::watermark::Watermark;
 
@@ -111,6 +113,9 @@ pub struct Subscriber {
     pub(super) watermark: Watermark,
     /// The last change sent: (its transaction's watermark, its position in it).
     pub(super) position: (Watermark, i64),
+    /// The last change sent was neither a commit nor a rollback: `position` is inside a
+    /// transaction it has not been sent the end of.
+    in_txn: bool,
     /// Set when it ran out of room in the middle of the current transaction: the rest of the
     /// transaction is not sent (nor backlogged), and at its end the subscriber reads it from
     /// the change log instead ([`Streamer::bound_queues`](super::Streamer)).
@@ -122,6 +127,9 @@ pub struct Subscriber {
     pub(super) backlog: Vec<Arc<Change>>,
     /// Frames queued for this session alone in the current streamer turn.
     pub(super) outbox: Vec<Outgoing>,
+    /// This turn's frames when they are a run of the turn's [`SharedFrames`] (`outbox` is
+    /// then empty).
+    follows: Option<Range<usize>>,
     pub(super) sent_messages: u64,
     pub(super) acked_messages: u64,
     /// (messages sent up to and including a flush, its time), for the flushes not wholly
@@ -150,6 +158,12 @@ pub enum Delivery {
 
 const MAX_SAMPLES: usize = 10;
 
+/// Watermark equality that first checks whether both are the very same text, as the changes of
+/// one live transaction share theirs (`Arc<str>`'s own equality compares the bytes).
+fn same(a: &Watermark, b: &Watermark) -> bool {
+    std::ptr::eq(a.as_str(), b.as_str()) || a == b
+}
+
 impl Subscriber {
     /// `max_queue_changes` is `--max-subscriber-queue-changes`.
     pub fn new(
@@ -170,11 +184,13 @@ impl Subscriber {
             phase: Phase::Validating,
             acked: watermark.clone(),
             position: (watermark.clone(), i64::MAX),
+            in_txn: false,
             watermark,
             overflowed: false,
             lagging: None,
             backlog: Vec::new(),
             outbox: Vec::new(),
+            follows: None,
             sent_messages: 0,
             acked_messages: 0,
             sent_at: VecDeque::new(),
@@ -194,11 +210,13 @@ impl Subscriber {
     /// nothing more of the transaction reaches it live, and at the transaction's end it reads
     /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
     /// subscriber keeps one place for the `rollback` that must close a transaction it began.
+    /// Sent frames join this turn's [`SharedFrames`] when they can.
     pub fn send_live(
         &mut self,
         change: &Arc<Change>,
         token: Option<Token>,
         limit: usize,
+        shared: &mut SharedFrames,
     ) -> Delivery {
         match self.phase {
             Phase::CatchingUp => {
@@ -215,7 +233,7 @@ impl Subscriber {
             Phase::Live if self.overflowed => {
                 // The rollback of a transaction whose begin it got still closes it.
                 if change.kind == Kind::Rollback && self.position.0 == change.watermark {
-                    self.send(change, token)
+                    self.deliver(change, token, shared, true)
                 } else {
                     Delivery::Overflowed
                 }
@@ -226,49 +244,140 @@ impl Subscriber {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {
-                    self.send(change, token)
+                    self.deliver(change, token, shared, true)
                 }
             }
             Phase::Validating | Phase::Queued => Delivery::Filtered,
         }
     }
 
-    /// Sends a change (catch-up, backlog or live) unless it is filtered.
-    pub fn send(&mut self, change: &Change, token: Option<Token>) -> Delivery {
-        if change.watermark <= self.watermark || (change.needs_v5 && self.protocol < 5) {
+    /// Sends a change of its own (catch-up or backlog) unless it is filtered.
+    pub fn send(
+        &mut self,
+        change: &Change,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+    ) -> Delivery {
+        self.deliver(change, token, shared, false)
+    }
+
+    /// Sends `change` unless it is filtered: at or below the last commit sent, or unknown to
+    /// the subscriber's protocol.
+    ///
+    /// ### Why the watermark comparison is skipped inside a transaction
+    /// Comparing watermarks (strings) for every change and every subscriber showed in the
+    /// profile. Once a change of a transaction was sent and its commit was not, the next
+    /// change of the same transaction (the same watermark, usually the same shared text, so
+    /// the equality is a pointer check) is above the last commit sent: only a sent commit
+    /// moves that, and it would have ended the transaction here (a rollback ends it too).
+    fn deliver(
+        &mut self,
+        change: &Change,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+        live: bool,
+    ) -> Delivery {
+        let inside = self.in_txn && same(&self.position.0, &change.watermark);
+        if (!inside && change.watermark <= self.watermark) || (change.needs_v5 && self.protocol < 5)
+        {
             return Delivery::Filtered;
         }
         let commit = if change.kind == Kind::Commit {
             self.watermark = change.watermark.clone();
-            Some(change.watermark.clone())
+            Some(&change.watermark)
         } else {
             None
         };
-        self.position = (change.watermark.clone(), change.pos);
-        self.queue(change.message.clone(), commit, token);
+        if !inside {
+            self.position.0 = change.watermark.clone();
+        }
+        self.position.1 = change.pos;
+        self.in_txn = !matches!(change.kind, Kind::Commit | Kind::Rollback);
+        self.queue(&change.message, commit, token, shared, live);
         Delivery::Sent
     }
 
     /// Queues a frame that is not a change (the initial `status`).
-    pub fn send_frame(&mut self, message: Arc<str>) {
-        self.queue(message, None, None);
+    pub fn send_frame(&mut self, message: Arc<str>, shared: &mut SharedFrames) {
+        self.queue(&message, None, None, shared, false);
     }
 
-    fn queue(&mut self, message: Arc<str>, commit: Option<Watermark>, token: Option<Token>) {
+    /// Queues one frame. A live frame (`live`) is taken from, or added to, the turn's shared
+    /// frames as long as everything this subscriber got in the turn is a run of them
+    /// (`follows`); the first frame that breaks the run (a change filtered for it alone, a
+    /// frame of its own) copies the run into its own outbox, which takes the rest of the turn.
+    /// A frame of its own asks for a progress report every `report_every` frames
+    /// ([`Token::Progress`]); live frames carry the streamer's own marks
+    /// ([`SharedFrames::progress_mark`]), the same for every subscriber.
+    fn queue(
+        &mut self,
+        message: &Arc<str>,
+        commit: Option<&Watermark>,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+        live: bool,
+    ) {
         self.sent_messages += 1;
-        let token = token
-            .or_else(|| (self.sent_messages % self.report_every == 0).then_some(Token::Progress));
+        if live && self.outbox.is_empty() {
+            let frames = &mut shared.frames;
+            let len = frames.len();
+            let is_last = frames
+                .last()
+                .is_some_and(|l| Arc::ptr_eq(&l.message, message) && l.token == token);
+            let run = self.follows.get_or_insert_with(|| {
+                let start = if is_last { len - 1 } else { len };
+                start..start
+            });
+            if run.end == len {
+                frames.push(Outgoing {
+                    message: message.clone(),
+                    commit: commit.cloned(),
+                    token,
+                });
+                run.end += 1;
+                return;
+            }
+            if run.end + 1 == len && is_last {
+                run.end += 1;
+                return;
+            }
+        }
+        if let Some(run) = self.follows.take() {
+            self.outbox.extend_from_slice(&shared.frames[run]);
+        }
+        let token = token.or_else(|| {
+            (!live && self.sent_messages % self.report_every == 0).then_some(Token::Progress)
+        });
         self.outbox.push(Outgoing {
-            message,
-            commit,
+            message: message.clone(),
+            commit: commit.cloned(),
             token,
         });
     }
 
-    /// Hands the outbox to the session, noting when (`now_ms`) for the lag.
-    pub fn flush(&mut self, now_ms: f64) {
-        if !self.outbox.is_empty() {
-            let frames = std::mem::take(&mut self.outbox);
+    /// Hands what it was queued so far in this turn to the session, noting when (`now_ms`)
+    /// for the lag (in the middle of a turn; [`Subscriber::flush_turn`] at its end).
+    pub fn flush(&mut self, now_ms: f64, shared: &SharedFrames) {
+        let frames = match self.follows.take() {
+            Some(run) if !run.is_empty() => shared.frames[run].to_vec(),
+            _ => std::mem::take(&mut self.outbox),
+        };
+        self.hand_over(now_ms, Arc::new(frames));
+    }
+
+    /// Hands the turn's frames to the session at the end of the turn: `batch` (the turn's
+    /// shared frames) itself when it got every one of them, which is the common case.
+    pub fn flush_turn(&mut self, now_ms: f64, batch: &Arc<Vec<Outgoing>>) {
+        let frames = match self.follows.take() {
+            Some(run) if run.start == 0 && run.end == batch.len() => batch.clone(),
+            Some(run) if !run.is_empty() => Arc::new(batch[run].to_vec()),
+            _ => Arc::new(std::mem::take(&mut self.outbox)),
+        };
+        self.hand_over(now_ms, frames);
+    }
+
+    fn hand_over(&mut self, now_ms: f64, frames: Arc<Vec<Outgoing>>) {
+        if !frames.is_empty() {
             self.sent_at.push_back((self.sent_messages, now_ms));
             self.session.do_send(ToSession::Send(frames));
         }
