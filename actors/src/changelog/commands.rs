@@ -6,7 +6,7 @@
 //! commands with the same answers; no caller learns which one it has.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::state::{SafetyState, StateChange};
 use super::{ChangeLogStats, PurgeOutcome, Reply, StoredChange, Transaction};
@@ -16,7 +16,9 @@ use crate::watermark::Watermark;
 const MAX_GROUP: usize = 512;
 
 pub(super) enum WriteCommand {
-    Append(Transaction, Reply<()>),
+    /// A transaction to store, and when it was queued (the SQLite writer tells load from a
+    /// caller answering its last reply by it).
+    Append(Transaction, Reply<()>, Instant),
     Purge {
         before: Watermark,
         /// Only rows stored at or before this time (unix ms) may go; `None`: any age.
@@ -41,8 +43,8 @@ pub(super) struct ReadCommand {
 pub(super) enum Work {
     /// Appends queued one after the other, to commit in one transaction (group commit): the
     /// fsync that makes them durable is paid once, and each caller is still answered only once
-    /// its transaction is durable.
-    Appends(Vec<(Transaction, Reply<()>)>),
+    /// its transaction is durable. With when the first of them was queued.
+    Appends(Vec<(Transaction, Reply<()>)>, Instant),
     Other(WriteCommand),
     /// Nothing came within the wait (only with a timeout).
     Idle,
@@ -73,13 +75,13 @@ impl WriteQueue {
                 },
             },
         };
-        let WriteCommand::Append(txn, reply) = cmd else {
+        let WriteCommand::Append(txn, reply, queued) = cmd else {
             return Some(Work::Other(cmd));
         };
         let mut group = vec![(txn, reply)];
         while group.len() < MAX_GROUP {
             match self.rx.try_recv() {
-                Ok(WriteCommand::Append(t, r)) => group.push((t, r)),
+                Ok(WriteCommand::Append(t, r, _)) => group.push((t, r)),
                 Ok(other) => {
                     self.next = Some(other);
                     break;
@@ -87,6 +89,6 @@ impl WriteQueue {
                 Err(_) => break,
             }
         }
-        Some(Work::Appends(group))
+        Some(Work::Appends(group, queued))
     }
 }

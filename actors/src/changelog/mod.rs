@@ -135,6 +135,9 @@ pub struct ChangeLogStats {
     pub changes_stored_total: u64,
     #[serde(skip)]
     pub changes_purged_total: u64,
+    /// Groups of appends the SQLite writer held open for its commit window (load seen).
+    #[serde(skip)]
+    pub commits_held_total: u64,
 }
 
 /// The two fields a snapshot reservation's status carries.
@@ -382,7 +385,7 @@ impl ChangeLog {
         &self,
         txn: Transaction,
     ) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
-        self.write(|r| WriteCommand::Append(txn, r))
+        self.write(|r| WriteCommand::Append(txn, r, std::time::Instant::now()))
     }
 
     /// Deletes every row below `before`, except the newest stored transaction. Answers the

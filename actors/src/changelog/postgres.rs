@@ -149,7 +149,7 @@ pub(super) fn run(engine: Engine) {
     }
     while let Some(work) = queue.next(Some(interval)) {
         let served = match work {
-            Work::Appends(group) => rt.block_on(writer.append_group(group)),
+            Work::Appends(group, _) => rt.block_on(writer.append_group(group)),
             Work::Other(cmd) => rt.block_on(writer.serve(cmd)),
             Work::Idle => {
                 if rt.block_on(writer.still_owner()) {
@@ -180,7 +180,7 @@ pub(super) fn run(engine: Engine) {
 fn refuse_all(mut queue: WriteQueue) {
     while let Some(work) = queue.next(None) {
         let cmd = match work {
-            Work::Appends(group) => {
+            Work::Appends(group, _) => {
                 for (_, reply) in group {
                     let _ = reply.send(Err(ChangeLogError::NotOwner));
                 }
@@ -190,7 +190,9 @@ fn refuse_all(mut queue: WriteQueue) {
             Work::Idle => continue,
         };
         match cmd {
-            WriteCommand::Append(_, r) | WriteCommand::Barrier(r) | WriteCommand::State(_, r) => {
+            WriteCommand::Append(_, r, _)
+            | WriteCommand::Barrier(r)
+            | WriteCommand::State(_, r) => {
                 let _ = r.send(Err(ChangeLogError::NotOwner));
             }
             WriteCommand::Purge { reply, .. } => {

@@ -89,7 +89,7 @@ impl PgWriter {
     /// (it answered the command with [`ChangeLogError::NotOwner`]).
     pub(super) async fn serve(&mut self, cmd: WriteCommand) -> Result<(), ()> {
         match cmd {
-            WriteCommand::Append(txn, reply) => self.append_group(vec![(txn, reply)]).await,
+            WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]).await,
             WriteCommand::Purge {
                 before,
                 stored_by_ms,

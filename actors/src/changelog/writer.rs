@@ -53,6 +53,10 @@ pub(super) struct Writer {
     /// The mean time between appends seen in the last commit window: how long the next
     /// window first sleeps before it could be full.
     arrival_gap: Option<Duration>,
+    /// When the last group of appends was committed and its callers about to be answered: an
+    /// append queued before then came while the writer was busy (load); one queued after may
+    /// be a caller's answer to its reply.
+    last_answered: Instant,
 }
 
 impl Writer {
@@ -80,6 +84,7 @@ impl Writer {
             clock,
             last_stored_ms,
             arrival_gap: None,
+            last_answered: Instant::now(),
         };
         catalogue::refresh_range(&mut w.stats, &w.segments);
         Ok(w)
@@ -88,16 +93,14 @@ impl Writer {
     pub(super) fn run(mut self, mut queue: WriteQueue) {
         // Whether the last group showed appends coming faster than they commit.
         let mut busy = false;
-        loop {
-            // An append already queued when the writer comes back is itself a sign of load.
-            let (work, waited) = match queue.next(Some(Duration::ZERO)) {
-                Some(Work::Idle) => (queue.next(None), true),
-                work => (work, false),
-            };
-            let Some(work) = work else { break };
+        while let Some(work) = queue.next(None) {
             match work {
-                Work::Appends(group) => {
-                    let hold = busy || !waited || group.len() > 1;
+                Work::Appends(group, queued) => {
+                    // An append queued while the writer was committing the last group is itself
+                    // a sign of load. One queued after that group was answered is not: it may
+                    // be the same caller's next append, sent on its reply; holding it would
+                    // slow a caller that awaits each append to one per window.
+                    let hold = busy || group.len() > 1 || queued < self.last_answered;
                     let (size, after) = self.commit_group(&mut queue, group, hold);
                     busy = size > 1;
                     if let Some(cmd) = after {
@@ -155,7 +158,7 @@ impl Writer {
             std::thread::park_timeout(nap.max(MIN_NAP));
             loop {
                 match queue.next(Some(Duration::ZERO)) {
-                    Some(Work::Appends(more)) => group.extend(more),
+                    Some(Work::Appends(more, _)) => group.extend(more),
                     Some(Work::Other(cmd)) => {
                         after = Some(cmd);
                         break 'window;
@@ -164,6 +167,9 @@ impl Writer {
                     None => break 'window,
                 }
             }
+        }
+        if hold {
+            self.stats.commits_held_total += 1;
         }
         let came = (group.len() - first) as u32;
         if hold && came > 0 {
@@ -177,7 +183,7 @@ impl Writer {
     /// Serves one command other than a group of appends.
     fn serve(&mut self, cmd: WriteCommand) {
         match cmd {
-            WriteCommand::Append(txn, reply) => self.append_group(vec![(txn, reply)]),
+            WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]),
             WriteCommand::Purge {
                 before,
                 stored_by_ms,
@@ -223,6 +229,7 @@ impl Writer {
             .and_then(|()| self.conn.prepare_cached("COMMIT")?.execute([]));
         match result {
             Ok(_) => {
+                self.last_answered = Instant::now();
                 self.last_stored_ms = stored_ms;
                 catalogue::refresh_range(&mut self.stats, &self.segments);
                 for (_, reply) in group {
