@@ -210,7 +210,9 @@ async fn a_replica_restores_the_backup_and_follows_from_its_watermark_without_a_
         .ok()
         .and_then(|w| w.to_u64())
         .expect("the restored stateVersion is a watermark");
-    assert!((101..=108).contains(&restored_n), "restored {restored}");
+    // Any backed-up state is a valid start, the initial sync's (100) included: litestream may
+    // not have shipped the later transactions yet on a busy machine.
+    assert!((100..=108).contains(&restored_n), "restored {restored}");
 
     let mut sub = WsClient::connect(&b.svc.ws(&format!(
         "/replication/v6/changes?id=r1&taskID=r1&mode=serving&replicaVersion={}&watermark={restored}&initial=true",
