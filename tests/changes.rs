@@ -309,9 +309,11 @@ async fn initial_subscription_ends_the_reservation_and_grows_the_delay() {
     .await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
     assert_eq!(res.closed().await.0, 1000);
-    let st = svc
-        .wait_status("reservation ended", |s| s["reservations"] == json!([]))
+    svc.wait_status("reservation ended", |s| s["reservations"] == json!([]))
         .await;
+    // The ReservationActor tells the CleanupActor after ending a reservation; a `/status` asked
+    // after one that showed it ended reads the CleanupActor after that message.
+    let st = svc.status().await;
     let delay = st["backup"]["cleanupDelayMs"].as_i64().unwrap();
     assert!(
         delay >= 400,

@@ -227,9 +227,11 @@ async fn a_reservation_held_past_the_cap_is_closed_1011_and_counted() {
             "reservation held longer than --max-reservation-ms (300 ms)".to_string()
         )
     );
-    let st = svc
-        .wait_status("the reservation ended", |s| s["reservations"] == json!([]))
+    svc.wait_status("the reservation ended", |s| s["reservations"] == json!([]))
         .await;
+    // The ReservationActor tells the CleanupActor after ending a reservation; a `/status` asked
+    // after one that showed it ended reads the CleanupActor after that message.
+    let st = svc.status().await;
     assert_eq!(st["backup"]["paused"], false, "{st}");
     assert_eq!(
         st["backup"]["cleanupDelayMs"], 0,

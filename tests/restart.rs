@@ -122,8 +122,13 @@ async fn a_restoring_replica_is_served_across_restarts(how: Stop) {
     .await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
     let held_ms = reserved_at.elapsed().as_millis() as i64;
+    // The ReservationActor ends the orphan and then tells the CleanupActor, so a `/status`
+    // between the two shows no reservation and the delay not grown yet: wait for both.
     let st = second
-        .wait_status("the orphan ended", |s| s["reservations"] == json!([]))
+        .wait_status("the orphan ended and the delay grew", |s| {
+            s["reservations"] == json!([])
+                && s["backup"]["cleanupDelayMs"].as_i64() > Some(FLOOR_MS as i64)
+        })
         .await;
     let grown = st["backup"]["cleanupDelayMs"].as_i64().expect("delay");
     assert!(

@@ -60,9 +60,11 @@ async fn one_reservation_per_task_and_the_replaced_sockets_late_stop_keeps_the_n
     assert_eq!(st["reservations"].as_array().map(Vec::len), Some(1), "{st}");
     assert_eq!(st["backup"]["paused"], true);
     second.close().await;
-    let st = svc
-        .wait_status("no reservation left", |s| s["reservations"] == json!([]))
+    svc.wait_status("no reservation left", |s| s["reservations"] == json!([]))
         .await;
+    // The ReservationActor tells the CleanupActor after ending a reservation; a `/status` asked
+    // after one that showed it ended reads the CleanupActor after that message.
+    let st = svc.status().await;
     assert_eq!(st["backup"]["paused"], false, "{st}");
     svc.stop().await;
 }
@@ -74,9 +76,11 @@ async fn dropped_reservation_ends_without_extending_the_delay() {
     c.msg().await;
     actix_rt::time::sleep(Duration::from_millis(300)).await;
     c.close().await;
-    let st = svc
-        .wait_status("no reservation left", |s| s["reservations"] == json!([]))
+    svc.wait_status("no reservation left", |s| s["reservations"] == json!([]))
         .await;
+    // The ReservationActor tells the CleanupActor after ending a reservation; a `/status` asked
+    // after one that showed it ended reads the CleanupActor after that message.
+    let st = svc.status().await;
     assert_eq!(
         st["backup"]["cleanupDelayMs"], 10,
         "a dropped reservation must not grow the delay: {st}"
