@@ -26,6 +26,12 @@ echo "logs and results in $OUT" >&2
 BIN=${BIN:-$ROOT/target/release/change-streamer}
 LOADGEN=$ROOT/target/release/change-streamer-loadgen
 if [[ " $SERVICES " == *" zero "* && ! -d $ZW_DIR/node_modules/@rocicorp/zero ]]; then
+  if [[ ! -x $PEER/setup.sh ]]; then
+    echo "e2e: the original's whole service cannot be installed: $PEER/setup.sh is missing." >&2
+    echo "e2e: put the project's shared/ folder beside the repository, set PEER=…/shared/peer/whole-service," >&2
+    echo "e2e: or measure ours alone with SERVICES=ours." >&2
+    exit 2
+  fi
   "$PEER/setup.sh" "$ZW_DIR" >&2
 fi
 
