@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeKind, ChangeLog, Transaction};
+use change_streamer_actors::changelog::{ChangeLog, Transaction};
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig};
 use change_streamer_actors::session::SessionId;
 use change_streamer_actors::streamer::{
@@ -26,6 +26,7 @@ use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support as support;
 use serde_json::{json, Value};
 use support::client::{Seen, WsClient};
+use support::feed::feed;
 use support::{litestream, upstream};
 
 fn median(v: &mut [f64]) -> f64 {
@@ -183,29 +184,6 @@ fn workload(first: u64, txns: u64, changes: u64, row_bytes: usize) -> Vec<Upstre
         });
     }
     v
-}
-
-/// Feeds messages as the upstream client does: batches, waiting on each release.
-async fn feed(streamer: &Addr<Streamer>, msgs: Vec<UpstreamMessage>, batch: usize) -> u64 {
-    let mut waits = 0;
-    let mut rest: std::collections::VecDeque<UpstreamMessage> = msgs.into();
-    while !rest.is_empty() {
-        let n = batch.min(rest.len());
-        let b: Vec<UpstreamMessage> = rest.drain(..n).collect();
-        let reply = streamer
-            .send(UpstreamBatch(b))
-            .await
-            .unwrap()
-            .expect("valid");
-        for m in reply.rest.into_iter().rev() {
-            rest.push_front(m);
-        }
-        if let Some(r) = reply.release {
-            waits += 1;
-            let _ = r.await;
-        }
-    }
-    waits
 }
 
 /// A streamer (initialized at watermark 1) with `stalled.len()` fake sessions on a second thread.
@@ -738,20 +716,8 @@ async fn changelog() {
     // Durable ingest: 2,000 transactions of 100 changes, queued together (group commit).
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
-    let row = format!(
-        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#,
-        "x".repeat(80)
-    );
-    let make = |n: u64, rows: usize| Transaction {
-        watermark: w(n),
-        changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
-            .chain(std::iter::repeat_n((ChangeKind::Data, row.clone()), rows))
-            .chain(std::iter::once((
-                ChangeKind::Commit,
-                r#"{"tag":"commit"}"#.to_string(),
-            )))
-            .collect(),
-    };
+    let row = support::stored::insert_row(80);
+    let make = |n: u64, rows: usize| support::stored::stored_txn(n, &row, rows);
     let mut rates = Vec::new();
     let mut next = 1u64;
     for _ in 0..3 {

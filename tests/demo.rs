@@ -6,31 +6,14 @@
 //! runs two instances on one PostgreSQL change DB and kills the owner: the summary shows one
 //! takeover within the bound and subscribers that went on with no gap and no commit twice.
 
-#[path = "../actors/tests/pg_support/mod.rs"]
-mod pg_support;
-
 use std::process::Command;
 
 use change_streamer_test_support::example_bin;
 
 #[test]
 fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
-    let out = Command::new(example_bin("demo"))
-        .args(["--seconds", "15"])
-        .output()
-        .expect("run demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "demo failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, s) = run_demo(&["--seconds", "15"]);
     assert!(stdout.contains("warming up ["), "{stdout}");
-    let summary = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("summary: "))
-        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
-    let s: serde_json::Value = serde_json::from_str(summary).expect("summary is JSON");
     let num = |k: &str| s[k].as_f64().unwrap_or(0.0);
     assert!(num("transactionsStored") > 500.0, "{s}");
     assert!(num("cleanupsScheduled") >= 1.0, "{s}");
@@ -49,30 +32,16 @@ fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
 
 #[actix_rt::test]
 async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
-    let db = pg_support::TestDb::create("demo").await;
-    let out = Command::new(example_bin("demo"))
-        .args([
-            "--change-db",
-            &db.url,
-            "--kill-after",
-            "4",
-            "--seconds",
-            "10",
-        ])
-        .output()
-        .expect("run demo");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "demo failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let db = change_streamer_test_support::pg::TestDb::create("demo").await;
+    let (stdout, s) = run_demo(&[
+        "--change-db",
+        &db.url,
+        "--kill-after",
+        "4",
+        "--seconds",
+        "10",
+    ]);
     assert!(stdout.contains("kill -9 of "), "{stdout}");
-    let summary = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("summary: "))
-        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
-    let s: serde_json::Value = serde_json::from_str(summary).expect("summary is JSON");
     let takeovers = s["takeoverMs"].as_array().expect("takeoverMs");
     assert_eq!(takeovers.len(), 1, "{stdout}");
     // --takeover-interval-ms (200) + 1 s after PostgreSQL noticed; it notices a killed
@@ -84,4 +53,24 @@ async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
     for commits in s["subscriberCommits"].as_array().expect("commits") {
         assert!(commits.as_u64() > Some(500), "{stdout}");
     }
+}
+
+/// Runs the demo with `args` to its end; its output and the JSON of its `summary:` line.
+fn run_demo(args: &[&str]) -> (String, serde_json::Value) {
+    let out = Command::new(example_bin("demo"))
+        .args(args)
+        .output()
+        .expect("run demo");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "demo failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("summary: "))
+        .unwrap_or_else(|| panic!("no summary line:\n{stdout}"));
+    let s = serde_json::from_str(summary).expect("summary is JSON");
+    (stdout, s)
 }

@@ -38,27 +38,14 @@ async fn stop(p: ServiceProcess, how: Stop) {
 }
 
 fn start(dir: &Path, up: &FakeUpstream, lite: &FakeLitestream) -> ServiceProcess {
-    let floor = FLOOR_MS.to_string();
+    let mut flags = vec!["--upstream".to_string(), up.url()];
+    flags.extend(lite.service_flags(FLOOR_MS));
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     ServiceProcess::spawn(
         Path::new(env!("CARGO_BIN_EXE_change-streamer")),
         0,
         dir,
-        &[
-            "--upstream",
-            &up.url(),
-            "--litestream-backup-url",
-            "s3://bucket/replica",
-            "--litestream-metrics-url",
-            &lite.url(),
-            "--backup-check-interval-ms",
-            "20",
-            "--min-cleanup-delay-ms",
-            &floor,
-            "--purge-delay-ms",
-            "20",
-            "--change-log-retention-ms",
-            "0",
-        ],
+        &flags,
     )
 }
 

@@ -7,8 +7,6 @@
 //! session ends closes its sessions with 1011, becomes a standby and owns again later; a
 //! standby stops gracefully on SIGTERM and SIGINT.
 
-#[path = "../actors/tests/pg_support/mod.rs"]
-mod pg_support;
 mod takeover_support;
 
 use std::process::Command;
@@ -17,9 +15,9 @@ use std::time::{Duration, Instant};
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::pg::TestDb;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use change_streamer_test_support::wait::wait_until;
-use pg_support::TestDb;
 use serde_json::json;
 use takeover_support::*;
 
@@ -127,7 +125,7 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
     let db = TestDb::create("deposed_e2e").await;
     let up = FakeUpstream::start().await;
     let lite = FakeLitestream::start(Answer::default()).await;
-    let flags = backup_flags(&lite, 60_000);
+    let flags = lite.service_flags(60_000);
     let mut a = Instance::start_with(&db, &up.url(), INTERVAL_MS, &strs(&flags));
     let (a_addr, _) = a
         .listening_within(Duration::from_secs(20))
@@ -229,7 +227,7 @@ async fn an_open_reservation_and_the_grown_cleanup_delay_survive_a_kill_9_takeov
     let db = TestDb::create("carried_e2e").await;
     let up = FakeUpstream::start().await;
     let lite = FakeLitestream::start(Answer::default()).await;
-    let flags = backup_flags(&lite, FLOOR_MS);
+    let flags = lite.service_flags(FLOOR_MS);
     let mut a = Instance::start_with(&db, &up.url(), INTERVAL_MS, &strs(&flags));
     let (a_addr, _) = a
         .listening_within(Duration::from_secs(20))

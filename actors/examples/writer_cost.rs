@@ -15,8 +15,8 @@
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use change_streamer_actors::changelog::{ChangeKind, ChangeLog, Transaction};
-use change_streamer_actors::watermark::Watermark;
+use change_streamer_actors::changelog::{ChangeLog, Transaction};
+use change_streamer_test_support::stored::{insert_row, stored_txn};
 use futures_util::stream::{FuturesOrdered, StreamExt};
 use serde_json::json;
 
@@ -36,21 +36,9 @@ fn writer_cpu_ns() -> Option<u64> {
     None
 }
 
+/// A transaction of `changes` changes in all (begin and commit included).
 fn txn(n: u64, changes: usize, row: &str) -> Transaction {
-    let data = changes.saturating_sub(2);
-    Transaction {
-        watermark: Watermark::from_u64(n),
-        changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
-            .chain(std::iter::repeat_n(
-                (ChangeKind::Data, row.to_string()),
-                data,
-            ))
-            .chain(std::iter::once((
-                ChangeKind::Commit,
-                r#"{"tag":"commit"}"#.to_string(),
-            )))
-            .collect(),
-    }
+    stored_txn(n, row, changes.saturating_sub(2))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -75,10 +63,7 @@ struct Run {
 fn run(rate: f64, seconds: f64, changes: usize) -> Run {
     let dir = tempfile::tempdir().expect("temporary directory");
     let log = ChangeLog::open(dir.path()).expect("open change log");
-    let row = format!(
-        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#,
-        "x".repeat(80)
-    );
+    let row = insert_row(80);
     // Durability is awaited on a runtime of its own; the pacing thread only queues.
     let (done_tx, done_rx) = mpsc::channel::<(bool, Duration)>();
     let (fut_tx, mut fut_rx) = tokio::sync::mpsc::unbounded_channel();

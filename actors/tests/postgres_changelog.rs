@@ -1,8 +1,6 @@
 //! Ownership of a shared PostgreSQL change DB (SPEC §14), against a real server: at most one
 //! owner, a standby takes over once the owner's session ends, and a deposed owner's writes are
-//! refused. Each test has a database of its own (see `pg_support`).
-
-mod pg_support;
+//! refused. Each test has a database of its own (see `test-support/src/pg.rs`).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -16,7 +14,8 @@ use change_streamer_actors::changelog::{
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::ownership::OWNER_LOCK_KEY;
 use change_streamer_actors::watermark::Watermark;
-use pg_support::TestDb;
+use change_streamer_test_support::pg::TestDb;
+use change_streamer_test_support::stored::{insert_row, stored_txn};
 
 const INTERVAL: Duration = Duration::from_millis(100);
 
@@ -378,20 +377,8 @@ async fn measure_ingest_and_purge() {
     let log = ChangeLog::open_postgres(PgOptions::new(&db.url, INTERVAL))
         .await
         .unwrap();
-    let row = format!(
-        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{}"}}}}"#,
-        "x".repeat(80)
-    );
-    let make = |n: u64| Transaction {
-        watermark: Watermark::from_u64(n),
-        changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
-            .chain(std::iter::repeat_n((ChangeKind::Data, row.clone()), 98))
-            .chain(std::iter::once((
-                ChangeKind::Commit,
-                r#"{"tag":"commit"}"#.to_string(),
-            )))
-            .collect(),
-    };
+    let row = insert_row(80);
+    let make = |n: u64| stored_txn(n, &row, 98);
     let mut rates = Vec::new();
     let mut next = 1u64;
     for _ in 0..5 {

@@ -9,21 +9,21 @@
 //! partitions in the writer's own transaction, so forwarding (which only waits for its
 //! transactions to be durable) should stall no longer than one group commit behind the drop.
 
-mod pg_support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeKind, ChangeLog, PgOptions, Transaction};
+use change_streamer_actors::changelog::{ChangeLog, PgOptions};
 use change_streamer_actors::session::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, Mode, PurgeAnswer, PurgeIfSafe, SessionProgress, Streamer, StreamerConfig,
-    Subscribe, ToSession, UpstreamBatch,
+    Subscribe, ToSession,
 };
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
-use pg_support::TestDb;
+use change_streamer_test_support::feed::feed;
+use change_streamer_test_support::pg::TestDb;
+use change_streamer_test_support::stored::stored_txn;
 
 fn w(n: u64) -> Watermark {
     Watermark::from_u64(n)
@@ -79,25 +79,6 @@ fn upstream_txn(t: u64, rows: u64) -> Vec<UpstreamMessage> {
     v
 }
 
-/// Feeds as the upstream client does: waits on each release.
-async fn feed(streamer: &Addr<Streamer>, msgs: Vec<UpstreamMessage>) {
-    let mut rest: std::collections::VecDeque<UpstreamMessage> = msgs.into();
-    while !rest.is_empty() {
-        let batch: Vec<_> = rest.drain(..).collect();
-        let reply = streamer
-            .send(UpstreamBatch(batch))
-            .await
-            .unwrap()
-            .expect("valid");
-        for m in reply.rest.into_iter().rev() {
-            rest.push_front(m);
-        }
-        if let Some(r) = reply.release {
-            let _ = r.await;
-        }
-    }
-}
-
 #[actix_rt::test]
 #[ignore = "a measurement: cargo test --release -p change-streamer-actors --test postgres_purge_gap -- --ignored --nocapture"]
 async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
@@ -109,16 +90,7 @@ async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
         r#"{{"tag":"insert","new":{{"id":1,"v":"{}"}}}}"#,
         "x".repeat(80)
     );
-    let make = |n: u64| Transaction {
-        watermark: w(n),
-        changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
-            .chain(std::iter::repeat_n((ChangeKind::Data, row.clone()), 98))
-            .chain(std::iter::once((
-                ChangeKind::Commit,
-                r#"{"tag":"commit"}"#.to_string(),
-            )))
-            .collect(),
-    };
+    let make = |n: u64| stored_txn(n, &row, 98);
     const BIG: u64 = 10_000;
     for chunk in (1..=BIG).collect::<Vec<_>>().chunks(2000) {
         let pending: Vec<_> = chunk.iter().map(|&n| log.append(make(n))).collect();
@@ -169,7 +141,7 @@ async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
         let mut t = BIG + 1;
         let stop = Instant::now() + Duration::from_secs(4);
         while Instant::now() < stop {
-            feed(&feeder_streamer, upstream_txn(t, 3)).await;
+            feed(&feeder_streamer, upstream_txn(t, 3), usize::MAX).await;
             t += 1;
             actix_rt::time::sleep(Duration::from_millis(1)).await;
         }

@@ -1,17 +1,21 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
 //! it to replicate, a websocket client, the service in-process
-//! (feature `service`), the vendored fixtures, the peer harness, and waiting on a condition.
+//! (feature `service`), the vendored fixtures, the peer harness, a PostgreSQL database
+//! of its own for each test, and waiting on a condition.
 
 pub mod backup_replica;
 pub mod client;
+pub mod feed;
 pub mod fixtures;
 pub mod litestream;
 pub mod peer;
+pub mod pg;
 pub mod process;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod stock_litestream;
+pub mod stored;
 pub mod upstream;
 pub mod wait;
 

@@ -47,6 +47,27 @@ pub struct FakeLitestream {
 }
 
 impl FakeLitestream {
+    /// The flags of a service with the backup monitor on this page, quick to react: polls and
+    /// purge checks every 20 ms, a cleanup delay floor of `floor_ms`, no retention floor.
+    pub fn service_flags(&self, floor_ms: u64) -> Vec<String> {
+        [
+            "--litestream-backup-url",
+            "s3://bucket/replica",
+            "--litestream-metrics-url",
+            &self.url(),
+            "--backup-check-interval-ms",
+            "20",
+            "--min-cleanup-delay-ms",
+            &floor_ms.to_string(),
+            "--purge-delay-ms",
+            "20",
+            "--change-log-retention-ms",
+            "0",
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     /// Starts listening on 127.0.0.1 with `answer`. Must run inside a tokio/actix runtime.
     pub async fn start(answer: Answer) -> FakeLitestream {
         let listener = TcpListener::bind("127.0.0.1:0")

@@ -4,9 +4,6 @@
 //! trust auth). Each [`TestDb`] creates a uniquely named database and drops it when dropped.
 //! If no server answers, the test fails with how to start one: it never passes silently.
 
-// Each test crate that includes this uses part of it.
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio_postgres::{Client, NoTls};

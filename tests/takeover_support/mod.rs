@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
-use change_streamer_test_support::litestream::FakeLitestream;
 use change_streamer_test_support::upstream::FakeUpstream;
 
-use crate::pg_support::TestDb;
+use change_streamer_test_support::pg::TestDb;
 
 pub const INTERVAL_MS: u64 = 200;
 
@@ -170,26 +169,6 @@ pub async fn close_within(c: &mut WsClient, limit: Duration) -> (u16, String) {
             None => panic!("no close within {limit:?}"),
         }
     }
-}
-
-/// The flags of an instance with the backup monitor on (reservations served), polling `lite`.
-pub fn backup_flags(lite: &FakeLitestream, floor_ms: u64) -> Vec<String> {
-    [
-        "--litestream-backup-url",
-        "s3://bucket/replica",
-        "--litestream-metrics-url",
-        &lite.url(),
-        "--backup-check-interval-ms",
-        "20",
-        "--min-cleanup-delay-ms",
-        &floor_ms.to_string(),
-        "--purge-delay-ms",
-        "20",
-        "--change-log-retention-ms",
-        "0",
-    ]
-    .map(String::from)
-    .to_vec()
 }
 
 pub fn strs(v: &[String]) -> Vec<&str> {

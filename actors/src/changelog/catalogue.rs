@@ -21,6 +21,19 @@ pub(super) struct Segment {
     pub max_stored_ms: i64,
 }
 
+impl Segment {
+    /// A new, still empty segment whose first transaction is `first`, stored at `stored_ms`.
+    pub(super) fn opened(id: i64, first: &Watermark, stored_ms: i64) -> Segment {
+        Segment {
+            id,
+            min: first.clone(),
+            max: first.clone(),
+            rows: 0,
+            max_stored_ms: stored_ms,
+        }
+    }
+}
+
 /// Recomputes the stats' range and row count from the segments.
 pub(super) fn refresh_range(stats: &mut ChangeLogStats, segments: &[Segment]) {
     stats.min_watermark = segments.first().map(|s| s.min.clone());

@@ -223,13 +223,8 @@ impl PgWriter {
                     &[&id, &txn.watermark.as_str(), &stored_ms],
                 )
                 .await?;
-                self.segments.push(Segment {
-                    id,
-                    min: txn.watermark.clone(),
-                    max: txn.watermark.clone(),
-                    rows: 0,
-                    max_stored_ms: stored_ms,
-                });
+                self.segments
+                    .push(Segment::opened(id, &txn.watermark, stored_ms));
                 touched_from = touched_from.min(self.segments.len() - 1);
             }
             let Some(id) = self.segments.last().map(|s| s.id) else {

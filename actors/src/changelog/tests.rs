@@ -1,18 +1,17 @@
 //! Unit tests of the change log: storage, segments, purges, store times and the safety state.
 //! Each runs against both engines: SQLite in a temporary directory, and PostgreSQL in a
-//! database of its own (see `actors/tests/pg_support`).
+//! database of its own (see `test-support/src/pg.rs`).
 
 use std::time::Duration;
 
-use super::*;
+use change_streamer_test_support::pg::TestDb;
 
-#[path = "../../tests/pg_support/mod.rs"]
-mod pg_support;
+use super::*;
 
 /// Where a test's change log lives.
 enum Store {
     Sqlite(tempfile::TempDir),
-    Postgres(pg_support::TestDb),
+    Postgres(TestDb),
 }
 
 impl Store {
@@ -45,7 +44,7 @@ macro_rules! on_both_engines {
             }
             #[actix_rt::test]
             async fn postgres() {
-                let db = super::pg_support::TestDb::create(stringify!($name)).await;
+                let db = super::TestDb::create(stringify!($name)).await;
                 super::$name(super::Store::Postgres(db)).await
             }
         }

@@ -271,13 +271,8 @@ impl Writer {
                      VALUES (?1, ?2, ?2, 0, ?3)",
                     params![id, txn.watermark.as_str(), stored_ms],
                 )?;
-                self.segments.push(Segment {
-                    id,
-                    min: txn.watermark.clone(),
-                    max: txn.watermark.clone(),
-                    rows: 0,
-                    max_stored_ms: stored_ms,
-                });
+                self.segments
+                    .push(Segment::opened(id, &txn.watermark, stored_ms));
                 touched_from = touched_from.min(self.segments.len() - 1);
             }
             let Some(seg) = self.segments.last() else {
