@@ -869,7 +869,7 @@ async fn poll() {
 }
 
 // ---------------------------------------------------------------------------------------
-// `slow`: slow subscribers against the real binary (SPEC §10.1, §10.2).
+// `slow`: slow subscribers against the real binary (PROTOCOL.md §10.1, §10.2).
 
 /// Healthy websocket subscribers that read and ack everything, counting the changes (not the
 /// status frame) they receive.

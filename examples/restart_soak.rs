@@ -1,4 +1,4 @@
-//! Measures SPEC §13 under load: restart the service (`kill -9` and SIGTERM) while a replica
+//! Measures PROTOCOL.md §13 under load: restart the service (`kill -9` and SIGTERM) while a replica
 //! restores, and count how often the replica's `initial=true` subscription from its backup's
 //! watermark is refused.
 //!

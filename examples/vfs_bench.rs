@@ -1,4 +1,4 @@
-//! Measures the VFS backup source (SPEC §8.1b) with real stock litestream 0.5.17, for
+//! Measures the VFS backup source (PROTOCOL.md §8.1b) with real stock litestream 0.5.17, for
 //! BENCHMARKS.md:
 //!
 //! ```sh

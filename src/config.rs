@@ -1,4 +1,4 @@
-//! Flags and environment variables (SPEC §2).
+//! Flags and environment variables (PROTOCOL.md §2).
 //!
 //! Every flag also reads the environment variable named in its help; a flag given on the command
 //! line wins. Values are checked here, at start, so that a bad one stops the service with a
@@ -90,7 +90,7 @@ pub struct Config {
     )]
     pub purge_delay_ms: u64,
 
-    /// A change-log row is purged only once it has been stored this long, in ms (SPEC §9).
+    /// A change-log row is purged only once it has been stored this long, in ms (PROTOCOL.md §9).
     #[arg(
         long,
         env = "ZERO_CHANGE_LOG_RETENTION_MS",
@@ -99,7 +99,7 @@ pub struct Config {
     )]
     pub change_log_retention_ms: u64,
 
-    /// A snapshot reservation held longer than this, in ms, is ended with 1011 (SPEC §6.6);
+    /// A snapshot reservation held longer than this, in ms, is ended with 1011 (PROTOCOL.md §6.6);
     /// 0: no cap.
     #[arg(
         long,

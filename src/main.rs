@@ -8,7 +8,7 @@ use change_streamer::shutdown::wait_for_signal;
 use change_streamer_actors::vfs_reader;
 
 fn main() -> std::process::ExitCode {
-    // The VFS reader the backup monitor starts (SPEC §8.1b) is this binary run with a hidden
+    // The VFS reader the backup monitor starts (PROTOCOL.md §8.1b) is this binary run with a hidden
     // subcommand; it is not a flag, so it is recognised before the flags are parsed.
     if std::env::args_os()
         .nth(1)

@@ -1,4 +1,4 @@
-//! The service's side of sharing a PostgreSQL change DB (SPEC §14): standing by until this
+//! The service's side of sharing a PostgreSQL change DB (PROTOCOL.md §14): standing by until this
 //! instance owns it, serving as the owner, and standing by again once deposed.
 //!
 //! The change log's PostgreSQL engine holds ownership and fences every write

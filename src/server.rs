@@ -1,7 +1,7 @@
 //! Starting and stopping the whole service.
 //!
 //! [`Service::start`] opens the change log, reads back the safety state a previous run wrote
-//! there (SPEC §3, §13), binds the listening socket (so that a refused address fails before
+//! there (PROTOCOL.md §3, §13), binds the listening socket (so that a refused address fails before
 //! anything else runs), starts the actors (streamer and purger always; the backup monitor's
 //! three actors when `--litestream-backup-url` is set), the upstream client when `--upstream`
 //! is set, and the HTTP server, and returns once it is listening.
@@ -86,7 +86,7 @@ impl Service {
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
         // Bind before any actor starts, so that a refused address stops nothing but this. On a
-        // shared change DB, bind first: a standby answers there until it owns it (SPEC §14).
+        // shared change DB, bind first: a standby answers there until it owns it (PROTOCOL.md §14).
         let (log, listener) = match &config.change_db {
             None => {
                 let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
@@ -304,7 +304,7 @@ impl Service {
         info!("stopped");
     }
 
-    /// The end of a deposed owner (SPEC §14): stop ingesting, stop every actor that writes,
+    /// The end of a deposed owner (PROTOCOL.md §14): stop ingesting, stop every actor that writes,
     /// close every session with `end` (1011 `standby: not the owner`), stop the HTTP server,
     /// and hand back the listening socket for the standby. Unlike [`stop`](Self::stop) it
     /// closes nothing through the actors: the reservation actor is halted with its
@@ -354,7 +354,7 @@ async fn drained(drain: Drain) {
     }
 }
 
-/// SPEC §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded
+/// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded
 /// it is kept for the monitor's polls. Without `--litestream-backup-url` nothing will read the
 /// backup, but a bad path is still an error, not a surprise for later.
 async fn check_vfs(

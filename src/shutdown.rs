@@ -130,7 +130,7 @@ fn closing(mut rx: watch::Receiver<Option<Bytes>>) -> Pin<Box<dyn Future<Output 
 /// ends it (close, error, dropped connection), and the session code needs no change.
 ///
 /// Why the close-all notice is here rather than a message to each session: a deposed owner
-/// must end every session at once with one code and reason (SPEC §14), whichever actor holds
+/// must end every session at once with one code and reason (PROTOCOL.md §14), whichever actor holds
 /// it. The body yields the session's frames whole, one encoded batch per chunk, so a close
 /// frame put between two chunks is a well-formed frame; after it the body ends, which closes
 /// the connection and drops the session's context, and actix then stops the actor (its

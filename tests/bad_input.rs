@@ -1,4 +1,4 @@
-//! End to end: bad input at the service's edge (SPEC §12), with real websocket and HTTP clients
+//! End to end: bad input at the service's edge (PROTOCOL.md §12), with real websocket and HTTP clients
 //! against the real server.
 
 use change_streamer_test_support::client::WsClient;

@@ -1,5 +1,5 @@
 //! End to end: subscriptions on `/replication/v{N}/changes` against the real server with a fake
-//! change source (SPEC §4, §7, §9, §10): catch-up then live with no gap and no duplicate,
+//! change source (PROTOCOL.md §4, §7, §9, §10): catch-up then live with no gap and no duplicate,
 //! rollback on an upstream drop, errors type 1 and 2, the reservation ended by an initial
 //! subscription, the ack-gated purge, and a restart that keeps the change log.
 

@@ -1,4 +1,4 @@
-//! The binary's edge (SPEC §2, §12): `--help`, bad flag or environment values rejected at
+//! The binary's edge (PROTOCOL.md §2, §12): `--help`, bad flag or environment values rejected at
 //! start, exiting non-zero with a message naming the flag, and the graceful stop on SIGTERM.
 
 use std::io::{BufRead, BufReader};

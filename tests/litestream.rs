@@ -1,4 +1,4 @@
-//! End to end with REAL stock litestream 0.5.17 and its VFS (SPEC §6.7, §8.1b): the service runs
+//! End to end with REAL stock litestream 0.5.17 and its VFS (PROTOCOL.md §6.7, §8.1b): the service runs
 //! with `--litestream-vfs`; a backup replica ([`BackupReplica`]) follows it with `mode=backup`
 //! into its own SQLite file, which a real `litestream replicate` backs up to a `file://`
 //! replica; the service reads the backed-up watermark back out of that replica. litestream is

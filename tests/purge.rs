@@ -1,4 +1,4 @@
-//! End to end: what holds a purge back (SPEC §9, §11) and the reservation cap (SPEC §6.6),
+//! End to end: what holds a purge back (PROTOCOL.md §9, §11) and the reservation cap (PROTOCOL.md §6.6),
 //! against the real server with a fake change source and a fake litestream: the retention
 //! floor keeps rows younger than `--change-log-retention-ms` and the watermark stays scheduled;
 //! `/status` `purge.blockedBy` and the `change_streamer_purge_blocked{reason}` series name the

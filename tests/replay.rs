@@ -6,8 +6,8 @@
 //! agree; elsewhere that test says what is missing and skips (fails with
 //! `CHANGE_STREAMER_REQUIRE_PEER=1`).
 //!
-//! No scenario here needs an exception: the shared ones only exercise behaviour where SPEC and
-//! the original agree. (Where they differ, on malformed litestream samples, SPEC §8.2 governs
+//! No scenario here needs an exception: the shared ones only exercise behaviour where our protocol and
+//! the original agree. (Where they differ, on malformed litestream samples, PROTOCOL.md §8.2 governs
 //! and `actors/src/litestream.rs` tests it.)
 
 use std::path::{Path, PathBuf};

@@ -1,4 +1,4 @@
-//! End to end: restarts while a replica restores (SPEC §3, §13), against the real binary run as
+//! End to end: restarts while a replica restores (PROTOCOL.md §3, §13), against the real binary run as
 //! a child process, stopped by SIGTERM or by SIGKILL (`kill -9`) and started again on the same
 //! data directory. The reservation open at the stop comes back orphaned, keeps cleanup paused
 //! (so the backup's watermark is not purged although litestream reports newer backups long

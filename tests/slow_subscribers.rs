@@ -1,5 +1,5 @@
-//! End to end: slow subscribers (SPEC §10.1), bounded memory per subscriber (SPEC §10.2),
-//! liveness under load (SPEC §5) and the per-subscriber metrics (SPEC §11), against the real
+//! End to end: slow subscribers (PROTOCOL.md §10.1), bounded memory per subscriber (PROTOCOL.md §10.2),
+//! liveness under load (PROTOCOL.md §5) and the per-subscriber metrics (PROTOCOL.md §11), against the real
 //! server with a fake change source and real websocket clients.
 
 use std::time::Duration;

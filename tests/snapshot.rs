@@ -1,4 +1,4 @@
-//! End to end: snapshot reservations over real websockets against the real server (SPEC §6,
+//! End to end: snapshot reservations over real websockets against the real server (PROTOCOL.md §6,
 //! §5, §11, §12), with a fake change source feeding the change log.
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! End to end on a shared PostgreSQL change DB (SPEC §14): two real service processes on one
+//! End to end on a shared PostgreSQL change DB (PROTOCOL.md §14): two real service processes on one
 //! database, exactly one of them the owner (the standby answers `/healthz`, `/status` and
 //! `/metrics` with its role, and closes sessions with 1011); kill -9 of the owner mid-ingest,
 //! the standby owns within --takeover-interval-ms + 1 s, asks the change source for the last

@@ -1,4 +1,4 @@
-//! `CleanupActor`: decides *when* the change log may be cleaned up (SPEC §8.2, §8.3).
+//! `CleanupActor`: decides *when* the change log may be cleaned up (PROTOCOL.md §8.2, §8.3).
 //!
 //! It owns the backup watermarks seen so far, the last scheduled watermark, the cleanup delay
 //! and the set of tasks holding a snapshot reservation. The [`MonitorActor`] feeds it one
@@ -18,7 +18,7 @@
 //!
 //! ### Why it is written down
 //! Everything it decides protects a replica that may be restoring right now, so it must survive
-//! a restart, `kill -9` included (SPEC §3, §13): with a change log to persist to, every change
+//! a restart, `kill -9` included (PROTOCOL.md §3, §13): with a change log to persist to, every change
 //! (a recorded watermark, a scheduled one, a grown delay) is queued on the change log's writer
 //! as it is made, before it is acted on, and read back at the next start ([`CleanupActor::restore`]).
 //!
@@ -36,7 +36,7 @@ use crate::clock::{format_rfc3339_ms, Clock};
 use crate::litestream::BackupSample;
 use crate::watermark::Watermark;
 
-/// Tells the purge side that every change below `watermark` may go (SPEC §9 decides whether it
+/// Tells the purge side that every change below `watermark` may go (PROTOCOL.md §9 decides whether it
 /// is safe yet).
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
 #[rtype(result = "()")]
@@ -178,7 +178,7 @@ impl CleanupActor {
             .spawn(ctx);
     }
 
-    /// SPEC §8.2: keep a sample only if it is newer than the last scheduled watermark and not
+    /// PROTOCOL.md §8.2: keep a sample only if it is newer than the last scheduled watermark and not
     /// already recorded; its first sighting's backup time is the one that counts.
     fn record(&mut self, samples: Vec<BackupSample>, ctx: &mut Context<Self>) {
         let mut new = Vec::new();
@@ -215,7 +215,7 @@ impl CleanupActor {
         }
     }
 
-    /// SPEC §8.3: unless paused, schedule the greatest watermark whose backup is at least
+    /// PROTOCOL.md §8.3: unless paused, schedule the greatest watermark whose backup is at least
     /// `cleanupDelay` old and forget every recorded watermark up to it. Only the greatest is
     /// scheduled because cleaning up to it covers all the smaller ones.
     fn schedule(&mut self, ctx: &mut Context<Self>) {

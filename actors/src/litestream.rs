@@ -1,4 +1,4 @@
-//! Reading litestream's Prometheus `/metrics` page (SPEC §8.1, §8.2).
+//! Reading litestream's Prometheus `/metrics` page (PROTOCOL.md §8.1, §8.2).
 //!
 //! litestream (in the fork Zero uses) exports one gauge sample per database and replica,
 //! `litestream_replica_progress{db,name,watermark}`, whose value is the unix time in seconds at
@@ -40,7 +40,7 @@ pub enum PageError {
 /// Parses a `/metrics` body.
 ///
 /// An empty body yields nothing here; the monitor treats a page without any progress sample
-/// as a poll error (SPEC §8.1: stock litestream exports none). A non-empty body
+/// as a poll error (PROTOCOL.md §8.1: stock litestream exports none). A non-empty body
 /// without a single parseable sample is garbage and an error. Progress samples with an empty,
 /// missing or non-LexiVersion `watermark`, or a value that is not a finite, non-negative
 /// number, are reported in [`ProgressPage::invalid`], never returned as samples.

@@ -1,4 +1,4 @@
-//! `MonitorActor`: the backup monitor's eyes (SPEC §8.1, §8.1b).
+//! `MonitorActor`: the backup monitor's eyes (PROTOCOL.md §8.1, §8.1b).
 //!
 //! Every poll interval it reads what is backed up from its [`BackupSource`] and hands it to the
 //! [`CleanupActor`] as one [`PollResult`], which records it and then schedules:
@@ -11,7 +11,7 @@
 //!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
-//! above the change log's minWatermark (SPEC §6.7).
+//! above the change log's minWatermark (PROTOCOL.md §6.7).
 //!
 //! A failed poll (network error, non-2xx, no answer within the timeout, garbage, no backup yet,
 //! a failing query) is a warning, a counted error and an *empty* result: scheduling still runs,
@@ -79,7 +79,7 @@ pub struct MonitorConfig {
     pub clock: Clock,
     /// Period of the automatic polls; the first comes one interval after start.
     pub interval: Duration,
-    /// No answer within this is a failed poll (SPEC: `min(interval, 10 s)`).
+    /// No answer within this is a failed poll (PROTOCOL.md §8.1: `min(interval, 10 s)`).
     pub timeout: Duration,
     /// `false` leaves polling to explicit [`Check`]s (tests, replay).
     pub poll_automatically: bool,
@@ -176,7 +176,7 @@ pub struct MonitorActor {
     vfs: Option<VfsReader>,
     /// The watermark the VFS source last read, and when it was first read.
     vfs_first_read: Option<(Watermark, i64)>,
-    /// Told each watermark the VFS source reads (the reservations, SPEC §6.7).
+    /// Told each watermark the VFS source reads (the reservations, PROTOCOL.md §6.7).
     backup_reads: Option<Recipient<BackupRead>>,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
@@ -236,7 +236,7 @@ impl MonitorActor {
         self.in_flight = Some(handle);
     }
 
-    /// SPEC §8.1: one GET of the metrics page, bounded by the timeout.
+    /// PROTOCOL.md §8.1: one GET of the metrics page, bounded by the timeout.
     fn poll_metrics(&mut self, url: String) -> ResponseActFuture<Self, Observed> {
         let client = self.client.get_or_insert_with(awc::Client::default).clone();
         let timeout = self.cfg.timeout;
@@ -290,7 +290,7 @@ impl MonitorActor {
         }))
     }
 
-    /// SPEC §8.1b: one read of the backup through the VFS reader, bounded by the timeout (the
+    /// PROTOCOL.md §8.1b: one read of the backup through the VFS reader, bounded by the timeout (the
     /// reader kills its process when that passes). The reader travels with the poll and comes
     /// back when it ends.
     fn poll_vfs(&mut self, source: VfsSource) -> ResponseActFuture<Self, Observed> {

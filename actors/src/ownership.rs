@@ -1,4 +1,4 @@
-//! Who owns a shared PostgreSQL change DB (SPEC §14): one owner writes, the others stand by.
+//! Who owns a shared PostgreSQL change DB (PROTOCOL.md §14): one owner writes, the others stand by.
 //!
 //! Ownership is a session-level advisory lock, [`OWNER_LOCK_KEY`], held by the owner's writer
 //! connection, the one connection through which it writes. PostgreSQL itself keeps it:

@@ -7,7 +7,7 @@
 //! has passed to a newer one.
 //!
 //! Every close, whoever decides it (the reservations, the streamer, the session itself), is a
-//! [`SessionEnd`]; its close code and reason (SPEC §5) are written in one place,
+//! [`SessionEnd`]; its close code and reason (PROTOCOL.md §5) are written in one place,
 //! [`SessionEnd::close_frame`].
 
 use std::fmt;
@@ -51,7 +51,7 @@ pub enum SessionEnd {
     /// answer, the streamer is gone (1011).
     Unavailable(String),
     /// A slow subscriber, lagging on a tracked send longer than `--slow-subscriber-grace-ms`,
-    /// is evicted (1013, SPEC §10.1); it may reconnect and catch up from the change log.
+    /// is evicted (1013, PROTOCOL.md §10.1); it may reconnect and catch up from the change log.
     Evicted(String),
 }
 
@@ -59,7 +59,7 @@ pub enum SessionEnd {
 pub const MAX_REASON: usize = 123;
 
 impl SessionEnd {
-    /// The close code (SPEC §5).
+    /// The close code (PROTOCOL.md §5).
     pub fn code(&self) -> u16 {
         match self {
             SessionEnd::Replaced

@@ -1,4 +1,4 @@
-//! The monitor's side of the VFS reader (SPEC §8.1b): starts the helper process that reads the
+//! The monitor's side of the VFS reader (PROTOCOL.md §8.1b): starts the helper process that reads the
 //! backup through litestream's VFS ([`crate::vfs_reader`], which says why it is a process),
 //! asks it for the watermark once per poll, and kills it when it does not answer in time.
 //!

@@ -1,5 +1,5 @@
 //! The VFS reader: the helper process that reads the backed-up watermark out of the backup
-//! through litestream 0.5's SQLite VFS extension (SPEC §8.1b). The monitor's side of the
+//! through litestream 0.5's SQLite VFS extension (PROTOCOL.md §8.1b). The monitor's side of the
 //! conversation is [`crate::vfs`]; this is the other side, run by [`run`] as the `main` of a
 //! child process (the service binary's hidden [`SUBCOMMAND`], or the actors crate's
 //! `change-streamer-vfs-reader` binary).

@@ -1,4 +1,4 @@
-//! Watermarks: LexiVersion strings (SPEC §1).
+//! Watermarks: LexiVersion strings (PROTOCOL.md §1).
 //!
 //! A LexiVersion encodes a non-negative integer so that comparing the strings compares the
 //! numbers: one base-36 character giving the number of digits minus one, then the base-36

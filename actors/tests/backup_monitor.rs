@@ -1,7 +1,7 @@
 //! Actor-level tests of the backup monitor: [`MonitorActor`], [`CleanupActor`] and
 //! [`ReservationActor`] exchanging their real messages, with an injected manual clock and a real
 //! HTTP metrics endpoint on an ephemeral port. Time is moved by hand, never slept through. One
-//! test per behaviour of the seed (`backup-monitor.ts` and its tests), then the cases SPEC adds.
+//! test per behaviour of the seed (`backup-monitor.ts` and its tests), then the cases PROTOCOL.md adds.
 
 mod common;
 

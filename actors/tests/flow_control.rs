@@ -1,4 +1,4 @@
-//! Actor-level tests of consensus flow control (SPEC §10): the real [`Streamer`] and change
+//! Actor-level tests of consensus flow control (PROTOCOL.md §10): the real [`Streamer`] and change
 //! log, fed upstream batches directly, broadcasting to fake subscriber sessions that ack at once
 //! or never. Every change is sent tracked here (a 1-byte flow-control budget), so each batch
 //! waits for its release, and the release time can be measured.
@@ -42,7 +42,7 @@ async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
         "first release after {:.1} ms",
         latencies[0]
     );
-    // The two stalled ones now lag on it (SPEC §10.1): every later send is released as soon
+    // The two stalled ones now lag on it (PROTOCOL.md §10.1): every later send is released as soon
     // as the three fast ones ack.
     for l in &latencies[1..] {
         assert!(*l < 1.0, "a later release waited {l:.1} ms: {latencies:?}");

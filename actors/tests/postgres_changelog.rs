@@ -1,4 +1,4 @@
-//! Ownership of a shared PostgreSQL change DB (SPEC §14), against a real server: at most one
+//! Ownership of a shared PostgreSQL change DB (PROTOCOL.md §14), against a real server: at most one
 //! owner, a standby takes over once the owner's session ends, and a deposed owner's writes are
 //! refused. Each test has a database of its own (see `test-support/src/pg.rs`).
 

@@ -1,4 +1,4 @@
-//! Actor-level tests of the [`Purger`] (SPEC §9, §13): the real purger, the real [`Streamer`]
+//! Actor-level tests of the [`Purger`] (PROTOCOL.md §9, §13): the real purger, the real [`Streamer`]
 //! answering its check, and a real change log whose store times come from a manual clock, so
 //! a row's age is set by hand. The purger's delay runs on the runtime's clock, paused here
 //! (`tokio::time::pause()`): while the test waits on the change log's real I/O, the runtime

@@ -1,4 +1,4 @@
-//! Actor-level tests of the safety state across restarts (SPEC §3, §6.6, §6.7, §13): the
+//! Actor-level tests of the safety state across restarts (PROTOCOL.md §3, §6.6, §6.7, §13): the
 //! [`CleanupActor`] and [`ReservationActor`] write what protects a restoring replica to a real
 //! change log, a "restart" opens the same database with new actors, and what was written comes
 //! back. Time is a manual clock moved by hand; expiry is checked by message at the moment the

@@ -1,5 +1,5 @@
-//! Actor-level tests of slow subscribers (SPEC §10.1) and bounded memory per subscriber
-//! (SPEC §10.2): the real [`Streamer`] and change log, fed upstream batches directly, with fake
+//! Actor-level tests of slow subscribers (PROTOCOL.md §10.1) and bounded memory per subscriber
+//! (PROTOCOL.md §10.2): the real [`Streamer`] and change log, fed upstream batches directly, with fake
 //! sessions that ack at once, never, or from some moment on.
 //!
 //! The lag and eviction tests pause the runtime's clock: the grace period and the padding run

@@ -1,8 +1,8 @@
-//! Actor-level tests of the VFS source (SPEC §8.1b) against REAL stock litestream 0.5.17: a
+//! Actor-level tests of the VFS source (PROTOCOL.md §8.1b) against REAL stock litestream 0.5.17: a
 //! SQLite file holding `"_zero.replicationState"(stateVersion, writeTimeMs)` is replicated by a
 //! `litestream replicate` process to a `file://` replica, and the [`MonitorActor`] reads the
 //! watermark back through litestream's VFS extension, in the `change-streamer-vfs-reader`
-//! process. Also the metrics source's SPEC §8.1 rule for stock litestream's page.
+//! process. Also the metrics source's PROTOCOL.md §8.1 rule for stock litestream's page.
 //!
 //! litestream is installed on first use by `scripts/install-litestream.sh` (through
 //! [`stock_litestream::install`], into `CHANGE_STREAMER_LITESTREAM_DIR` or `.tools/litestream`

@@ -514,7 +514,7 @@ async fn run(seconds: Option<u64>) {
 }
 
 fn main() -> std::process::ExitCode {
-    // The service in this process starts its VFS reader from this binary (SPEC §8.1b).
+    // The service in this process starts its VFS reader from this binary (PROTOCOL.md §8.1b).
     if std::env::args_os()
         .nth(1)
         .is_some_and(|a| a == vfs_reader::SUBCOMMAND)

@@ -1,4 +1,4 @@
-//! The demo on a shared PostgreSQL change DB (SPEC §14): `--change-db postgres://…` starts two
+//! The demo on a shared PostgreSQL change DB (PROTOCOL.md §14): `--change-db postgres://…` starts two
 //! service processes on that database, shows which one owns it, and kills the owner with
 //! `kill -9` when Enter is pressed or after `--kill-after N` seconds, so that the takeover is
 //! seen live: the standby owns, the change source is asked to resume from the last durable
@@ -253,7 +253,7 @@ enum Got {
     Closed(u16, String),
 }
 
-/// The next message or close of a subscription (SPEC §5 framing), answering pings.
+/// The next message or close of a subscription (PROTOCOL.md §5 framing), answering pings.
 async fn next(c: &mut Framed<BoxedSocket, Codec>) -> Got {
     let lost = || Got::Closed(1006, String::new());
     loop {

@@ -1,6 +1,6 @@
 //! End-to-end load generator for a change-streamer, in its own process and thread: it is the
-//! custom change source the service connects to (`--listen`, SPEC §4) and `--subs` websocket
-//! subscribers of its `/replication/v6/changes` (SPEC §5, §7). It measures deliveries/s, the
+//! custom change source the service connects to (`--listen`, PROTOCOL.md §4) and `--subs` websocket
+//! subscribers of its `/replication/v6/changes` (PROTOCOL.md §5, §7). It measures deliveries/s, the
 //! service's CPU per delivery (utime + stime of `--service-pid` and its descendants from
 //! `/proc`), its own CPU, and commit-to-receipt latency, and prints one JSON line and one human
 //! line. The same workload drives our service and zero's replication-manager.

@@ -1,4 +1,4 @@
-//! One websocket subscriber (SPEC §5, §7): subscribes from the replicaVersion, acks every
+//! One websocket subscriber (PROTOCOL.md §5, §7): subscribes from the replicaVersion, acks every
 //! message (all acks read in one go leave in one write), and checks as it reads that ids run
 //! 1, 2, 3…, that the first message is `status`, and that transactions arrive whole
 //! (`begin`, `changes` × `data`, `commit` of the same watermark) with no watermark skipped.

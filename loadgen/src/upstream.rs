@@ -1,4 +1,4 @@
-//! The custom change source (SPEC §4) the service connects to: answers the initial sync, then
+//! The custom change source (PROTOCOL.md §4) the service connects to: answers the initial sync, then
 //! streams live transactions (as fast as the service acks them, or at a fixed rate), never more
 //! than `window` transactions ahead of the service's `["status",{"tag":"commit"},...]` acks.
 

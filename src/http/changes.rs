@@ -1,5 +1,5 @@
 //! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=`
-//! (SPEC §7): checks the parameters and starts a [`SubscriberSession`].
+//! (PROTOCOL.md §7): checks the parameters and starts a [`SubscriberSession`].
 
 use std::collections::HashMap;
 

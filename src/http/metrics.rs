@@ -1,4 +1,4 @@
-//! `GET /metrics` (SPEC §11): the Prometheus text of the service's own metrics, rendered by the
+//! `GET /metrics` (PROTOCOL.md §11): the Prometheus text of the service's own metrics, rendered by the
 //! `prometheus` crate (its text encoder does the format and the label escaping; its process
 //! collector adds the standard `process_*` metrics).
 //!
@@ -142,7 +142,7 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
     )?;
     m.gauges(
         "change_streamer_purge_blocked",
-        "1 for what holds the oldest scheduled purge back (SPEC 9), 0 for the other reasons.",
+        "1 for what holds the oldest scheduled purge back (PROTOCOL.md §9), 0 for the other reasons.",
         &["reason"],
         BlockedBy::ALL.map(|b| {
             let now = if o.purge.blocked_by == Some(b) {

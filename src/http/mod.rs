@@ -136,7 +136,7 @@ pub fn open_websocket(req: &HttpRequest, version: &str) -> Opening {
 /// The most request header bytes (names, values and their separators) served.
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 
-/// Answers 431 to a request whose headers total more than [`MAX_HEADER_BYTES`] (SPEC §12);
+/// Answers 431 to a request whose headers total more than [`MAX_HEADER_BYTES`] (PROTOCOL.md §12);
 /// actix-http's own limit is the 128 KiB read buffer, not a header budget.
 pub fn limit_header_size<S>(
     req: ServiceRequest,

@@ -1,4 +1,4 @@
-//! The query string of a websocket request, read strictly (SPEC §12): a repeated parameter, a
+//! The query string of a websocket request, read strictly (PROTOCOL.md §12): a repeated parameter, a
 //! bad percent-encoding or a parameter over 1 KiB is refused with a reason naming it, rather
 //! than served with a guess (the lenient `form_urlencoded` keeps `%zz` as text and the first
 //! of two values).

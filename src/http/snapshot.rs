@@ -1,4 +1,4 @@
-//! `GET /replication/v{N}/snapshot?taskID=T` (SPEC §6): checks the request and starts a
+//! `GET /replication/v{N}/snapshot?taskID=T` (PROTOCOL.md §6): checks the request and starts a
 //! [`SnapshotSession`].
 
 use actix_web::{web, HttpRequest, HttpResponse};

@@ -1,4 +1,4 @@
-//! Operator endpoints (SPEC §11): `/healthz` and `/status` (JSON), and the [`Observation`] that
+//! Operator endpoints (PROTOCOL.md §11): `/healthz` and `/status` (JSON), and the [`Observation`] that
 //! `/status` and `/metrics` ([`super::metrics`]) are both rendered from, gathered by asking each
 //! actor for its state, so they always agree.
 

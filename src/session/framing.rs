@@ -1,4 +1,4 @@
-//! The websocket framing both endpoints share (SPEC §5).
+//! The websocket framing both endpoints share (PROTOCOL.md §5).
 //!
 //! The server sends `{"msg": <payload>, "id": n}` with `n` = 1, 2, 3, … per connection; the
 //! client answers `{"ack": n}` once it has processed message `n`, always for the oldest message

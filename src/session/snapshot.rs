@@ -1,4 +1,4 @@
-//! `SnapshotSession`: the websocket of one snapshot reservation (SPEC §6).
+//! `SnapshotSession`: the websocket of one snapshot reservation (PROTOCOL.md §6).
 //!
 //! On start it asks the [`ReservationActor`] for a reservation and relays what it is told:
 //! the status message once, then a close (1000 when replaced or ended by the task's

@@ -1,4 +1,4 @@
-//! `SubscriberSession`: the websocket of one `/changes` subscription (SPEC §7).
+//! `SubscriberSession`: the websocket of one `/changes` subscription (PROTOCOL.md §7).
 //!
 //! On start it asks the [`Streamer`] to subscribe it. Refused with error type 1 or 2, it sends
 //! the `error` frame and closes (1000) once that frame is acked, or after one ping interval

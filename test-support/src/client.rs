@@ -1,4 +1,4 @@
-//! A websocket client speaking the service's framing (SPEC §5), on awc: reads messages and
+//! A websocket client speaking the service's framing (PROTOCOL.md §5), on awc: reads messages and
 //! closes, answers pings, acks.
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Feeding a [`Streamer`] upstream messages in-process, as the upstream client does: in
 //! batches, handing back what the streamer did not take, and waiting on each release of flow
-//! control before sending more (SPEC §10). For actor-level measurements and benchmarks that
+//! control before sending more (PROTOCOL.md §10). For actor-level measurements and benchmarks that
 //! drive the real streamer without a change source.
 
 use std::collections::VecDeque;

@@ -1,5 +1,5 @@
-//! The change log: every change of every committed transaction, in SQLite (SPEC §3) or in a
-//! shared PostgreSQL change DB (SPEC §14), and the service's safety state beside it.
+//! The change log: every change of every committed transaction, in SQLite (PROTOCOL.md §3) or in a
+//! shared PostgreSQL change DB (PROTOCOL.md §14), and the service's safety state beside it.
 //!
 //! One interface, two engines. [`ChangeLog`] is a cheap handle on two channels
 //! ([`commands`]): writes go to the engine's only writer (group commit of queued appends,
@@ -165,7 +165,7 @@ impl ChangeLogStats {
         })
     }
 
-    /// Whether a subscriber at `w` can be served (SPEC §7): `Ok` or the earliest watermark.
+    /// Whether a subscriber at `w` can be served (PROTOCOL.md §7): `Ok` or the earliest watermark.
     pub fn can_serve_from(&self, w: &Watermark, stored: bool) -> Result<(), Watermark> {
         let (Some(min), Some(max)) = (&self.min_watermark, &self.max_watermark) else {
             return Ok(()); // empty log: everything is live
@@ -186,7 +186,7 @@ pub struct PurgeOutcome {
     /// Rows deleted.
     pub rows: u64,
     /// Rows below the purge watermark were kept because they were stored less than the
-    /// retention ago (SPEC §9): the watermark stays scheduled.
+    /// retention ago (PROTOCOL.md §9): the watermark stays scheduled.
     pub held_by_retention: bool,
 }
 
@@ -402,7 +402,7 @@ impl ChangeLog {
         async move { answer.await.map(|o| o.rows) }
     }
 
-    /// The purge of a scheduled watermark (SPEC §9): deletes the rows below `before` that were
+    /// The purge of a scheduled watermark (PROTOCOL.md §9): deletes the rows below `before` that were
     /// stored at or before `stored_by_ms`, always keeping the newest stored transaction. Once
     /// nothing below `before` is left for later, `before` is taken off the scheduled purges in
     /// the same transaction. Queued by the call.
@@ -419,7 +419,7 @@ impl ChangeLog {
     }
 
     /// Makes one change of the safety state durable, in order with every write queued before
-    /// it (SPEC §3). Queued by the call.
+    /// it (PROTOCOL.md §3). Queued by the call.
     pub fn save_state(
         &self,
         change: StateChange,

@@ -1,4 +1,4 @@
-//! The PostgreSQL engine of the change log (SPEC §14): the same commands as the SQLite engine,
+//! The PostgreSQL engine of the change log (PROTOCOL.md §14): the same commands as the SQLite engine,
 //! served by a writer thread that owns the change DB and a reader thread, each with its own
 //! single-threaded tokio runtime driving its own connection.
 //!

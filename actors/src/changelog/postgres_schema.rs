@@ -1,4 +1,4 @@
-//! The PostgreSQL engine's tables, in schema `change_streamer` (SPEC §14), and the safety
+//! The PostgreSQL engine's tables, in schema `change_streamer` (PROTOCOL.md §14), and the safety
 //! state kept in them with the same semantics as the SQLite engine's ([`super::state`]).
 //!
 //! ### Layout: one table, a partition per segment

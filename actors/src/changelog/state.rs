@@ -1,4 +1,4 @@
-//! The service's safety state, kept in the change log's database (SPEC §3, §13).
+//! The service's safety state, kept in the change log's database (PROTOCOL.md §3, §13).
 //!
 //! What protects a restoring replica must survive a restart, `kill -9` included: the cleanup
 //! delay learned from past restores, the backup watermarks recorded but not yet scheduled, the
@@ -48,7 +48,7 @@ pub struct RecordedWatermark {
     pub backed_up_ms: i64,
 }
 
-/// A reservation that was open when it was last written (SPEC §13: orphaned at the next start).
+/// A reservation that was open when it was last written (PROTOCOL.md §13: orphaned at the next start).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredReservation {
     pub task_id: String,

@@ -1,5 +1,5 @@
-//! When reservations end without their socket: the cap of `--max-reservation-ms` (SPEC §6.6)
-//! and the orphans found written down at start (SPEC §13).
+//! When reservations end without their socket: the cap of `--max-reservation-ms` (PROTOCOL.md §6.6)
+//! and the orphans found written down at start (PROTOCOL.md §13).
 //!
 //! One timer is armed for the earliest deadline of any reservation; when it fires, everything
 //! due by the injected clock ends and the timer is armed again.

@@ -1,4 +1,4 @@
-//! `ReservationActor`: snapshot reservations, one per task (SPEC §6).
+//! `ReservationActor`: snapshot reservations, one per task (PROTOCOL.md §6).
 //!
 //! A replica that is about to restore a litestream backup opens `/snapshot?taskID=T` and holds
 //! it open until it has restored and subscribed. While it does, the change log must keep every
@@ -14,15 +14,15 @@
 //! - Ending by subscription ([`EndBySubscription`]) reports the held time, which may grow the
 //!   cleanup delay; every other end ([`Release`], replacement, failure, expiry, [`CloseAll`])
 //!   does not.
-//! - With `--max-reservation-ms`, a reservation held longer is ended (SPEC §6.6): one stuck
+//! - With `--max-reservation-ms`, a reservation held longer is ended (PROTOCOL.md §6.6): one stuck
 //!   restore cannot pin the change log for ever.
 //! - With the VFS backup source, the status waits until a poll has read a backed-up watermark
-//!   at or above the change log's minWatermark (SPEC §6.7): a replica is only told to restore a
+//!   at or above the change log's minWatermark (PROTOCOL.md §6.7): a replica is only told to restore a
 //!   backup that exists and that the change log can serve from.
 //!
 //! ### Why reservations are written down
 //! A replica restoring across a restart of the service still needs its backup's watermark kept
-//! (SPEC §13). So every reservation is written to the change log's database before its status
+//! (PROTOCOL.md §13). So every reservation is written to the change log's database before its status
 //! is sent, and erased when it ends for good; a service stop erases nothing. At the next start
 //! the reservations found there are *orphaned*: they have no socket, but they keep cleanup
 //! paused until the task reserves again or subscribes with `initial=true` (which measures the
@@ -97,9 +97,9 @@ pub struct ReservationInfo {
     pub task_id: String,
     #[serde(rename = "heldMs")]
     pub held_ms: i64,
-    /// Open when the service last stopped; no socket holds it (SPEC §13).
+    /// Open when the service last stopped; no socket holds it (PROTOCOL.md §13).
     pub orphaned: bool,
-    /// Its status was sent (with the VFS source: the backup was verified first, SPEC §6.7).
+    /// Its status was sent (with the VFS source: the backup was verified first, PROTOCOL.md §6.7).
     pub verified: bool,
 }
 
@@ -167,14 +167,14 @@ impl ReservationActor {
         }
     }
 
-    /// Ends reservations held longer than `ms` (SPEC §6.6); 0 means no cap.
+    /// Ends reservations held longer than `ms` (PROTOCOL.md §6.6); 0 means no cap.
     pub fn with_max_reservation_ms(mut self, ms: i64) -> Self {
         self.max_reservation_ms = ms.max(0);
         self
     }
 
     /// Sends a reservation's status only once a poll read a backup that the change log can
-    /// serve from (SPEC §6.7).
+    /// serve from (PROTOCOL.md §6.7).
     pub fn verifying_backups(mut self) -> Self {
         self.verify_backup = true;
         self

@@ -1,4 +1,4 @@
-//! The status message of a reservation, and when it may be sent (SPEC §6.3, §6.7).
+//! The status message of a reservation, and when it may be sent (PROTOCOL.md §6.3, §6.7).
 //!
 //! A reservation's status tells the replica which backup to restore and where the change log
 //! starts. It is sent once the reservation is written down and the change log answers; with
@@ -47,7 +47,7 @@ impl SnapshotStatus {
     }
 }
 
-/// A poll of the backup itself read this backed-up watermark (VFS source, SPEC §6.7).
+/// A poll of the backup itself read this backed-up watermark (VFS source, PROTOCOL.md §6.7).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct BackupRead {

@@ -1,5 +1,5 @@
 //! `Broadcast`: the progress of one tracked send, and the consensus rule that releases it
-//! (SPEC §10).
+//! (PROTOCOL.md §10).
 //!
 //! ### Why flow control, and why consensus
 //! Changes are forwarded pipelined, without waiting. Left at that, a fast upstream fills the

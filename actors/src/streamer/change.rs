@@ -2,7 +2,7 @@
 //! the transaction, its kind, and the downstream message text, built once and shared by every
 //! subscriber (`Arc`).
 //!
-//! Downstream messages (SPEC §7) have the upstream's shape: `["begin", B, {"commitWatermark":W}]`,
+//! Downstream messages (PROTOCOL.md §7) have the upstream's shape: `["begin", B, {"commitWatermark":W}]`,
 //! `["data", D]`, `["commit", C, {"watermark":W}]`, `["rollback", R]`. `B`, `D`, `C`, `R` are the
 //! payload texts exactly as the change source sent them (and as the change log stores them).
 

@@ -1,11 +1,11 @@
-//! Flow control: the tracked send in flight and its release (SPEC §10).
+//! Flow control: the tracked send in flight and its release (PROTOCOL.md §10).
 //!
 //! Forwarding is pipelined; about every [`StreamerConfig::flow_control_bytes`] of payload one
 //! change is sent tracked, and the upstream client is told to wait for its release before
 //! sending more. Release follows the consensus rule of [`Broadcast`]; a timer is armed for the
 //! moment it is due, not a periodic tick.
 //!
-//! ### Slow subscribers (SPEC §10.1)
+//! ### Slow subscribers (PROTOCOL.md §10.1)
 //! The consensus rule alone makes a stalled minority cost the others one padding at *every*
 //! tracked send: with the default padding of 1 s and a tracked send every 64 KiB, ingest falls
 //! to a crawl for everyone. So a subscriber that has not acked a tracked send that another has
@@ -43,7 +43,7 @@ pub(super) struct FlowControl {
     pub(super) tracked_sends: u64,
     pub(super) releases_all: u64,
     pub(super) releases_consensus: u64,
-    /// The one timer for the earliest lag's grace period (SPEC §10.1): one timer, not one per
+    /// The one timer for the earliest lag's grace period (PROTOCOL.md §10.1): one timer, not one per
     /// lag, since a healthy subscriber briefly lags on most tracked sends that another acks
     /// first, and every spawned timer costs each turn of the streamer.
     eviction_timer: Option<SpawnHandle>,
@@ -279,7 +279,7 @@ impl Streamer {
     }
 
     /// Evicts every subscriber that has been lagging on the same tracked send for the grace
-    /// period (close 1013, SPEC §10.1).
+    /// period (close 1013, PROTOCOL.md §10.1).
     fn evict_laggards(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
         // The timer's millisecond resolution may fire a fraction early.

@@ -1,4 +1,4 @@
-//! Joining: the streamer's conversation with a replica that asks to subscribe (SPEC §7).
+//! Joining: the streamer's conversation with a replica that asks to subscribe (PROTOCOL.md §7).
 //!
 //! A subscriber that asks to join ([`Subscribe`]) is first checked against the change log
 //! (replicaVersion, watermark), then *activated* between transactions: its catch-up reads every
@@ -6,7 +6,7 @@
 //! and every later change reaches it live (kept in a backlog until catch-up ends). So each
 //! transaction reaches it exactly once, by storage or live, never both, never neither.
 //!
-//! ### Back to catch-up when it holds too much (SPEC §10.2)
+//! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
 //! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
 //! `--max-subscriber-queue-changes`. Catch-up reads only as many rows as there is room for, and
 //! reads on as acks make room. A live subscriber that runs out of room in the middle of a

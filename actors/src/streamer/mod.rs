@@ -13,12 +13,12 @@
 //! About every [`StreamerConfig::flow_control_bytes`] of payload one change is sent tracked, and
 //! the upstream client waits for its release, which follows the consensus rule ([`flow`]). A
 //! subscriber that lags on a tracked send no longer holds later ones, and is evicted after a
-//! grace period (SPEC §10.1).
+//! grace period (PROTOCOL.md §10.1).
 //!
 //! ### Bounded memory per subscriber
 //! What the service holds for one subscriber (sent and not acked, and its backlog) never exceeds
 //! [`StreamerConfig::max_queue_changes`]: past it, the subscriber reads from the change log
-//! instead (SPEC §10.2, [`join`]).
+//! instead (PROTOCOL.md §10.2, [`join`]).
 //!
 //! ### Purge
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
@@ -72,10 +72,10 @@ pub struct StreamerConfig {
     /// Rows per catch-up read.
     pub catchup_batch: usize,
     /// `--max-subscriber-queue-changes`: the most changes held in memory for one subscriber,
-    /// sent and not acked plus its backlog (SPEC §10.2); ≥ 1.
+    /// sent and not acked plus its backlog (PROTOCOL.md §10.2); ≥ 1.
     pub max_queue_changes: usize,
     /// `--slow-subscriber-grace-ms`: how long a subscriber may lag on one tracked send before
-    /// it is evicted (SPEC §10.1); 0 never evicts.
+    /// it is evicted (PROTOCOL.md §10.1); 0 never evicts.
     pub slow_grace_ms: u64,
 }
 
@@ -110,7 +110,7 @@ pub struct StreamerState {
     pub releases_consensus: u64,
     pub tracked_sends: u64,
     pub last_commit: Option<Watermark>,
-    /// Subscribers evicted for lagging (SPEC §10.1) since start.
+    /// Subscribers evicted for lagging (PROTOCOL.md §10.1) since start.
     pub subscribers_evicted: u64,
 }
 

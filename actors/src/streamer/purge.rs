@@ -1,4 +1,4 @@
-//! Purge: the [`Purger`], which carries out scheduled cleanups when they are safe (SPEC §9), and
+//! Purge: the [`Purger`], which carries out scheduled cleanups when they are safe (PROTOCOL.md §9), and
 //! the streamer's side of the check ([`PurgeIfSafe`]).
 //!
 //! The [`CleanupActor`] decides a watermark `W` may go; the purger waits `purge_delay`, then asks
@@ -22,7 +22,7 @@
 //!
 //! ### What blocks
 //! The purger is the one place that knows why the oldest scheduled purge waits: the last
-//! answer of its check, as a [`BlockedBy`] (SPEC §9 `purge.blockedBy`).
+//! answer of its check, as a [`BlockedBy`] (PROTOCOL.md §9 `purge.blockedBy`).
 //!
 //! The streamer knows every subscriber's acked watermark, so [`PurgeIfSafe`] is answered there,
 //! and the purge is queued on the change log in the same turn as the decision: no subscriber
@@ -67,7 +67,7 @@ pub enum PurgeAnswer {
     Failed(String),
 }
 
-/// What holds the oldest scheduled purge back (SPEC §9 `purge.blockedBy`).
+/// What holds the oldest scheduled purge back (PROTOCOL.md §9 `purge.blockedBy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BlockedBy {

@@ -37,7 +37,7 @@ pub enum Token {
     /// The last frame of a catch-up batch: its ack asks for the next batch.
     CatchupBatch(u64),
     /// A frame whose ack only tells the streamer how far the client has read, so that what it
-    /// holds for the subscriber is known inside long transactions too (SPEC §10.2).
+    /// holds for the subscriber is known inside long transactions too (PROTOCOL.md §10.2).
     Progress,
 }
 

@@ -26,7 +26,7 @@ pub struct SharedFrames {
 
 impl SharedFrames {
     /// A [`Token::Progress`] on every `every`-th live change, so that a subscriber's session
-    /// reports how far its client read inside long transactions too (SPEC §10.2); the same
+    /// reports how far its client read inside long transactions too (PROTOCOL.md §10.2); the same
     /// change carries it for every subscriber, so that the frames stay shared.
     pub fn progress_mark(&mut self, every: u64) -> Option<Token> {
         self.live += 1;

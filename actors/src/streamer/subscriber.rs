@@ -3,12 +3,12 @@
 //!
 //! - `watermark`: the last commit *sent*; a change is sent only if its watermark is above it, so
 //!   catch-up and live changes can never duplicate a transaction;
-//! - `position`: the last change sent, where a catch-up resumes (SPEC §10.2);
+//! - `position`: the last change sent, where a catch-up resumes (PROTOCOL.md §10.2);
 //! - `acked`: the last commit acked (before any, the watermark it subscribed with);
 //! - a backlog of live changes while it catches up from the change log;
 //! - what it holds in memory (sent and not acked, plus its backlog), bounded by
-//!   `--max-subscriber-queue-changes` (SPEC §10.2), and since when it waits;
-//! - whether it is lagging on a tracked send (SPEC §10.1);
+//!   `--max-subscriber-queue-changes` (PROTOCOL.md §10.2), and since when it waits;
+//! - whether it is lagging on a tracked send (PROTOCOL.md §10.1);
 //! - message counts and sampled processing rate, for `/status` and flow-control logs.
 //!
 //! ### Why "sent and not acked" is what a subscriber holds
@@ -77,7 +77,7 @@ pub struct SubscriberInfo {
     /// How long the oldest change it has not acked has waited for it: since it was sent, or
     /// since its catch-up began; 0 when it has nothing pending.
     pub lag_seconds: f64,
-    /// The tracked send it is lagging on (SPEC §10.1), if any.
+    /// The tracked send it is lagging on (PROTOCOL.md §10.1), if any.
     pub lagging: Option<LagInfo>,
     pub process_rate: f64,
 }
@@ -90,7 +90,7 @@ pub struct LagInfo {
     pub ms: u64,
 }
 
-/// The tracked send a subscriber is lagging on (SPEC §10.1): another subscriber acked it, this
+/// The tracked send a subscriber is lagging on (PROTOCOL.md §10.1): another subscriber acked it, this
 /// one has not.
 #[derive(Debug, Clone)]
 pub(super) struct Lag {
@@ -152,7 +152,7 @@ pub enum Delivery {
     Filtered,
     /// Kept in the backlog until catch-up ends.
     Backlogged,
-    /// Not sent for lack of room: it will be read from the change log (SPEC §10.2).
+    /// Not sent for lack of room: it will be read from the change log (PROTOCOL.md §10.2).
     Overflowed,
 }
 
@@ -206,7 +206,7 @@ impl Subscriber {
     }
 
     /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered,
-    /// as long as what it holds stays within `limit` (SPEC §10.2). Out of room, it overflows:
+    /// as long as what it holds stays within `limit` (PROTOCOL.md §10.2). Out of room, it overflows:
     /// nothing more of the transaction reaches it live, and at the transaction's end it reads
     /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
     /// subscriber keeps one place for the `rollback` that must close a transaction it began.
@@ -388,7 +388,7 @@ impl Subscriber {
         self.sent_messages.saturating_sub(self.acked_messages)
     }
 
-    /// What the service holds for it: sent and not acked, and its backlog (SPEC §10.2).
+    /// What the service holds for it: sent and not acked, and its backlog (PROTOCOL.md §10.2).
     pub fn held(&self) -> u64 {
         self.in_flight() + self.backlog.len() as u64
     }

@@ -1,4 +1,4 @@
-//! The upstream client: reads the custom change source over a websocket (SPEC §4).
+//! The upstream client: reads the custom change source over a websocket (PROTOCOL.md §4).
 //!
 //! A task on the actix runtime connects to `--upstream`, resuming from the change log's last
 //! durable watermark, and passes what it reads to the [`Streamer`] in batches (whatever frames
@@ -102,7 +102,7 @@ enum ConnectionEnd {
     StreamerGone,
 }
 
-/// The URL for the next connection: bare for an initial sync, else resuming (SPEC §4).
+/// The URL for the next connection: bare for an initial sync, else resuming (PROTOCOL.md §4).
 fn resume_url(base: &str, log_state: &crate::changelog::ChangeLogStats) -> String {
     let (Some(rv), Some(last)) = (&log_state.replica_version, &log_state.max_watermark) else {
         return base.to_string();

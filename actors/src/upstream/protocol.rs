@@ -1,4 +1,4 @@
-//! The custom change source's wire format (SPEC §4): the messages it sends, parsed from text
+//! The custom change source's wire format (PROTOCOL.md §4): the messages it sends, parsed from text
 //! frames, and the acks we send back.
 //!
 //! Each frame is one JSON array. Payloads stay text (`RawValue`), so what is stored and
