@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, Transaction};
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig};
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session_end::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, PurgeAnswer, PurgeIfSafe, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
@@ -187,13 +187,13 @@ fn workload(first: u64, txns: u64, changes: u64, row_bytes: usize) -> Vec<Upstre
 }
 
 /// A streamer (initialized at watermark 1) with `stalled.len()` fake sessions on a second thread.
-async fn rig(padding_ms: f64, stalled: &[bool]) -> Rig {
+async fn rig(padding: Duration, stalled: &[bool]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
     let stats = log.stats().await.unwrap();
     let streamer = Streamer::new(
         StreamerConfig {
-            padding_ms,
+            padding: Some(padding),
             ..StreamerConfig::default()
         },
         log.clone(),
@@ -268,7 +268,7 @@ async fn fanout(peer: &Option<std::path::PathBuf>) {
         let mut runs = Vec::new();
         let mut waits = 0;
         for run in 0..4 {
-            let r = rig(1000.0, &vec![false; subs]).await;
+            let r = rig(Duration::from_secs(1), &vec![false; subs]).await;
             let msgs = workload(2, if run == 0 { 1000 } else { txns }, changes, 100);
             let sent = msgs.len() as u64;
             let base = r.total.load(Ordering::Relaxed);
@@ -321,7 +321,7 @@ async fn stall(peer: &Option<std::path::PathBuf>) {
         for s in stalled.iter_mut().skip(5 - stalled_n) {
             *s = true;
         }
-        let r = rig(padding, &stalled).await;
+        let r = rig(Duration::from_secs_f64(padding / 1000.0), &stalled).await;
         let mut after_third = Vec::new();
         let mut release = Vec::new();
         // Each transaction carries a 64 KiB change, so each is (at least) one tracked send.
@@ -740,7 +740,7 @@ async fn changelog() {
 
     // Purge of 1 M rows while a subscriber is fed: the purge's duration and the longest gap
     // between deliveries meanwhile.
-    let r = rig(1000.0, &[false]).await;
+    let r = rig(Duration::from_secs(1), &[false]).await;
     let mut msgs = Vec::new();
     let big = 10_000u64;
     for t in 2..2 + big {
@@ -846,8 +846,8 @@ async fn poll() {
     }
     let cleanup = change_streamer_actors::cleanup::CleanupActor::new(
         change_streamer_actors::clock::Clock::System,
-        30_000,
-        30_000,
+        Duration::from_secs(30),
+        Duration::from_secs(30),
         Sink.start().recipient(),
     )
     .start();

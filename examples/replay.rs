@@ -24,14 +24,16 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLogState, GetChangeLogState};
+use change_streamer_actors::changelog::{ChangeLogError, ChangeLogState};
 use change_streamer_actors::cleanup::{CleanupActor, ScheduleCleanup};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOutcome, Stop};
+use change_streamer_actors::reservation;
 use change_streamer_actors::reservation::{
-    CloseAll, EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
+    EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
 };
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
+use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
@@ -136,7 +138,7 @@ impl Handler<ReservationEvent> for SessionRecorder {
                 ];
                 emit(&self.out, self.res, "status", &fields);
             }
-            ReservationEvent::Failed(e) => self.closed(json!(e)),
+            ReservationEvent::Failed(e) => self.closed(json!(e.to_string())),
             ReservationEvent::Closed(_) => self.closed(Value::Null),
         }
     }
@@ -186,12 +188,12 @@ impl Handler<ReleaseStatus> for FakeChangeLog {
         self.deferred.remove(&r.0).map(|tx| tx.send(())).is_some()
     }
 }
-impl Handler<GetChangeLogState> for FakeChangeLog {
-    type Result = ResponseFuture<Result<ChangeLogState, String>>;
-    fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
+impl Handler<GetSnapshotBase> for FakeChangeLog {
+    type Result = ResponseFuture<Result<ChangeLogState, SnapshotBaseError>>;
+    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         let plan = std::mem::take(&mut self.next);
         let answer = match plan.error {
-            Some(e) => Err(e),
+            Some(e) => Err(ChangeLogError::Write(e).into()),
             None => Ok(plan.state.unwrap_or_else(|| self.default.clone())),
         };
         match plan.defer_for {
@@ -277,8 +279,13 @@ async fn run(scenario: Value) -> Result<(), String> {
     })
     .await;
     let recorder = CleanupRecorder(out.clone()).start();
-    let cleanup =
-        CleanupActor::new(clock.clone(), initial_delay, 30_000, recorder.recipient()).start();
+    let cleanup = CleanupActor::new(
+        clock.clone(),
+        Duration::from_millis(initial_delay.max(0) as u64),
+        Duration::from_secs(30),
+        recorder.recipient(),
+    )
+    .start();
     let change_log = FakeChangeLog {
         default: default_state,
         next: Plan::default(),
@@ -476,7 +483,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                         .await;
                     if let Some((_, s)) = sessions.get(res as usize - 1) {
                         s.do_send(ReservationEvent::Closed(
-                            change_streamer_actors::session::SessionEnd::Replaced,
+                            change_streamer_actors::session_end::SessionEnd::Replaced,
                         ));
                     }
                 }
@@ -494,7 +501,11 @@ async fn run(scenario: Value) -> Result<(), String> {
             }
             "stop" => {
                 let _ = monitor.send(Stop).await;
-                let _ = reservations.send(CloseAll).await;
+                let _ = reservations
+                    .send(reservation::Stop {
+                        end: Some(SessionEnd::ServiceStop),
+                    })
+                    .await;
                 settle().await;
                 metrics.release();
             }

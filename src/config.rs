@@ -182,12 +182,33 @@ impl Config {
     pub fn takeover_interval(&self) -> Duration {
         Duration::from_millis(self.takeover_interval_ms)
     }
-    pub fn padding_ms(&self) -> f64 {
-        self.flow_control_consensus_padding_seconds * 1000.0
+    pub fn initial_cleanup_delay(&self) -> Duration {
+        Duration::from_millis(self.initial_cleanup_delay_ms)
+    }
+    pub fn min_cleanup_delay(&self) -> Duration {
+        Duration::from_millis(self.min_cleanup_delay_ms)
+    }
+    pub fn change_log_retention(&self) -> Duration {
+        Duration::from_millis(self.change_log_retention_ms)
+    }
+    /// `--max-reservation-ms`; `None` (the flag's 0): no cap.
+    pub fn max_reservation(&self) -> Option<Duration> {
+        (self.max_reservation_ms > 0).then(|| Duration::from_millis(self.max_reservation_ms))
+    }
+    /// `--slow-subscriber-grace-ms`; `None` (the flag's 0): never evict.
+    pub fn slow_subscriber_grace(&self) -> Option<Duration> {
+        (self.slow_subscriber_grace_ms > 0)
+            .then(|| Duration::from_millis(self.slow_subscriber_grace_ms))
+    }
+    /// The flow-control padding; `None` (the flag's negative seconds): wait for every
+    /// subscriber. The flag's parser keeps it finite.
+    pub fn padding(&self) -> Option<Duration> {
+        let seconds = self.flow_control_consensus_padding_seconds;
+        (seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
     }
     /// The cleanup delay the service starts with.
-    pub fn starting_cleanup_delay_ms(&self) -> u64 {
-        self.initial_cleanup_delay_ms.max(self.min_cleanup_delay_ms)
+    pub fn starting_cleanup_delay(&self) -> Duration {
+        self.initial_cleanup_delay().max(self.min_cleanup_delay())
     }
 }
 
@@ -338,11 +359,12 @@ mod tests {
         assert_eq!(c.host, "0.0.0.0");
         assert_eq!(c.litestream_metrics_url, "http://localhost:4850/metrics");
         assert_eq!(c.backup_check_interval_ms, 60_000);
-        assert_eq!(c.starting_cleanup_delay_ms(), 30_000);
+        assert_eq!(c.starting_cleanup_delay(), Duration::from_secs(30));
         assert_eq!(c.purge_delay_ms, 30_000);
         assert_eq!(c.change_log_retention_ms, 60_000);
         assert_eq!(c.max_reservation_ms, 0);
         assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
+        assert_eq!(c.padding(), Some(Duration::from_secs(1)));
         assert_eq!(c.ping_interval_ms, 30_000);
         assert_eq!(c.slow_subscriber_grace_ms, 30_000);
         assert_eq!(c.max_subscriber_queue_changes, 20_000);
@@ -406,7 +428,7 @@ mod tests {
             "ws://127.0.0.1:1/changes",
         ])
         .unwrap();
-        assert_eq!(c.starting_cleanup_delay_ms(), 10);
-        assert_eq!(c.padding_ms(), -1000.0);
+        assert_eq!(c.starting_cleanup_delay(), Duration::from_millis(10));
+        assert_eq!(c.padding(), None);
     }
 }

@@ -5,8 +5,8 @@ pub mod config;
 pub mod http;
 pub mod ownership;
 pub mod server;
-pub mod session;
 pub mod shutdown;
+pub mod websocket;
 
 pub use config::Config;
 pub use server::Service;

@@ -14,13 +14,14 @@
 //! 3. **Deposed.** Once the engine finds it no longer owns the change DB (the fence refused a
 //!    write, its session ended, or the idle check failed), it refuses every further write, so
 //!    nothing more is stored or acked upstream, and reports it
-//!    ([`ChangeLog::deposed`]). The service then steps down ([`Service::step_down`]): it stops
+//!    ([`ChangeLog::deposed`]). The service then steps down ([`Service::stop`] with
+//!    [`StopMode::HandOver`]): it stops
 //!    reading upstream, halts the actors that write, closes every session with 1011
 //!    `standby: not the owner` and stops its HTTP server; after one takeover interval (the other
 //!    standbys' turn first) it is a standby again, at 1.
 //!
-//! SIGINT or SIGTERM ends any phase gracefully: the owner stops as [`Service::stop`] says, a
-//! standby stops answering and exits.
+//! SIGINT or SIGTERM ends any phase gracefully ([`StopMode::Graceful`]): the owner stops as
+//! [`Service::stop`] says, a standby stops answering and exits.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,14 +34,15 @@ use actix_web_actors::ws;
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::ownership::Role;
-use change_streamer_actors::session::SessionEnd;
+use change_streamer_actors::session_end::SessionEnd;
 use log::{error, info, warn};
 use serde_json::json;
 
 use crate::config::Config;
 use crate::http::{open_websocket, refuse, status::healthz, Opening};
 use crate::server::{listen, Listening, Service, StartError};
-use crate::session::close;
+use crate::shutdown::StopMode;
+use crate::websocket::close;
 
 /// The close reason a standby, and an owner that steps down, gives websocket clients (1011).
 pub const STANDBY_REASON: &str = "standby: not the owner";
@@ -68,7 +70,7 @@ pub async fn run(
     let Some(url) = config.change_db.clone() else {
         let service = Service::start(config, clock).await?;
         stop.await;
-        service.stop().await;
+        service.stop(StopMode::Graceful).await;
         return Ok(());
     };
     let config = Arc::new(config);
@@ -85,12 +87,12 @@ pub async fn run(
             } => opened,
             () = &mut stop => {
                 info!("stopping the standby");
-                standby.stop(true).await;
+                standby.stop(StopMode::Graceful).await;
                 info!("stopped");
                 return Ok(());
             }
         };
-        standby.stop(false).await;
+        standby.stop(StopMode::HandOver).await;
         let log = opened.map_err(StartError::ChangeDb)?;
         let serving = Service::serve(
             config.clone(),
@@ -113,7 +115,7 @@ pub async fn run(
         tokio::select! {
             () = log.deposed() => {}
             () = &mut stop => {
-                service.stop().await;
+                service.stop(StopMode::Graceful).await;
                 return Ok(());
             }
         }
@@ -122,9 +124,7 @@ pub async fn run(
             log.path().display()
         );
         drop(log);
-        service
-            .step_down(SessionEnd::Unavailable(STANDBY_REASON.into()))
-            .await;
+        service.stop(StopMode::HandOver).await;
         standby = Standby::start(&listener);
         // The other standbys' turn first: this one tries again after one takeover interval.
         first_try_after = config.takeover_interval();
@@ -149,7 +149,7 @@ pub(crate) async fn own_change_db(
 ) -> Result<ChangeLog, ChangeLogError> {
     let standby = Standby::start(listener);
     let opened = open(config, url).await;
-    standby.stop(false).await;
+    standby.stop(StopMode::HandOver).await;
     opened
 }
 
@@ -189,12 +189,13 @@ impl Standby {
         }
     }
 
-    /// Stops answering. `graceful`: the open connections end first, at most one second;
-    /// otherwise they are closed at once, so that a client keeping its connection alive
-    /// (a probe polling `/status`) does not delay the owner's start on this socket.
-    async fn stop(self, graceful: bool) {
+    /// Stops answering. [`StopMode::Graceful`]: the open connections end first, at most one
+    /// second; [`StopMode::HandOver`]: they are closed at once, so that a client keeping its
+    /// connection alive (a probe polling `/status`) does not delay the owner's start on this
+    /// socket.
+    async fn stop(self, mode: StopMode) {
         if let Some(server) = self.0 {
-            server.stop(graceful).await;
+            server.stop(mode.finishes_connections()).await;
         }
     }
 }

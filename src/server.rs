@@ -13,12 +13,13 @@
 //! piece is written in its own transaction as it changes, so whatever moment a `kill -9` hit,
 //! what is read back is a state the previous run had.
 //!
-//! [`Service::stop`] is the graceful path taken on SIGINT/SIGTERM: stop accepting, stop polling,
-//! close every reservation and subscription with 1001, stop reading upstream, wait until every
-//! session has ended ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything
-//! queued on the change log is durable, then stop every actor. [`Service::step_down`] is the
-//! end of an owner deposed from a shared change DB ([`crate::ownership`]): the same, but every
-//! session is closed with 1011 and nothing is flushed, and the listening socket is handed back.
+//! [`Service::stop`] with [`StopMode::Graceful`] is the path taken on SIGINT/SIGTERM: stop
+//! accepting, stop reading upstream, stop polling, close every reservation and subscription
+//! with 1001 (each actor's `Stop` carries that end), wait until every session has ended
+//! ([`crate::shutdown`]) and the HTTP server has stopped, wait until everything queued on the
+//! change log is durable, then stop the remaining actors. [`StopMode::HandOver`] is the end of
+//! an owner deposed from a shared change DB ([`crate::ownership`]): the same, but every session
+//! is closed at once with 1011, nothing is flushed, and the listening socket is handed back.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -30,19 +31,20 @@ use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, SEGMENT_ROWS};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
-use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig, Stop};
-use change_streamer_actors::reservation::{CloseAll, ReservationActor};
-use change_streamer_actors::session::SessionEnd;
-use change_streamer_actors::streamer::Purger;
-use change_streamer_actors::streamer::{CloseAllSubscribers, Streamer, StreamerConfig};
+use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
+use change_streamer_actors::purger::Purger;
+use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::session_end::SessionEnd;
+use change_streamer_actors::streamer::{Streamer, StreamerConfig};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
+use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
 use log::{info, warn};
 
 use crate::config::Config;
 use crate::http::{limit_header_size, routes, AppState, BackupActors};
-use crate::ownership::own_change_db;
-use crate::shutdown::{Drain, Halt};
+use crate::ownership::{own_change_db, STANDBY_REASON};
+use crate::shutdown::{Drain, StopMode};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -120,16 +122,16 @@ impl Service {
         };
 
         let streamer_cfg = StreamerConfig {
-            padding_ms: config.padding_ms(),
+            padding: config.padding(),
             max_queue_changes: config.max_subscriber_queue_changes as usize,
-            slow_grace_ms: config.slow_subscriber_grace_ms,
+            slow_grace: config.slow_subscriber_grace(),
             ..StreamerConfig::default()
         };
         let streamer = Streamer::new(streamer_cfg, log.clone(), &stats).start();
         let purger = Purger::new(
             streamer.clone().recipient(),
             config.purge_delay(),
-            config.change_log_retention_ms as i64,
+            config.change_log_retention(),
             clock.clone(),
         )
         .restore(&safety.scheduled)
@@ -143,26 +145,27 @@ impl Service {
             Some(url) => {
                 let cleanup = CleanupActor::new(
                     clock.clone(),
-                    config.initial_cleanup_delay_ms as i64,
-                    config.min_cleanup_delay_ms as i64,
+                    config.initial_cleanup_delay(),
+                    config.min_cleanup_delay(),
                     purger.clone().recipient(),
                 )
                 .restore(&safety, log.clone())
                 .start();
                 // Orphans end after the delay this start goes on with: the learned one, never
                 // below this run's starting delay (as the cleanup actor restores it).
-                let cleanup_delay_ms = safety
+                let cleanup_delay = safety
                     .cleanup_delay_ms
-                    .unwrap_or(0)
-                    .max(config.starting_cleanup_delay_ms() as i64);
+                    .map(|ms| Duration::from_millis(ms.max(0) as u64))
+                    .unwrap_or_default()
+                    .max(config.starting_cleanup_delay());
                 let mut reservations = ReservationActor::new(
                     clock.clone(),
                     url.clone(),
                     streamer.clone().recipient(),
                     cleanup.clone(),
                 )
-                .with_max_reservation_ms(config.max_reservation_ms as i64)
-                .restore(&safety.reservations, cleanup_delay_ms, log.clone());
+                .with_max_reservation(config.max_reservation())
+                .restore(&safety.reservations, cleanup_delay, log.clone());
                 if vfs.is_some() {
                     reservations = reservations.verifying_backups();
                 }
@@ -261,10 +264,15 @@ impl Service {
         &self.state
     }
 
-    /// Graceful stop (see the module documentation). Nothing here sleeps: each step awaits
-    /// the one before it, and only the wait for the sessions is bounded ([`SESSION_DRAIN`]).
-    pub async fn stop(self) {
-        info!("stopping change-streamer");
+    /// Stops the service, `mode` saying how (see the module documentation): gracefully, or, as
+    /// a deposed owner (PROTOCOL.md §14), handing the listening socket back to its standby. Nothing
+    /// here sleeps: each step awaits the one before it, and only the wait for the sessions is
+    /// bounded ([`SESSION_DRAIN`]).
+    pub async fn stop(self, mode: StopMode) {
+        match mode {
+            StopMode::Graceful => info!("stopping change-streamer"),
+            StopMode::HandOver => info!("stepping down: closing every session"),
+        }
         let Service {
             state,
             server,
@@ -279,78 +287,68 @@ impl Service {
             backup,
             ..
         } = state;
-        // No new connections from here on; the open ones get the notice.
+        // No new connections from here on; no more changes from upstream.
         server.pause().await;
-        if let Some(b) = &backup {
-            let _ = b.monitor.send(Stop).await;
-            let _ = b.reservations.send(CloseAll).await;
-        }
-        let _ = streamer.send(CloseAllSubscribers).await;
         if let Some(u) = upstream {
             u.stop().await;
+        }
+        // Who closes the sessions: on a graceful stop the actors holding them, with 1001 after
+        // their last frames; on a hand-over the drain, every session at once with 1011 (what
+        // the reservation actor wrote down stays, so the next owner finds it orphaned, and the
+        // change log refuses any write anyway: ChangeLogError::NotOwner).
+        let end = match mode {
+            StopMode::Graceful => Some(SessionEnd::ServiceStop),
+            StopMode::HandOver => None,
+        };
+        if let Some(b) = &backup {
+            let _ = b.monitor.send(monitor::Stop).await;
+            let _ = b
+                .reservations
+                .send(reservation::Stop { end: end.clone() })
+                .await;
+        }
+        match mode {
+            StopMode::Graceful => {
+                let _ = streamer.send(streamer::Stop { end }).await;
+            }
+            StopMode::HandOver => {
+                if let Some(b) = &backup {
+                    let _ = b.cleanup.send(cleanup::Stop).await;
+                }
+                let _ = purger.send(purger::Stop).await;
+            }
         }
         // Each session drops its guard once its close frame is written and it has stopped.
-        drained(drain).await;
-        server.stop(true).await;
-        match log.barrier().await {
-            Ok(()) => info!("change log flushed"),
-            Err(e) => warn!("change log flush at stop: {e}"),
+        let closing = match mode {
+            StopMode::Graceful => None,
+            StopMode::HandOver => Some(SessionEnd::Unavailable(STANDBY_REASON.into())),
+        };
+        if !drain.stop(closing.as_ref(), SESSION_DRAIN).await {
+            warn!(
+                "sessions still open {} s after the stop notice; stopping without them",
+                SESSION_DRAIN.as_secs()
+            );
         }
-        if let Some(b) = backup {
-            let _ =
-                futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt)).await;
+        // On a hand-over, what is left are idle keep-alive connections, which should not hold
+        // the socket back from the standby.
+        server.stop(mode.finishes_connections()).await;
+        match mode {
+            StopMode::Graceful => {
+                match log.barrier().await {
+                    Ok(()) => info!("change log flushed"),
+                    Err(e) => warn!("change log flush at stop: {e}"),
+                }
+                if let Some(b) = &backup {
+                    let _ = b.cleanup.send(cleanup::Stop).await;
+                }
+                let _ = purger.send(purger::Stop).await;
+                info!("stopped");
+            }
+            StopMode::HandOver => {
+                let _ = streamer.send(streamer::Stop { end: None }).await;
+                info!("stepped down: every session closed, nothing more is written");
+            }
         }
-        let _ = futures_util::future::join(purger.send(Halt), streamer.send(Halt)).await;
-        info!("stopped");
-    }
-
-    /// The end of a deposed owner (PROTOCOL.md §14): stop ingesting, stop every actor that writes,
-    /// close every session with `end` (1011 `standby: not the owner`), stop the HTTP server,
-    /// and hand back the listening socket for the standby. Unlike [`stop`](Self::stop) it
-    /// closes nothing through the actors: the reservation actor is halted with its
-    /// reservations still written down, so the next owner finds them orphaned, and the change
-    /// log refuses any write anyway ([`ChangeLogError::NotOwner`]).
-    pub(crate) async fn step_down(self, end: SessionEnd) {
-        let Service {
-            state,
-            server,
-            upstream,
-            drain,
-            ..
-        } = self;
-        let AppState {
-            streamer,
-            purger,
-            backup,
-            ..
-        } = state;
-        server.pause().await;
-        if let Some(u) = upstream {
-            u.stop().await;
-        }
-        if let Some(b) = &backup {
-            let _ = b.monitor.send(Stop).await;
-            let _ =
-                futures_util::future::join(b.reservations.send(Halt), b.cleanup.send(Halt)).await;
-        }
-        let _ = purger.send(Halt).await;
-        drain.close_all(&end);
-        drained(drain).await;
-        // Every session is closed: what is left are idle keep-alive connections, which should
-        // not hold the socket back from the standby.
-        server.stop(false).await;
-        let _ = streamer.send(Halt).await;
-        info!("stepped down: every session closed, nothing more is written");
-    }
-}
-
-/// Waits, bounded, until every session has ended.
-async fn drained(drain: Drain) {
-    if !drain.wait(SESSION_DRAIN).await {
-        warn!(
-            "sessions still open {} s after the stop notice; stopping without them",
-            SESSION_DRAIN.as_secs()
-        );
     }
 }
 

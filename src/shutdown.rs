@@ -10,23 +10,42 @@
 //! is gone, do not count: the stop learns that the sessions ended without stopping the server.
 //!
 //! The same wrapper lets a deposed owner close every session with one close frame of its own
-//! ([`Drain::close_all`]) without asking each actor: see [`Guarded`].
+//! ([`Drain::stop`] with a close) without asking each actor: see [`Guarded`].
+//!
+//! How the service stops is one typed value, [`StopMode`]: gracefully, or handing the listening
+//! socket over to another server of this process.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use actix::prelude::*;
 use actix_web::body::{BodySize, BoxBody, MessageBody};
 use actix_web::HttpResponse;
 use bytes::{BufMut, Bytes, BytesMut};
-use change_streamer_actors::cleanup::CleanupActor;
-use change_streamer_actors::reservation::ReservationActor;
-use change_streamer_actors::session::SessionEnd;
-use change_streamer_actors::streamer::Purger;
-use change_streamer_actors::streamer::Streamer;
+use change_streamer_actors::session_end::SessionEnd;
 use tokio::sync::{mpsc, watch};
+
+/// How a server of this process (the service, or a standby) stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// SIGINT/SIGTERM: every session is closed by the actor holding it with 1001, the open
+    /// connections may finish (bounded), and the change log is flushed.
+    Graceful,
+    /// The listening socket goes to another server of this process: a deposed owner's to its
+    /// standby (every session closed at once with 1011 `standby: not the owner`, nothing
+    /// flushed), or a standby's to the owner. Open connections are closed at once, so that a
+    /// client keeping its connection alive (a probe polling `/status`) does not hold the
+    /// socket back.
+    HandOver,
+}
+
+impl StopMode {
+    /// Whether the HTTP server lets its open connections finish (actix-web's `graceful`).
+    pub fn finishes_connections(self) -> bool {
+        self == StopMode::Graceful
+    }
+}
 
 /// Held by each websocket session for as long as it lives.
 #[derive(Clone, Debug)]
@@ -84,20 +103,21 @@ impl Drain {
         }
     }
 
-    /// Ends every session's connection, now and opened from now on, with `end`'s close frame
-    /// (see [`Guarded`]); the sessions' actors stop as their connections end.
-    pub fn close_all(&self, end: &SessionEnd) {
-        let (code, reason) = end.close_frame();
-        self.close_all
-            .send_replace(Some(close_frame(code, &reason)));
-    }
-
-    /// Drops its own guard, then waits until every other one is dropped, at most `limit`.
-    /// Returns whether they all were.
-    pub async fn wait(self, limit: Duration) -> bool {
+    /// Ends the sessions: with `closing`, every session's connection, now and opened from now
+    /// on, ends with its close frame (see [`Guarded`]), and the sessions' actors stop as their
+    /// connections end; without, the actors holding them were told to close them. Then drops
+    /// its own guard and waits until every other one is dropped, at most `limit`. Returns
+    /// whether they all were.
+    pub async fn stop(self, closing: Option<&SessionEnd>, limit: Duration) -> bool {
         let Drain {
-            guard, mut done, ..
+            guard,
+            mut done,
+            close_all,
         } = self;
+        if let Some(end) = closing {
+            let (code, reason) = end.close_frame();
+            close_all.send_replace(Some(close_frame(code, &reason)));
+        }
         drop(guard);
         tokio::time::timeout(limit, done.recv()).await.is_ok()
     }
@@ -115,7 +135,7 @@ fn close_frame(code: u16, reason: &str) -> Bytes {
     frame.freeze()
 }
 
-/// Resolves once [`Drain::close_all`] gave a close frame; never if the drain is dropped first.
+/// Resolves once [`Drain::stop`] gave a close frame; never if the drain is dropped first.
 fn closing(mut rx: watch::Receiver<Option<Bytes>>) -> Pin<Box<dyn Future<Output = Bytes>>> {
     Box::pin(async move {
         match rx.wait_for(Option::is_some).await {
@@ -207,24 +227,6 @@ pub async fn wait_for_signal() {
     }
 }
 
-/// Stops an actor that has no stop message of its own (its timers keep it alive otherwise).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Halt;
-
-macro_rules! halts {
-    ($($actor:ty),*) => {$(
-        impl Handler<Halt> for $actor {
-            type Result = ();
-            fn handle(&mut self, _: Halt, ctx: &mut Context<Self>) {
-                ctx.stop();
-            }
-        }
-    )*};
-}
-
-halts!(Streamer, Purger, CleanupActor, ReservationActor);
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,7 +236,7 @@ mod tests {
         let drain = Drain::default();
         let guards = drain.guards();
         let session = guards.guard().expect("a guard before the stop");
-        let waiting = actix_rt::spawn(drain.wait(Duration::from_secs(10)));
+        let waiting = actix_rt::spawn(drain.stop(None, Duration::from_secs(10)));
         for _ in 0..10 {
             actix_rt::task::yield_now().await;
         }
@@ -266,6 +268,6 @@ mod tests {
     async fn the_drain_gives_up_at_its_bound() {
         let drain = Drain::default();
         let _session = drain.guards().guard();
-        assert!(!drain.wait(Duration::ZERO).await);
+        assert!(!drain.stop(None, Duration::ZERO).await);
     }
 }

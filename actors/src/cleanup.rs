@@ -26,6 +26,7 @@
 //! [`ReservationActor`]: crate::reservation::ReservationActor
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
@@ -66,6 +67,11 @@ pub struct ReservationClosed {
     pub task_id: String,
     pub ended_by_subscription_after_ms: Option<i64>,
 }
+
+/// Stops the actor; what it wrote down stays for the next start.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "()")]
+pub struct Stop;
 
 /// Asks for the state shown in `/status` and `/metrics`.
 #[derive(Message, Debug, Clone, Copy)]
@@ -113,13 +119,16 @@ pub struct CleanupActor {
 }
 
 impl CleanupActor {
-    /// `initial_delay_ms` is raised to `min_delay_ms` (the floor).
+    /// `initial_delay` is raised to `min_delay` (the floor).
     pub fn new(
         clock: Clock,
-        initial_delay_ms: i64,
-        min_delay_ms: i64,
+        initial_delay: Duration,
+        min_delay: Duration,
         target: Recipient<ScheduleCleanup>,
     ) -> Self {
+        // The delay is compared with the injected clock's milliseconds (and written down so).
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        let (initial_delay_ms, min_delay_ms) = (ms(initial_delay), ms(min_delay));
         let cleanup_delay_ms = initial_delay_ms.max(min_delay_ms);
         info!("cleanup delay is {cleanup_delay_ms} ms (initial {initial_delay_ms} ms, floor {min_delay_ms} ms)");
         CleanupActor {
@@ -314,5 +323,12 @@ impl Handler<GetCleanupState> for CleanupActor {
     type Result = MessageResult<GetCleanupState>;
     fn handle(&mut self, _: GetCleanupState, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.state())
+    }
+}
+
+impl Handler<Stop> for CleanupActor {
+    type Result = ();
+    fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
+        ctx.stop();
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLogState, GetChangeLogState};
+use change_streamer_actors::changelog::ChangeLogState;
 use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, ScheduleCleanup};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{
@@ -18,7 +18,8 @@ use change_streamer_actors::monitor::{
 use change_streamer_actors::reservation::{
     EndBySubscription, ListReservations, Release, ReservationActor, ReservationEvent, Reserve,
 };
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
+use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_test_support::fixtures::litestream_page;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use common::reservation_session::{Events, Session};
@@ -52,9 +53,9 @@ struct Log;
 impl Actor for Log {
     type Context = Context<Self>;
 }
-impl Handler<GetChangeLogState> for Log {
-    type Result = Result<ChangeLogState, String>;
-    fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
+impl Handler<GetSnapshotBase> for Log {
+    type Result = Result<ChangeLogState, SnapshotBaseError>;
+    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         Ok(ChangeLogState {
             replica_version: "123".into(),
             min_watermark: "1ab".into(),
@@ -82,8 +83,8 @@ impl Harness {
         let purge = Purge::default().start();
         let cleanup = CleanupActor::new(
             clock.clone(),
-            initial_delay_ms,
-            30_000,
+            Duration::from_millis(initial_delay_ms.max(0) as u64),
+            Duration::from_secs(30),
             purge.clone().recipient(),
         )
         .start();
@@ -545,7 +546,13 @@ async fn metrics_endpoint_too_slow_is_a_poll_error() {
 async fn metrics_endpoint_down_is_a_poll_error() {
     let clock = Clock::manual(START);
     let purge = Purge::default().start();
-    let cleanup = CleanupActor::new(clock, 0, 30_000, purge.recipient()).start();
+    let cleanup = CleanupActor::new(
+        clock,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        purge.recipient(),
+    )
+    .start();
     // Nothing listens on port 9 of loopback.
     let mut cfg = MonitorConfig::new("http://127.0.0.1:9/metrics", Duration::from_secs(60));
     cfg.poll_automatically = false;
@@ -569,7 +576,13 @@ async fn polls_by_itself_every_interval() {
     let clock = Clock::manual(START);
     let metrics = FakeLitestream::start(Answer::default()).await;
     let purge = Purge::default().start();
-    let cleanup = CleanupActor::new(clock, 0, 30_000, purge.recipient()).start();
+    let cleanup = CleanupActor::new(
+        clock,
+        Duration::ZERO,
+        Duration::from_secs(30),
+        purge.recipient(),
+    )
+    .start();
     let monitor = MonitorActor::new(
         MonitorConfig::new(metrics.url(), Duration::from_millis(50)),
         cleanup,

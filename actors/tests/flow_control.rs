@@ -12,18 +12,20 @@ mod common;
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session_end::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, Mode, Phase, SessionGone, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
 use common::*;
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 #[actix_rt::test]
 async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
     tokio::time::pause();
-    let padding = 100.0;
-    let s = setup(padding, &[false, false, false, true, true]).await;
+    let padding = Duration::from_millis(100);
+    let s = setup(Some(padding), &[false, false, false, true, true]).await;
     let mut latencies = Vec::new();
     for n in 101..106 {
         for m in [begin(n), data(n), commit(n)] {
@@ -32,20 +34,23 @@ async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
                 .await
                 .expect("a tracked send waits for the acks");
             release.await.expect("released");
-            latencies.push(t0.elapsed().as_secs_f64() * 1000.0);
+            latencies.push(t0.elapsed());
         }
     }
     // The first tracked send: the three fast ones ack at once (the clock is paused), the
     // release comes padding after the third ack, give or take the timer's millisecond.
     assert!(
-        latencies[0] >= padding && latencies[0] <= padding + 1.0,
-        "first release after {:.1} ms",
+        latencies[0] >= padding && latencies[0] <= padding + Duration::from_millis(1),
+        "first release after {:?}",
         latencies[0]
     );
     // The two stalled ones now lag on it (PROTOCOL.md §10.1): every later send is released as soon
     // as the three fast ones ack.
     for l in &latencies[1..] {
-        assert!(*l < 1.0, "a later release waited {l:.1} ms: {latencies:?}");
+        assert!(
+            *l < Duration::from_millis(1),
+            "a later release waited {l:?}: {latencies:?}"
+        );
     }
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     assert_eq!(st.releases_consensus, 1);
@@ -59,7 +64,7 @@ async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
 #[actix_rt::test]
 async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
     tokio::time::pause();
-    let s = setup(0.0, &[true]).await;
+    let s = setup(Some(Duration::ZERO), &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(
         &mut release,
@@ -77,7 +82,7 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
 #[actix_rt::test]
 async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
     tokio::time::pause();
-    let s = setup(0.0, &[true]).await;
+    let s = setup(Some(Duration::ZERO), &[true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 200, "released too early").await;
     s.streamer
@@ -92,7 +97,7 @@ async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
 #[actix_rt::test]
 async fn negative_padding_waits_for_all() {
     tokio::time::pause();
-    let s = setup(-1000.0, &[false, false, true]).await;
+    let s = setup(None, &[false, false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(
         &mut release,
@@ -106,7 +111,7 @@ async fn negative_padding_waits_for_all() {
 
 #[actix_rt::test]
 async fn no_subscribers_means_no_wait() {
-    let s = setup(1000.0, &[]).await;
+    let s = setup(Some(Duration::from_secs(1)), &[]).await;
     assert!(send_one(&s, begin(101)).await.is_none());
     assert!(send_one(&s, commit(101)).await.is_none());
 }
@@ -114,7 +119,7 @@ async fn no_subscribers_means_no_wait() {
 #[actix_rt::test]
 async fn two_subscribers_one_stalled_never_release_early() {
     tokio::time::pause();
-    let s = setup(0.0, &[false, true]).await;
+    let s = setup(Some(Duration::ZERO), &[false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 300, "majority of 2 is 2").await;
     s.sessions[1].send(AckNow).await.unwrap();
@@ -124,7 +129,7 @@ async fn two_subscribers_one_stalled_never_release_early() {
 #[actix_rt::test]
 async fn a_commit_that_was_never_stored_is_not_skipped_when_it_comes_again() {
     use change_streamer_actors::streamer::UpstreamEvent;
-    let s = setup(0.0, &[]).await;
+    let s = setup(Some(Duration::ZERO), &[]).await;
     // 101 is forwarded; pretend its append failed: the reconnect resumes after 100.
     let reply = s
         .streamer
@@ -178,11 +183,11 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
     let log = ChangeLog::open(dir.path()).unwrap();
     let stats = log.stats().await.unwrap();
     let cfg = StreamerConfig {
-        padding_ms: 0.0,
+        padding: Some(Duration::ZERO),
         flow_control_bytes: usize::MAX,
         catchup_batch: 10,
         max_queue_changes: 20,
-        slow_grace_ms: 0,
+        slow_grace: None,
     };
     let streamer = Streamer::new(cfg, log, &stats).start();
     let txn = |n: u64| vec![begin(n), data(n), commit(n)];

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, PgOptions};
-use change_streamer_actors::session::SessionId;
+use change_streamer_actors::session_end::SessionId;
 use change_streamer_actors::streamer::{
     GetStreamerState, Mode, PurgeAnswer, PurgeIfSafe, SessionProgress, Streamer, StreamerConfig,
     Subscribe, ToSession,

@@ -12,11 +12,9 @@ use change_streamer_actors::changelog::{
 };
 use change_streamer_actors::cleanup::ScheduleCleanup;
 use change_streamer_actors::clock::Clock;
-use change_streamer_actors::session::SessionId;
-use change_streamer_actors::streamer::{
-    BlockedBy, GetPurgeState, Mode, PurgeState, Purger, Streamer, StreamerConfig, Subscribe,
-    ToSession,
-};
+use change_streamer_actors::purger::{BlockedBy, GetPurgeState, PurgeState, Purger};
+use change_streamer_actors::session_end::SessionId;
+use change_streamer_actors::streamer::{Mode, Streamer, StreamerConfig, Subscribe, ToSession};
 use change_streamer_actors::watermark::Watermark;
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
@@ -84,7 +82,7 @@ impl Setup {
         Purger::new(
             self.streamer.clone().recipient(),
             DELAY,
-            RETENTION,
+            Duration::from_millis(RETENTION as u64),
             self.clock.clone(),
         )
     }

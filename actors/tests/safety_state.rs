@@ -6,20 +6,21 @@
 
 mod common;
 
+use std::time::Duration;
+
 use actix::prelude::*;
-use change_streamer_actors::changelog::{
-    ChangeLog, ChangeLogState, GetChangeLogState, SafetyState,
-};
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogState, SafetyState};
 use change_streamer_actors::cleanup::{
     CleanupActor, GetCleanupState, PollResult, ReservationClosed, ScheduleCleanup,
 };
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::litestream::BackupSample;
 use change_streamer_actors::reservation::{
-    BackupRead, CloseAll, EndBySubscription, ExpireReservations, GetReservationStats,
-    ListReservations, ReservationActor, ReservationEvent, Reserve,
+    BackupRead, EndBySubscription, ExpireReservations, GetReservationStats, ListReservations,
+    ReservationActor, ReservationEvent, Reserve, Stop,
 };
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
+use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_actors::watermark::Watermark;
 use common::reservation_session::{Events, Session};
 
@@ -44,9 +45,9 @@ struct Log {
 impl Actor for Log {
     type Context = Context<Self>;
 }
-impl Handler<GetChangeLogState> for Log {
-    type Result = Result<ChangeLogState, String>;
-    fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
+impl Handler<GetSnapshotBase> for Log {
+    type Result = Result<ChangeLogState, SnapshotBaseError>;
+    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         Ok(ChangeLogState {
             replica_version: "0a".into(),
             min_watermark: self.min.into(),
@@ -69,8 +70,13 @@ impl Run {
     ) -> Run {
         let log = ChangeLog::open(dir).unwrap();
         let state = log.load_state().await.unwrap();
-        let cleanup = CleanupActor::new(clock.clone(), 0, FLOOR, Purger.start().recipient())
-            .restore(&state, log.clone());
+        let cleanup = CleanupActor::new(
+            clock.clone(),
+            Duration::ZERO,
+            Duration::from_millis(FLOOR as u64),
+            Purger.start().recipient(),
+        )
+        .restore(&state, log.clone());
         let delay = cleanup_delay(&state);
         let cleanup = cleanup.start();
         let reservations = tune(
@@ -112,8 +118,8 @@ impl Run {
     }
 }
 
-fn cleanup_delay(state: &SafetyState) -> i64 {
-    state.cleanup_delay_ms.unwrap_or(0).max(FLOOR)
+fn cleanup_delay(state: &SafetyState) -> Duration {
+    Duration::from_millis(state.cleanup_delay_ms.unwrap_or(0).max(FLOOR) as u64)
 }
 
 fn sample(w: u64, at_ms: i64) -> BackupSample {
@@ -206,7 +212,12 @@ async fn a_reservation_open_at_a_stop_is_orphaned_and_keeps_cleanup_paused() {
         let events = next_events(&session).await;
         assert!(matches!(events.as_slice(), [ReservationEvent::Status(_)]));
         // A graceful stop closes the socket but leaves the reservation written down.
-        run.reservations.send(CloseAll).await.unwrap();
+        run.reservations
+            .send(Stop {
+                end: Some(SessionEnd::ServiceStop),
+            })
+            .await
+            .unwrap();
         assert_eq!(run.settle().await.reservations.len(), 1);
     }
     advance(&clock, 5_000).await;
@@ -302,7 +313,10 @@ async fn a_new_reservation_of_the_same_task_replaces_its_orphan() {
 async fn a_reservation_held_longer_than_the_cap_is_ended_without_growth() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Clock::manual(START);
-    let run = Run::start(dir.path(), &clock, |r| r.with_max_reservation_ms(90_000)).await;
+    let run = Run::start(dir.path(), &clock, |r| {
+        r.with_max_reservation(Some(Duration::from_secs(90)))
+    })
+    .await;
     let session = run.reserve("stuck", SessionId(1)).await;
     run.settle().await;
     advance(&clock, 89_999).await;
@@ -344,7 +358,10 @@ async fn the_cap_also_ends_an_orphan_counted_from_its_original_start() {
     }
     advance(&clock, 15_000).await;
     // The cap (20 s) comes before the orphan's end (30 s after this start).
-    let run = Run::start(dir.path(), &clock, |r| r.with_max_reservation_ms(20_000)).await;
+    let run = Run::start(dir.path(), &clock, |r| {
+        r.with_max_reservation(Some(Duration::from_secs(20)))
+    })
+    .await;
     advance(&clock, 4_999).await;
     assert_eq!(
         run.reservations.send(ListReservations).await.unwrap().len(),

@@ -10,19 +10,20 @@ mod common;
 
 use std::time::Duration;
 
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{
     GetStreamerState, Phase, SessionGone, StreamerConfig, UpstreamBatch,
 };
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use common::*;
 
-fn config(padding_ms: f64, grace_ms: u64) -> StreamerConfig {
+/// Tracked sends of every change, `padding_ms` of padding, evicting after `grace_ms` (0: never).
+fn config(padding_ms: u64, grace_ms: u64) -> StreamerConfig {
     StreamerConfig {
-        padding_ms,
+        padding: Some(Duration::from_millis(padding_ms)),
         flow_control_bytes: 1,
         catchup_batch: 100,
-        slow_grace_ms: grace_ms,
+        slow_grace: (grace_ms > 0).then(|| Duration::from_millis(grace_ms)),
         ..StreamerConfig::default()
     }
 }
@@ -30,7 +31,7 @@ fn config(padding_ms: f64, grace_ms: u64) -> StreamerConfig {
 #[actix_rt::test]
 async fn a_subscriber_lagging_past_the_grace_is_evicted_with_1013() {
     tokio::time::pause();
-    let s = setup_with(config(100.0, 5000), &[false, false, true]).await;
+    let s = setup_with(config(100, 5000), &[false, false, true]).await;
     let release = send_one(&s, begin(101)).await.expect("waits");
     released(release, "released by consensus").await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
@@ -62,7 +63,7 @@ async fn a_subscriber_lagging_past_the_grace_is_evicted_with_1013() {
 #[actix_rt::test]
 async fn acking_the_send_it_lagged_on_ends_the_lag_and_the_eviction() {
     tokio::time::pause();
-    let s = setup_with(config(100.0, 5000), &[false, false, true]).await;
+    let s = setup_with(config(100, 5000), &[false, false, true]).await;
     released(send_one(&s, begin(101)).await.expect("waits"), "released").await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     s.sessions[2].send(SetStalled(false)).await.unwrap();
@@ -77,7 +78,7 @@ async fn acking_the_send_it_lagged_on_ends_the_lag_and_the_eviction() {
 #[actix_rt::test]
 async fn a_lagging_subscriber_holds_only_the_send_it_lags_on() {
     tokio::time::pause();
-    let padding = 500.0;
+    let padding = 500;
     let s = setup_with(config(padding, 0), &[false, false, true]).await;
     let t0 = tokio::time::Instant::now();
     released(send_one(&s, begin(101)).await.expect("waits"), "first").await;
@@ -100,7 +101,7 @@ async fn a_lagging_subscriber_holds_only_the_send_it_lags_on() {
 #[actix_rt::test]
 async fn with_two_subscribers_a_stalled_one_holds_the_first_send_until_evicted() {
     tokio::time::pause();
-    let s = setup_with(config(0.0, 1000), &[false, true]).await;
+    let s = setup_with(config(0, 1000), &[false, true]).await;
     let mut release = send_one(&s, begin(101)).await.expect("waits");
     still_held(&mut release, 900, "the majority of two is both").await;
     released(release, "released by the eviction").await;
@@ -111,7 +112,7 @@ async fn with_two_subscribers_a_stalled_one_holds_the_first_send_until_evicted()
 #[actix_rt::test]
 async fn a_lagging_subscriber_that_leaves_before_the_grace_is_not_counted_as_evicted() {
     tokio::time::pause();
-    let s = setup_with(config(0.0, 1000), &[false, false, true]).await;
+    let s = setup_with(config(0, 1000), &[false, false, true]).await;
     released(send_one(&s, begin(101)).await.expect("waits"), "released").await;
     s.streamer
         .send(SessionGone {
@@ -166,11 +167,11 @@ fn assert_whole_transactions(messages: &[String], from: u64, to: u64) -> usize {
 async fn a_subscriber_that_never_reads_holds_at_most_the_limit_and_later_gets_everything() {
     let limit = 50;
     let cfg = StreamerConfig {
-        padding_ms: 0.0,
+        padding: Some(Duration::ZERO),
         flow_control_bytes: usize::MAX,
         catchup_batch: 20,
         max_queue_changes: limit,
-        slow_grace_ms: 0,
+        slow_grace: None,
     };
     let s = setup_with(cfg, &[false, true]).await;
     // Transactions of 0–7 rows, and every 25th one larger than the limit on its own.
@@ -227,11 +228,11 @@ async fn a_subscriber_that_never_reads_holds_at_most_the_limit_and_later_gets_ev
 async fn a_rolled_back_transaction_is_closed_for_a_subscriber_that_overflowed_in_it() {
     let limit = 10;
     let cfg = StreamerConfig {
-        padding_ms: 0.0,
+        padding: Some(Duration::ZERO),
         flow_control_bytes: usize::MAX,
         catchup_batch: 5,
         max_queue_changes: limit,
-        slow_grace_ms: 0,
+        slow_grace: None,
     };
     let s = setup_with(cfg, &[true]).await;
     let mut msgs = vec![begin(101)];

@@ -144,8 +144,13 @@ impl Harness {
         let clock = Clock::manual(START);
         let purge = Purge::default();
         let scheduled = purge.0.clone();
-        let cleanup =
-            CleanupActor::new(clock.clone(), 0, 30_000, purge.start().recipient()).start();
+        let cleanup = CleanupActor::new(
+            clock.clone(),
+            Duration::ZERO,
+            Duration::from_secs(30),
+            purge.start().recipient(),
+        )
+        .start();
         let mut cfg = MonitorConfig::with_source(source, Duration::from_secs(60));
         cfg.clock = clock.clone();
         cfg.timeout = timeout;
@@ -266,8 +271,8 @@ async fn each_watermark_read_through_the_vfs_is_reported_to_the_reservations() {
     let clock = Clock::manual(START);
     let cleanup = CleanupActor::new(
         clock.clone(),
-        0,
-        30_000,
+        Duration::ZERO,
+        Duration::from_secs(30),
         Purge::default().start().recipient(),
     )
     .start();

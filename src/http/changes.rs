@@ -8,7 +8,7 @@ use change_streamer_actors::streamer::Mode;
 use change_streamer_actors::watermark::Watermark;
 
 use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
-use crate::session::subscriber::{SubscriberSession, SubscriptionParams};
+use crate::websocket::subscriber_socket::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
 pub fn parse_params(

@@ -7,7 +7,8 @@
 //! kept between scrapes. Adding a metric is one call on [`Scrape`].
 
 use actix_web::{web, HttpResponse};
-use change_streamer_actors::streamer::{BlockedBy, Mode, SubscriberInfo};
+use change_streamer_actors::purger::BlockedBy;
+use change_streamer_actors::streamer::{Mode, SubscriberInfo};
 use prometheus::core::Collector;
 use prometheus::{Counter, CounterVec, Encoder, Gauge, GaugeVec, Opts, Registry, TextEncoder};
 
@@ -35,7 +36,7 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
     let c = o.cleanup.as_ref();
     let delay_ms = c
         .map(|c| c.cleanup_delay_ms)
-        .unwrap_or(state.config.starting_cleanup_delay_ms() as i64);
+        .unwrap_or(state.config.starting_cleanup_delay().as_millis() as i64);
     m.gauge(
         "change_streamer_owner",
         crate::ownership::OWNER_GAUGE_HELP,

@@ -23,14 +23,14 @@ use actix_web_actors::ws;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::monitor::MonitorActor;
+use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
-use change_streamer_actors::streamer::Purger;
 use change_streamer_actors::streamer::Streamer;
 
 use crate::config::Config;
-use crate::session::close;
 use crate::shutdown::{hold_until_closed, Guards};
-use change_streamer_actors::session::{truncate_reason, SessionEnd};
+use crate::websocket::close;
+use change_streamer_actors::session_end::{truncate_reason, SessionEnd};
 
 /// Protocol versions served.
 pub const MIN_PROTOCOL: u32 = 1;

@@ -4,7 +4,7 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
-use crate::session::snapshot::SnapshotSession;
+use crate::websocket::snapshot_socket::SnapshotSession;
 
 pub async fn snapshot(
     req: HttpRequest,

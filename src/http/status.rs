@@ -7,10 +7,10 @@ use change_streamer_actors::changelog::ChangeLogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::ownership::Role;
+use change_streamer_actors::purger::{GetPurgeState, PurgeState};
 use change_streamer_actors::reservation::{
     GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
 };
-use change_streamer_actors::streamer::{GetPurgeState, PurgeState};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
 use serde_json::json;
 
@@ -113,7 +113,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
         "backup": {
             "backupURL": cfg.litestream_backup_url,
             "metricsURL": cfg.litestream_metrics_url,
-            "cleanupDelayMs": c.map(|c| c.cleanup_delay_ms).unwrap_or(cfg.starting_cleanup_delay_ms() as i64),
+            "cleanupDelayMs": c.map(|c| c.cleanup_delay_ms).unwrap_or(cfg.starting_cleanup_delay().as_millis() as i64),
             "paused": c.is_some_and(|c| c.paused),
             "lastScheduledWatermark": c.and_then(|c| c.last_scheduled_watermark.clone()),
             "pendingWatermarks": c.map(|c| c.pending_watermarks.clone()).unwrap_or_default(),

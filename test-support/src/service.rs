@@ -77,7 +77,7 @@ impl TestService {
     /// Stops the service; returns its data directory for a restart.
     pub async fn stop(mut self) -> tempfile::TempDir {
         if let Some(s) = self.service.take() {
-            s.stop().await;
+            s.stop(change_streamer::shutdown::StopMode::Graceful).await;
         }
         self.dir
     }

@@ -11,7 +11,7 @@ use log::{info, warn};
 
 use super::{Reservation, ReservationActor, ReservationEvent};
 use crate::changelog::{ChangeLog, StoredReservation};
-use crate::session::SessionEnd;
+use crate::session_end::SessionEnd;
 
 /// Ends the reservations that have expired by now (the actor's own timer sends it at each
 /// deadline; tests that move a manual clock send it themselves).
@@ -21,14 +21,14 @@ pub struct ExpireReservations;
 
 impl ReservationActor {
     /// Takes back the reservations a previous run wrote down, as orphans that end at the
-    /// latest `cleanup_delay_ms` from now; and writes every later reservation to `store`.
+    /// latest `cleanup_delay` from now; and writes every later reservation to `store`.
     pub fn restore(
         mut self,
         stored: &[StoredReservation],
-        cleanup_delay_ms: i64,
+        cleanup_delay: Duration,
         store: ChangeLog,
     ) -> Self {
-        self.orphans_end_ms = self.clock.now_ms().saturating_add(cleanup_delay_ms);
+        self.orphans_end_ms = self.clock.now_ms().saturating_add(millis(cleanup_delay));
         for r in stored {
             info!(
                 "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
@@ -51,7 +51,7 @@ impl ReservationActor {
     /// their end. Then arms one timer for the next deadline.
     pub(super) fn expire(&mut self, ctx: &mut Context<Self>) {
         let now = self.clock.now_ms();
-        let max = self.max_reservation_ms;
+        let max = self.max_reservation.map(millis).unwrap_or(0);
         let expired: Vec<String> = self
             .reservations
             .iter()
@@ -95,7 +95,7 @@ impl ReservationActor {
         if let Some(t) = self.timer.take() {
             ctx.cancel_future(t);
         }
-        let max = self.max_reservation_ms;
+        let max = self.max_reservation.map(millis).unwrap_or(0);
         let next = self
             .reservations
             .values()
@@ -113,6 +113,11 @@ impl ReservationActor {
             }));
         }
     }
+}
+
+/// `d` in the injected clock's unit (ms), saturating.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Handler<ExpireReservations> for ReservationActor {

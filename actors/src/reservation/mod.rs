@@ -12,7 +12,7 @@
 //! - The status message (backup URL, replicaVersion, minWatermark) is sent once, as soon as the
 //!   change log answers; a reservation that ended in the meantime gets nothing.
 //! - Ending by subscription ([`EndBySubscription`]) reports the held time, which may grow the
-//!   cleanup delay; every other end ([`Release`], replacement, failure, expiry, [`CloseAll`])
+//!   cleanup delay; every other end ([`Release`], replacement, failure, expiry, [`Stop`])
 //!   does not.
 //! - With `--max-reservation-ms`, a reservation held longer is ended (PROTOCOL.md §6.6): one stuck
 //!   restore cannot pin the change log for ever.
@@ -36,18 +36,21 @@ mod expiry;
 mod status;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use crate::changelog::{ChangeLog, GetChangeLogState, StateChange, StoredReservation};
+use crate::changelog::{ChangeLog, StateChange, StoredReservation};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
 
 pub use self::expiry::ExpireReservations;
-pub use self::status::{BackupRead, ReservationEvent, SnapshotStatus};
-use crate::session::{SessionEnd, SessionId};
+pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};
+use crate::session_end::{SessionEnd, SessionId};
+use crate::streamer::GetSnapshotBase;
 use crate::watermark::Watermark;
 
 /// Opens (or replaces) the reservation of `task_id`, held by the session `session_id`.
@@ -75,11 +78,15 @@ pub struct EndBySubscription {
     pub task_id: String,
 }
 
-/// Closes every reservation's session (service stop); the delay does not grow, and what was
-/// written down stays, to be orphaned at the next start.
-#[derive(Message, Debug, Clone, Copy)]
+/// Stops the actor. `end` is the close every reservation's session is told first (1001 on a
+/// graceful stop), `None` when the service closes every session itself (a deposed owner's step
+/// down). Either way the delay does not grow, and what was written down stays, to be orphaned
+/// at the next start.
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct CloseAll;
+pub struct Stop {
+    pub end: Option<SessionEnd>,
+}
 
 /// Lists open reservations for `/status`.
 #[derive(Message, Debug, Clone, Copy)]
@@ -127,11 +134,11 @@ struct Reservation {
 pub struct ReservationActor {
     clock: Clock,
     backup_url: String,
-    change_log: Recipient<GetChangeLogState>,
+    change_log: Recipient<GetSnapshotBase>,
     cleanup: Addr<CleanupActor>,
     reservations: HashMap<String, Reservation>,
-    /// `--max-reservation-ms`; 0: no cap.
-    max_reservation_ms: i64,
+    /// `--max-reservation-ms`; `None`: no cap.
+    max_reservation: Option<Duration>,
     /// Status waits for a verified backup (VFS source).
     verify_backup: bool,
     /// The newest backed-up watermark a poll read.
@@ -148,7 +155,7 @@ impl ReservationActor {
     pub fn new(
         clock: Clock,
         backup_url: String,
-        change_log: Recipient<GetChangeLogState>,
+        change_log: Recipient<GetSnapshotBase>,
         cleanup: Addr<CleanupActor>,
     ) -> Self {
         ReservationActor {
@@ -157,7 +164,7 @@ impl ReservationActor {
             change_log,
             cleanup,
             reservations: HashMap::new(),
-            max_reservation_ms: 0,
+            max_reservation: None,
             verify_backup: false,
             backed_up: None,
             store: None,
@@ -167,9 +174,9 @@ impl ReservationActor {
         }
     }
 
-    /// Ends reservations held longer than `ms` (PROTOCOL.md §6.6); 0 means no cap.
-    pub fn with_max_reservation_ms(mut self, ms: i64) -> Self {
-        self.max_reservation_ms = ms.max(0);
+    /// Ends reservations held longer than `max` (PROTOCOL.md §6.6); `None`: no cap.
+    pub fn with_max_reservation(mut self, max: Option<Duration>) -> Self {
+        self.max_reservation = max;
         self
     }
 
@@ -291,8 +298,8 @@ impl Handler<Reserve> for ReservationActor {
                         warn!("failing snapshot reservation of task {task_id}: it could not be written down: {e}");
                         if let Some(res) = act.remove(&task_id, Some(session_id)) {
                             if let Some(h) = res.holder {
-                                h.session.do_send(ReservationEvent::Failed(format!(
-                                    "reservation could not be stored: {e}"
+                                h.session.do_send(ReservationEvent::Failed(Arc::new(
+                                    ReservationError::NotStored(e),
                                 )));
                             }
                             act.closed(&task_id, None);
@@ -342,17 +349,19 @@ impl Handler<EndBySubscription> for ReservationActor {
     }
 }
 
-impl Handler<CloseAll> for ReservationActor {
+impl Handler<Stop> for ReservationActor {
     type Result = ();
-    fn handle(&mut self, _: CloseAll, _: &mut Context<Self>) {
-        for (task_id, res) in std::mem::take(&mut self.reservations) {
-            if let Some(h) = res.holder {
-                info!("closing snapshot reservation of task {task_id}: service stopping");
-                h.session
-                    .do_send(ReservationEvent::Closed(SessionEnd::ServiceStop));
+    fn handle(&mut self, msg: Stop, ctx: &mut Context<Self>) {
+        if let Some(end) = msg.end {
+            for (task_id, res) in std::mem::take(&mut self.reservations) {
+                if let Some(h) = res.holder {
+                    info!("closing snapshot reservation of task {task_id}: service stopping");
+                    h.session.do_send(ReservationEvent::Closed(end.clone()));
+                }
+                self.closed(&task_id, None);
             }
-            self.closed(&task_id, None);
         }
+        ctx.stop();
     }
 }
 

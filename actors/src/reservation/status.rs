@@ -6,13 +6,16 @@
 //! the change log's minWatermark, so that a replica is only sent to a backup that exists and
 //! that the change log can serve from.
 
+use std::sync::Arc;
+
 use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
 use super::ReservationActor;
-use crate::changelog::{ChangeLogState, GetChangeLogState};
-use crate::session::{SessionEnd, SessionId};
+use crate::changelog::{ChangeLogError, ChangeLogState};
+use crate::session_end::{SessionEnd, SessionId};
+use crate::streamer::{GetSnapshotBase, SnapshotBaseError};
 use crate::watermark::Watermark;
 
 /// What a reservation's session is told.
@@ -21,10 +24,28 @@ use crate::watermark::Watermark;
 pub enum ReservationEvent {
     /// The one status message: `["status", {...}]`.
     Status(SnapshotStatus),
-    /// The change log could not answer; the reservation is gone.
-    Failed(String),
+    /// The reservation could not be written down, or the change log could not answer; the
+    /// reservation is gone.
+    Failed(Arc<ReservationError>),
     /// The reservation ended; close the socket.
     Closed(SessionEnd),
+}
+
+/// Why a reservation failed before its status could be sent (the session closes with 1011
+/// and this message).
+#[derive(Debug, thiserror::Error)]
+pub enum ReservationError {
+    #[error("reservation could not be stored: {0}")]
+    NotStored(ChangeLogError),
+    #[error(transparent)]
+    NoStatus(#[from] SnapshotBaseError),
+}
+
+/// Two failures are the same when they say the same (what a recording session compares).
+impl PartialEq for ReservationError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
 }
 
 /// The body of the status message, fields in wire order.
@@ -64,13 +85,11 @@ impl ReservationActor {
         ctx: &mut Context<Self>,
     ) {
         self.change_log
-            .send(GetChangeLogState)
+            .send(GetSnapshotBase)
             .into_actor(self)
             .map(move |answer, act, ctx| {
-                let state: Result<ChangeLogState, String> = match answer {
-                    Ok(r) => r,
-                    Err(e) => Err(format!("change log unavailable: {e}")),
-                };
+                let state: Result<ChangeLogState, SnapshotBaseError> =
+                    answer.unwrap_or_else(|e| Err(e.into()));
                 let verified = |s: &ChangeLogState| {
                     !act.verify_backup
                         || act
@@ -101,7 +120,9 @@ impl ReservationActor {
                     }
                     Err(e) => {
                         warn!("failing snapshot reservation of task {task_id}: {e}");
-                        holder.session.do_send(ReservationEvent::Failed(e));
+                        holder
+                            .session
+                            .do_send(ReservationEvent::Failed(Arc::new(e.into())));
                         act.remove(&task_id, Some(session_id));
                         act.erase(&task_id, ctx);
                         act.closed(&task_id, None);

@@ -25,8 +25,9 @@
 //! [`Broadcast::release_at`], so the release happens when due rather than at a coarse tick.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use crate::session::SessionId;
+use crate::session_end::SessionId;
 
 /// How a broadcast was released.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,23 +103,28 @@ impl Broadcast {
     }
 
     /// When the consensus rule will release this broadcast if nothing else finishes: the
-    /// latest finish plus `padding_ms`, once a majority has finished. `None` while below the
-    /// majority, when done, or when padding is negative.
-    pub fn release_at(&self, padding_ms: f64) -> Option<f64> {
-        if self.is_done() || padding_ms < 0.0 || self.completed.len() < self.majority {
+    /// latest finish plus `padding`, once a majority has finished. `None` while below the
+    /// majority, when done, or when there is no padding (wait for all).
+    pub fn release_at(&self, padding: Option<Duration>) -> Option<f64> {
+        let padding_ms = padding?.as_secs_f64() * 1000.0;
+        if self.is_done() || self.completed.len() < self.majority {
             return None;
         }
         self.latest_completed_ms.map(|t| t + padding_ms)
     }
 
     /// The consensus rule: `true` if the broadcast was already done or is released now (a
-    /// majority finished and `padding_ms` has passed since the latest finish). A negative
-    /// padding never releases early.
-    pub fn check_progress(&mut self, padding_ms: f64, now_ms: f64) -> bool {
+    /// majority finished and `padding` has passed since the latest finish). No padding (wait
+    /// for all) never releases early.
+    pub fn check_progress(&mut self, padding: Option<Duration>, now_ms: f64) -> bool {
         if self.is_done() {
             return true;
         }
-        if padding_ms < 0.0 || self.completed.len() < self.majority {
+        let Some(padding) = padding else {
+            return false;
+        };
+        let padding_ms = padding.as_secs_f64() * 1000.0;
+        if self.completed.len() < self.majority {
             return false;
         }
         match self.latest_completed_ms {
@@ -167,8 +173,8 @@ mod tests {
         assert_eq!(b.majority, 3);
         b.mark_completed(SessionId(1), 10.0);
         b.mark_completed(SessionId(2), 20.0);
-        assert!(!b.check_progress(1000.0, 1_000_000.0));
-        assert_eq!(b.release_at(1000.0), None);
+        assert!(!b.check_progress(Some(Duration::from_secs(1)), 1_000_000.0));
+        assert_eq!(b.release_at(Some(Duration::from_secs(1))), None);
     }
 
     #[test]
@@ -177,16 +183,16 @@ mod tests {
         b.mark_completed(SessionId(1), 10.0);
         b.mark_completed(SessionId(2), 20.0);
         b.mark_completed(SessionId(3), 30.0);
-        assert_eq!(b.release_at(1000.0), Some(1030.0));
-        assert!(!b.check_progress(1000.0, 1029.0));
+        assert_eq!(b.release_at(Some(Duration::from_secs(1))), Some(1030.0));
+        assert!(!b.check_progress(Some(Duration::from_secs(1)), 1029.0));
         assert!(!b.is_done());
         // Another ack restarts the padding.
         b.mark_completed(SessionId(4), 500.0);
-        assert!(!b.check_progress(1000.0, 1030.0));
-        assert!(b.check_progress(1000.0, 1500.0));
+        assert!(!b.check_progress(Some(Duration::from_secs(1)), 1030.0));
+        assert!(b.check_progress(Some(Duration::from_secs(1)), 1500.0));
         assert_eq!(b.released(), Some(Release::Consensus));
         assert_eq!(b.pending().collect::<Vec<_>>(), vec![SessionId(5)]);
-        assert!(b.check_progress(1000.0, 1500.0));
+        assert!(b.check_progress(Some(Duration::from_secs(1)), 1500.0));
     }
 
     #[test]
@@ -194,8 +200,8 @@ mod tests {
         let mut b = Broadcast::new((1..=3).map(SessionId), 0.0);
         b.mark_completed(SessionId(1), 1.0);
         b.mark_completed(SessionId(2), 2.0);
-        assert!(!b.check_progress(-1.0, 1e12));
-        assert_eq!(b.release_at(-1.0), None);
+        assert!(!b.check_progress(None, 1e12));
+        assert_eq!(b.release_at(None), None);
         assert!(b.mark_completed(SessionId(3), 3.0));
     }
 
@@ -203,7 +209,7 @@ mod tests {
     fn one_subscriber_is_its_own_majority() {
         let mut b = Broadcast::new(ids([7]), 0.0);
         assert_eq!(b.majority, 1);
-        assert!(!b.check_progress(0.0, 1e9));
+        assert!(!b.check_progress(Some(Duration::ZERO), 1e9));
         assert!(b.mark_completed(SessionId(7), 5.0));
     }
 
@@ -211,6 +217,6 @@ mod tests {
     fn two_subscribers_need_both() {
         let mut b = Broadcast::new(ids([1, 2]), 0.0);
         b.mark_completed(SessionId(1), 1.0);
-        assert!(!b.check_progress(0.0, 1e9));
+        assert!(!b.check_progress(Some(Duration::ZERO), 1e9));
     }
 }

@@ -27,10 +27,10 @@ use tokio::sync::oneshot;
 
 use super::broadcast::{Broadcast, Release};
 use super::change::Change;
-use super::session::Token;
+use super::session_messages::Token;
 use super::subscriber::{Delivery, Lag};
 use super::Streamer;
-use crate::session::{SessionEnd, SessionId};
+use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// The streamer's flow-control state.
@@ -121,7 +121,7 @@ impl Streamer {
 
     /// Arms (or re-arms) the timer for the consensus release of the current broadcast.
     fn arm_release_timer(&mut self, ctx: &mut Context<Self>) {
-        let padding = self.cfg.padding_ms;
+        let padding = self.cfg.padding;
         let now = self.now_ms();
         let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
@@ -137,7 +137,7 @@ impl Streamer {
 
     fn check_release(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
-        let padding = self.cfg.padding_ms;
+        let padding = self.cfg.padding;
         let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
         };
@@ -253,10 +253,13 @@ impl Streamer {
     }
 
     /// Arms the eviction timer for the end of the earliest lag's grace period, unless it is
-    /// armed already (it re-arms itself when it fires) or the grace is 0 (never evict).
+    /// armed already (it re-arms itself when it fires) or there is no grace (never evict).
     fn arm_eviction_timer(&mut self, ctx: &mut Context<Self>) {
-        let grace = self.cfg.slow_grace_ms as f64;
-        if grace <= 0.0 || self.flow.eviction_timer.is_some() {
+        let Some(grace) = self.cfg.slow_grace else {
+            return;
+        };
+        let grace = grace.as_secs_f64() * 1000.0;
+        if self.flow.eviction_timer.is_some() {
             return;
         }
         let Some(since) = self
@@ -282,8 +285,11 @@ impl Streamer {
     /// period (close 1013, PROTOCOL.md §10.1).
     fn evict_laggards(&mut self, ctx: &mut Context<Self>) {
         let now = self.now_ms();
+        let Some(grace) = self.cfg.slow_grace else {
+            return;
+        };
         // The timer's millisecond resolution may fire a fraction early.
-        let grace = self.cfg.slow_grace_ms as f64 - 0.5;
+        let grace = grace.as_secs_f64() * 1000.0 - 0.5;
         let due: Vec<(SessionId, String)> = self
             .subscribers
             .values()

@@ -22,11 +22,11 @@ use actix::prelude::*;
 use log::info;
 
 use super::change::Change;
-use super::session::{ToSession, Token};
+use super::session_messages::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::{ChangeLogStats, StoredChange};
-use crate::session::{SessionEnd, SessionId};
+use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// The initial frame of a subscription (protocol ≥ 2).

@@ -26,7 +26,8 @@
 //!
 //! This file holds the actor, its state and its `/status` answers; each conversation with
 //! another party lives in its own file: [`ingest`] (the upstream client), [`join`] (a new
-//! subscriber), [`session`] (a subscriber's session), [`flow`] (the tracked send), [`purge`].
+//! subscriber), [`session_messages`] (a subscriber's session), [`flow`] (the tracked send),
+//! [`purge`] (the purge check).
 
 mod broadcast;
 mod change;
@@ -34,7 +35,7 @@ mod flow;
 mod ingest;
 mod join;
 mod purge;
-mod session;
+mod session_messages;
 mod shared;
 mod subscriber;
 
@@ -45,8 +46,8 @@ use actix::prelude::*;
 use log::warn;
 use tokio::time::Instant;
 
-use crate::changelog::{ChangeLog, ChangeLogState, ChangeLogStats, GetChangeLogState};
-use crate::session::{SessionEnd, SessionId};
+use crate::changelog::{ChangeLog, ChangeLogError, ChangeLogState, ChangeLogStats};
+use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 use flow::FlowControl;
 use ingest::Txn;
@@ -58,15 +59,16 @@ pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
 pub use join::{Subscribe, SubscribeError};
-pub use purge::{BlockedBy, GetPurgeState, PurgeAnswer, PurgeIfSafe, PurgeState, Purger};
-pub use session::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
+pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
+pub use session_messages::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
 pub use subscriber::{Mode, Phase, SubscriberInfo};
 
 /// Tunables of the streamer.
 #[derive(Debug, Clone)]
 pub struct StreamerConfig {
-    /// Flow-control padding in milliseconds; negative waits for all subscribers.
-    pub padding_ms: f64,
+    /// Flow-control padding: how long after the latest ack a tracked send waits for the rest
+    /// once a majority acked it; `None` waits for all subscribers.
+    pub padding: Option<Duration>,
     /// Payload bytes forwarded between two tracked sends.
     pub flow_control_bytes: usize,
     /// Rows per catch-up read.
@@ -75,26 +77,48 @@ pub struct StreamerConfig {
     /// sent and not acked plus its backlog (PROTOCOL.md §10.2); ≥ 1.
     pub max_queue_changes: usize,
     /// `--slow-subscriber-grace-ms`: how long a subscriber may lag on one tracked send before
-    /// it is evicted (PROTOCOL.md §10.1); 0 never evicts.
-    pub slow_grace_ms: u64,
+    /// it is evicted (PROTOCOL.md §10.1); `None` never evicts.
+    pub slow_grace: Option<Duration>,
 }
 
 impl Default for StreamerConfig {
     fn default() -> Self {
         StreamerConfig {
-            padding_ms: 1000.0,
+            padding: Some(Duration::from_secs(1)),
             flow_control_bytes: 64 * 1024,
             catchup_batch: 2000,
             max_queue_changes: 20_000,
-            slow_grace_ms: 30_000,
+            slow_grace: Some(Duration::from_secs(30)),
         }
     }
 }
 
-/// Closes every subscription (service stop).
-#[derive(Message, Debug, Clone, Copy)]
+/// Stops the streamer. `end` is the close every subscriber's session is told first (1001 on a
+/// graceful stop); `None` when the service closes every session at once itself (a deposed
+/// owner's step down, PROTOCOL.md §14).
+#[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
-pub struct CloseAllSubscribers;
+pub struct Stop {
+    pub end: Option<SessionEnd>,
+}
+
+/// Asks for the change log's replicaVersion and minWatermark, on which a snapshot
+/// reservation's status is based (PROTOCOL.md §6.3). The streamer answers it: it holds the
+/// change log's handle.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Result<ChangeLogState, SnapshotBaseError>")]
+pub struct GetSnapshotBase;
+
+/// Why there is no base for a snapshot status yet.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotBaseError {
+    #[error("change log is not initialized yet (no replicaVersion)")]
+    NotInitialized,
+    #[error("change log unavailable: {0}")]
+    ChangeLog(#[from] ChangeLogError),
+    #[error("change log unavailable: {0}")]
+    StreamerGone(#[from] actix::MailboxError),
+}
 
 /// The streamer's part of `/status`.
 #[derive(Message, Debug, Clone, Copy)]
@@ -219,21 +243,29 @@ impl Actor for Streamer {
     }
 }
 
-impl Handler<GetChangeLogState> for Streamer {
-    type Result = ResponseFuture<Result<ChangeLogState, String>>;
-    fn handle(&mut self, _: GetChangeLogState, _: &mut Context<Self>) -> Self::Result {
+impl Handler<GetSnapshotBase> for Streamer {
+    type Result = ResponseFuture<Result<ChangeLogState, SnapshotBaseError>>;
+    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         let stats = self.log.stats();
-        Box::pin(async move { stats.await.map_err(|e| e.to_string())?.reservation_state() })
+        Box::pin(async move {
+            // Its one error is the missing replicaVersion.
+            stats
+                .await?
+                .reservation_state()
+                .map_err(|_| SnapshotBaseError::NotInitialized)
+        })
     }
 }
 
-impl Handler<CloseAllSubscribers> for Streamer {
+impl Handler<Stop> for Streamer {
     type Result = ();
-    fn handle(&mut self, _: CloseAllSubscribers, _: &mut Context<Self>) {
-        for sub in self.subscribers.values() {
-            sub.session
-                .do_send(ToSession::Close(SessionEnd::ServiceStop));
+    fn handle(&mut self, msg: Stop, ctx: &mut Context<Self>) {
+        if let Some(end) = msg.end {
+            for sub in self.subscribers.values() {
+                sub.session.do_send(ToSession::Close(end.clone()));
+            }
         }
+        ctx.stop();
     }
 }
 

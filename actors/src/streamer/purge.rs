@@ -1,47 +1,14 @@
-//! Purge: the [`Purger`], which carries out scheduled cleanups when they are safe (PROTOCOL.md §9), and
-//! the streamer's side of the check ([`PurgeIfSafe`]).
+//! The streamer's side of a purge (PROTOCOL.md §9): [`PurgeIfSafe`], asked by the
+//! [`Purger`](crate::purger::Purger) once a scheduled cleanup's delay has passed.
 //!
-//! The [`CleanupActor`] decides a watermark `W` may go; the purger waits `purge_delay`, then asks
-//! the streamer to purge below `W` *if* every connected subscriber has acked `W`
-//! ([`PurgeIfSafe`]). A subscriber still behind `W`, or no subscriber at all, means "not yet":
-//! the same check runs again after the same delay. A scheduled watermark is never dropped;
-//! several are handled smallest first, and a larger one waits while a smaller one is blocked.
-//!
-//! ### Retention floor
-//! The purge deletes only rows stored at least `--change-log-retention-ms` ago (the purger
-//! passes `now - retention` as the store-time bound). Whatever the cleanup decided, a change
-//! just written stays long enough for a replica that is a little behind to read it. When rows
-//! below `W` were kept for that reason, `W` stays scheduled and is checked again after the
-//! purge delay.
-//!
-//! ### What survives a restart
-//! The cleanup actor writes `W` down as scheduled when it decides it; the change log takes it
-//! off that list in the same transaction as the purge that leaves nothing below `W`. So a
-//! scheduled watermark is never lost between the decision and the purge, `kill -9` included:
-//! at the next start the purger gets the list back ([`Purger::restore`]).
-//!
-//! ### What blocks
-//! The purger is the one place that knows why the oldest scheduled purge waits: the last
-//! answer of its check, as a [`BlockedBy`] (PROTOCOL.md §9 `purge.blockedBy`).
-//!
-//! The streamer knows every subscriber's acked watermark, so [`PurgeIfSafe`] is answered there,
-//! and the purge is queued on the change log in the same turn as the decision: no subscriber
-//! can be admitted between the check and the delete.
-//!
-//! [`CleanupActor`]: crate::cleanup::CleanupActor
-
-use std::collections::BTreeMap;
-use std::time::Duration;
+//! The streamer knows every subscriber's acked watermark, so the check is answered here, and
+//! the purge is queued on the change log in the same turn as the decision: no subscriber can
+//! be admitted between the check and the delete.
 
 use actix::prelude::*;
-use log::{info, warn};
-use tokio::time::Instant;
-
-use serde::Serialize;
 
 use super::Streamer;
-use crate::cleanup::ScheduleCleanup;
-use crate::clock::Clock;
+use crate::changelog::ChangeLogError;
 use crate::watermark::Watermark;
 
 /// Purge the change log below `watermark` if every connected subscriber has acked it; only
@@ -53,7 +20,7 @@ pub struct PurgeIfSafe {
     pub stored_by_ms: i64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum PurgeAnswer {
     /// Nothing below the watermark is left (but the newest transaction); these rows went.
     Purged(u64),
@@ -64,231 +31,18 @@ pub enum PurgeAnswer {
         subscriber: String,
         acked: Watermark,
     },
-    Failed(String),
+    Failed(PurgeError),
 }
 
-/// What holds the oldest scheduled purge back (PROTOCOL.md §9 `purge.blockedBy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum BlockedBy {
-    /// A connected subscriber has not acked the watermark.
-    Subscriber,
-    /// No subscriber is connected.
-    NoSubscriber,
-    /// Rows below the watermark are younger than `--change-log-retention-ms`.
-    Retention,
-}
-
-impl BlockedBy {
-    /// Every reason, for the `change_streamer_purge_blocked{reason}` series.
-    pub const ALL: [BlockedBy; 3] = [
-        BlockedBy::Subscriber,
-        BlockedBy::NoSubscriber,
-        BlockedBy::Retention,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockedBy::Subscriber => "subscriber",
-            BlockedBy::NoSubscriber => "no-subscriber",
-            BlockedBy::Retention => "retention",
-        }
-    }
-}
-
-/// The purger's part of `/status`.
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "PurgeState")]
-pub struct GetPurgeState;
-
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct PurgeState {
-    pub scheduled: Vec<Watermark>,
-    pub last_purged_before: Option<Watermark>,
-    pub rows_purged: u64,
-    pub purges: u64,
-    /// Why the smallest scheduled watermark is waiting, if it is.
-    pub waiting: Option<String>,
-    /// What blocked the smallest scheduled watermark at its last check; `None` when nothing
-    /// is scheduled, or its check has not run yet or failed.
-    pub blocked_by: Option<BlockedBy>,
-}
-
-/// See the module documentation.
-pub struct Purger {
-    streamer: Recipient<PurgeIfSafe>,
-    delay: Duration,
-    /// `--change-log-retention-ms`.
-    retention_ms: i64,
-    /// The clock of the change log's store times.
-    clock: Clock,
-    /// Each scheduled watermark and when it is next checked, on the runtime's clock (tokio time,
-    /// which tests can pause), the clock its timer runs on.
-    scheduled: BTreeMap<Watermark, Instant>,
-    checking: bool,
-    timer: Option<SpawnHandle>,
-    state: PurgeState,
-}
-
-impl Purger {
-    /// A purger that checks a scheduled watermark `delay` after it was scheduled, and purges
-    /// only rows stored at least `retention_ms` ago by `clock` (the change log's clock).
-    pub fn new(
-        streamer: Recipient<PurgeIfSafe>,
-        delay: Duration,
-        retention_ms: i64,
-        clock: Clock,
-    ) -> Purger {
-        Purger {
-            streamer,
-            delay,
-            retention_ms: retention_ms.max(0),
-            clock,
-            scheduled: BTreeMap::new(),
-            checking: false,
-            timer: None,
-            state: PurgeState::default(),
-        }
-    }
-
-    /// Takes back the watermarks scheduled before a restart and not yet purged; each is
-    /// checked one purge delay after the start.
-    pub fn restore(mut self, scheduled: &[Watermark]) -> Purger {
-        let due = Instant::now() + self.delay;
-        for w in scheduled {
-            info!("purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
-            self.scheduled.insert(w.clone(), due);
-        }
-        self
-    }
-
-    fn arm(&mut self, ctx: &mut Context<Self>) {
-        if let Some(t) = self.timer.take() {
-            ctx.cancel_future(t);
-        }
-        if self.checking {
-            return;
-        }
-        if let Some((_, due)) = self.scheduled.first_key_value() {
-            let wait = due.saturating_duration_since(Instant::now());
-            self.timer = Some(ctx.run_later(wait, |act, ctx| {
-                act.timer = None;
-                act.check(ctx);
-            }));
-        }
-    }
-
-    fn check(&mut self, ctx: &mut Context<Self>) {
-        let Some((w, due)) = self
-            .scheduled
-            .first_key_value()
-            .map(|(w, d)| (w.clone(), *d))
-        else {
-            return;
-        };
-        if self.checking {
-            return;
-        }
-        if due > Instant::now() {
-            self.arm(ctx);
-            return;
-        }
-        self.checking = true;
-        let stored_by_ms = self.clock.now_ms().saturating_sub(self.retention_ms);
-        self.streamer
-            .send(PurgeIfSafe {
-                watermark: w.clone(),
-                stored_by_ms,
-            })
-            .into_actor(self)
-            .map(move |answer, act, ctx| {
-                act.checking = false;
-                let answer = answer.unwrap_or_else(|e| PurgeAnswer::Failed(e.to_string()));
-                let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
-                    act.state.waiting = Some(why);
-                    act.state.blocked_by = blocked_by;
-                    act.scheduled.insert(w.clone(), Instant::now() + act.delay);
-                };
-                let delay_ms = act.delay.as_millis();
-                match answer {
-                    PurgeAnswer::Purged(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}");
-                        act.scheduled.remove(&w);
-                        act.state.rows_purged += n;
-                        act.state.purges += 1;
-                        act.state.last_purged_before = Some(w.clone());
-                        act.state.waiting = None;
-                        act.state.blocked_by = None;
-                        act.check(ctx);
-                        return;
-                    }
-                    PurgeAnswer::HeldByRetention(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention_ms);
-                        act.state.rows_purged += n;
-                        retry(
-                            act,
-                            format!("rows stored less than {} ms ago", act.retention_ms),
-                            Some(BlockedBy::Retention),
-                        );
-                    }
-                    PurgeAnswer::NoSubscribers => {
-                        info!("purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
-                        retry(
-                            act,
-                            "no subscriber connected".into(),
-                            Some(BlockedBy::NoSubscriber),
-                        );
-                    }
-                    PurgeAnswer::Blocked { subscriber, acked } => {
-                        info!("purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
-                        retry(
-                            act,
-                            format!("subscriber {subscriber} acked {acked}"),
-                            Some(BlockedBy::Subscriber),
-                        );
-                    }
-                    PurgeAnswer::Failed(e) => {
-                        warn!("purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
-                        retry(act, format!("failed: {e}"), None);
-                    }
-                }
-                act.arm(ctx);
-            })
-            .spawn(ctx);
-    }
-}
-
-impl Actor for Purger {
-    type Context = Context<Self>;
-
-    /// Arms the timer for the watermarks [`restore`](Purger::restore)d.
-    fn started(&mut self, ctx: &mut Context<Self>) {
-        self.arm(ctx);
-    }
-}
-
-impl Handler<ScheduleCleanup> for Purger {
-    type Result = ();
-    fn handle(&mut self, msg: ScheduleCleanup, ctx: &mut Context<Self>) {
-        info!(
-            "cleanup scheduled: purge before watermark={} in {} ms",
-            msg.watermark,
-            self.delay.as_millis()
-        );
-        self.scheduled
-            .entry(msg.watermark)
-            .or_insert_with(|| Instant::now() + self.delay);
-        self.arm(ctx);
-    }
-}
-
-impl Handler<GetPurgeState> for Purger {
-    type Result = MessageResult<GetPurgeState>;
-    fn handle(&mut self, _: GetPurgeState, _: &mut Context<Self>) -> Self::Result {
-        let mut s = self.state.clone();
-        s.scheduled = self.scheduled.keys().cloned().collect();
-        MessageResult(s)
-    }
+/// Why a purge check could not be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum PurgeError {
+    /// The change log refused or failed the purge.
+    #[error(transparent)]
+    ChangeLog(#[from] ChangeLogError),
+    /// The streamer stopped before it answered.
+    #[error("streamer unavailable: {0}")]
+    StreamerGone(actix::MailboxError),
 }
 
 impl Handler<PurgeIfSafe> for Streamer {
@@ -309,7 +63,7 @@ impl Handler<PurgeIfSafe> for Streamer {
             match purge.await {
                 Ok(o) if o.held_by_retention => PurgeAnswer::HeldByRetention(o.rows),
                 Ok(o) => PurgeAnswer::Purged(o.rows),
-                Err(e) => PurgeAnswer::Failed(e.to_string()),
+                Err(e) => PurgeAnswer::Failed(e.into()),
             }
         })
     }

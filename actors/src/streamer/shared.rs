@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::session::{Outgoing, Token};
+use super::session_messages::{Outgoing, Token};
 
 /// The frames of the live changes forwarded in the current streamer turn, kept once for all
 /// the subscribers that get every one of them.
@@ -45,9 +45,9 @@ mod tests {
     //! is filtered from a change gets its own, complete and in order, whatever its place in
     //! the iteration.
     use super::*;
-    use crate::session::SessionId;
+    use crate::session_end::SessionId;
     use crate::streamer::change::{Change, Kind};
-    use crate::streamer::session::ToSession;
+    use crate::streamer::session_messages::ToSession;
     use crate::streamer::subscriber::{Mode, Phase, Subscriber};
     use crate::watermark::Watermark;
     use actix::prelude::*;

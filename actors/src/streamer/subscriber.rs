@@ -1,4 +1,4 @@
-//! A subscriber, as the streamer sees it. The session (see [`super::session`]) only writes frames
+//! A subscriber, as the streamer sees it. The session (see [`super::session_messages`]) only writes frames
 //! and reports acks; everything else about the subscriber lives here, owned by the streamer:
 //!
 //! - `watermark`: the last commit *sent*; a change is sent only if its watermark is above it, so
@@ -25,9 +25,9 @@ use actix::prelude::*;
 use serde::Serialize;
 
 use super::change::{Change, Kind};
-use super::session::{Outgoing, ToSession, Token};
+use super::session_messages::{Outgoing, ToSession, Token};
 use super::shared::SharedFrames;
-use crate::session::SessionId;
+use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 
 /// `mode=backup` or anything else (`serving`).

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{
     GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
 };
@@ -129,9 +129,9 @@ pub struct Setup {
 
 /// A streamer with an initialized change log (watermark 100) and `stalled.len()` subscribers;
 /// every change is sent tracked.
-pub async fn setup(padding_ms: f64, stalled: &[bool]) -> Setup {
+pub async fn setup(padding: Option<Duration>, stalled: &[bool]) -> Setup {
     let cfg = StreamerConfig {
-        padding_ms,
+        padding,
         flow_control_bytes: 1,
         catchup_batch: 100,
         ..StreamerConfig::default()

@@ -14,7 +14,7 @@ use actix::prelude::*;
 use log::info;
 
 use super::Streamer;
-use crate::session::{SessionEnd, SessionId};
+use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
 /// One frame for a session to write, with what its ack means.

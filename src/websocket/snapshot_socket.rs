@@ -14,7 +14,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 use change_streamer_actors::reservation::{Release, ReservationActor, ReservationEvent, Reserve};
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use log::warn;
 
 use super::framing::Framing;
@@ -87,7 +87,7 @@ impl Handler<ReservationEvent> for SnapshotSession {
                 let (_, frame) = self.framing.frame(&status.to_message());
                 ctx.text(frame);
             }
-            ReservationEvent::Failed(e) => close(ctx, SessionEnd::Unavailable(e)),
+            ReservationEvent::Failed(e) => close(ctx, SessionEnd::Unavailable(e.to_string())),
             ReservationEvent::Closed(end) => close(ctx, end),
         }
     }

@@ -18,7 +18,7 @@ use actix::prelude::*;
 use actix_web_actors::ws;
 use bytestring::ByteString;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
-use change_streamer_actors::session::{SessionEnd, SessionId};
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{
     Mode, Outgoing, SessionGone, SessionProgress, ToSession, Token,
 };

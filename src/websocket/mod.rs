@@ -1,16 +1,16 @@
 //! Websocket session actors: one per connection, thin. They speak the wire (framing, liveness,
-//! close codes) and hold a reservation ([`snapshot`]) or a subscription ([`subscriber`]); when
+//! close codes) and hold a reservation ([`snapshot_socket`]) or a subscription ([`subscriber_socket`]); when
 //! they stop, for any reason, they tell the actor that owns what they held.
 
 pub mod framing;
-pub mod snapshot;
-pub mod subscriber;
+pub mod snapshot_socket;
+pub mod subscriber_socket;
 
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
-use change_streamer_actors::session::SessionEnd;
+use change_streamer_actors::session_end::SessionEnd;
 use log::info;
 
 /// Closes the socket with the code and reason of `end`, then stops the session.
