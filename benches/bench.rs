@@ -74,7 +74,7 @@ fn peer_bench(peer: &Option<std::path::PathBuf>, args: &[&str]) -> Option<Value>
 type AckTimes = Arc<Mutex<HashMap<Token, Vec<Instant>>>>;
 
 /// A fake subscriber session that acks every batch as it arrives, reporting as the real
-/// session does (`src/session/subscriber.rs`): tracked frames at once, an acked commit alone at
+/// session does (`src/websocket/subscriber_socket.rs`): tracked frames at once, an acked commit alone at
 /// most [`COMMIT_REPORT_DELAY`] later (the newest of them).
 struct Session {
     session_id: SessionId,

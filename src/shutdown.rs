@@ -52,14 +52,14 @@ impl StopMode {
 pub struct ShutdownGuard {
     _held: mpsc::Sender<()>,
     /// The close frame every session is to end with at once, once there is one.
-    close_all: watch::Receiver<Option<Bytes>>,
+    closing_frame: watch::Receiver<Option<Bytes>>,
 }
 
 /// Hands out [`ShutdownGuard`]s while the stop has not begun; holding one does not delay it.
 #[derive(Clone, Debug)]
 pub struct Guards {
     held: mpsc::WeakSender<()>,
-    close_all: watch::Receiver<Option<Bytes>>,
+    closing_frame: watch::Receiver<Option<Bytes>>,
 }
 
 impl Guards {
@@ -67,7 +67,7 @@ impl Guards {
     pub fn guard(&self) -> Option<ShutdownGuard> {
         self.held.upgrade().map(|tx| ShutdownGuard {
             _held: tx,
-            close_all: self.close_all.clone(),
+            closing_frame: self.closing_frame.clone(),
         })
     }
 }
@@ -77,20 +77,20 @@ impl Guards {
 pub struct Drain {
     guard: ShutdownGuard,
     done: mpsc::Receiver<()>,
-    close_all: watch::Sender<Option<Bytes>>,
+    closing_frame: watch::Sender<Option<Bytes>>,
 }
 
 impl Default for Drain {
     fn default() -> Self {
         let (tx, done) = mpsc::channel(1);
-        let (close_all, close_rx) = watch::channel(None);
+        let (closing_frame, close_rx) = watch::channel(None);
         Drain {
             guard: ShutdownGuard {
                 _held: tx,
-                close_all: close_rx,
+                closing_frame: close_rx,
             },
             done,
-            close_all,
+            closing_frame,
         }
     }
 }
@@ -99,7 +99,7 @@ impl Drain {
     pub fn guards(&self) -> Guards {
         Guards {
             held: self.guard._held.downgrade(),
-            close_all: self.close_all.subscribe(),
+            closing_frame: self.closing_frame.subscribe(),
         }
     }
 
@@ -112,11 +112,11 @@ impl Drain {
         let Drain {
             guard,
             mut done,
-            close_all,
+            closing_frame,
         } = self;
         if let Some(end) = closing {
             let (code, reason) = end.close_frame();
-            close_all.send_replace(Some(close_frame(code, &reason)));
+            closing_frame.send_replace(Some(close_frame(code, &reason)));
         }
         drop(guard);
         tokio::time::timeout(limit, done.recv()).await.is_ok()
@@ -197,7 +197,7 @@ pub fn hold_until_closed(response: HttpResponse, guard: Option<ShutdownGuard>) -
     response
         .map_body(|_, body| Guarded {
             body,
-            closing: guard.as_ref().map(|g| closing(g.close_all.clone())),
+            closing: guard.as_ref().map(|g| closing(g.closing_frame.clone())),
             ended: false,
             _guard: guard,
         })
@@ -250,7 +250,7 @@ mod tests {
     }
 
     #[test]
-    fn the_close_all_frame_is_an_unmasked_close_with_code_and_reason() {
+    fn the_closing_frame_frame_is_an_unmasked_close_with_code_and_reason() {
         let end = SessionEnd::Unavailable("standby: not the owner".into());
         let (code, reason) = end.close_frame();
         let frame = close_frame(code, &reason);

@@ -59,13 +59,13 @@ pub struct ReservationOpened {
     pub task_id: String,
 }
 
-/// A reservation of `task_id` closed. `ended_by_subscription_after_ms` is `Some(held)` only when
+/// A reservation of `task_id` closed. `ended_by_subscription_after` is `Some(held)` only when
 /// the task subscribed with `initial=true` (the restore finished): only then may the delay grow.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct ReservationClosed {
     pub task_id: String,
-    pub ended_by_subscription_after_ms: Option<i64>,
+    pub ended_by_subscription_after: Option<Duration>,
 }
 
 /// Stops the actor; what it wrote down stays for the next start.
@@ -305,7 +305,8 @@ impl Handler<ReservationClosed> for CleanupActor {
     type Result = ();
     fn handle(&mut self, msg: ReservationClosed, ctx: &mut Context<Self>) {
         self.reservations.remove(&msg.task_id);
-        if let Some(held) = msg.ended_by_subscription_after_ms {
+        if let Some(held) = msg.ended_by_subscription_after {
+            let held = i64::try_from(held.as_millis()).unwrap_or(i64::MAX);
             info!("snapshot initialized by {} in {held} ms", msg.task_id);
             if held > self.cleanup_delay_ms {
                 self.cleanup_delay_ms = held;

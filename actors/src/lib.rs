@@ -5,10 +5,10 @@
 //! [`reservation::ReservationActor`] holds the snapshot reservations that pause it. The change
 //! side: [`upstream`] reads the change source, [`streamer`] stores each transaction in the
 //! [`changelog`] and broadcasts it to subscribers with consensus flow control, and purges the
-//! log when the [`purger`] finds a scheduled cleanup safe. [`session_end`] is what both sides know of a websocket
-//! session: its number and why it ends. Each actor owns its state; they talk by the typed
-//! messages defined beside them, and each stops on its own `Stop` message. Time comes from an injected [`clock::Clock`] or, for timers,
-//! the runtime's (pausable) clock.
+//! log when the [`purger`] finds a scheduled cleanup safe. [`session_end`] is what both sides
+//! know of a websocket session: its number and why it ends. Each actor owns its state; they
+//! talk by the typed messages defined beside them, and each stops on its own `Stop` message.
+//! Time comes from an injected [`clock::Clock`] or, for timers, the runtime's (pausable) clock.
 
 pub mod changelog;
 pub mod cleanup;

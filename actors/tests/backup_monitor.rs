@@ -311,7 +311,7 @@ async fn pauses_cleanup_during_reservation() {
             })
             .await
             .unwrap(),
-        Some(100_000)
+        Some(Duration::from_secs(100))
     );
     assert_eq!(
         events(&s).await.last(),

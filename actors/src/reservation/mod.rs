@@ -73,7 +73,7 @@ pub struct Release {
 /// The task subscribed with `initial=true`: end its reservation, reporting the held time.
 /// Answers the held time, or `None` if the task held no reservation.
 #[derive(Message, Debug, Clone)]
-#[rtype(result = "Option<i64>")]
+#[rtype(result = "Option<Duration>")]
 pub struct EndBySubscription {
     pub task_id: String,
 }
@@ -223,10 +223,10 @@ impl ReservationActor {
         }
     }
 
-    fn closed(&self, task_id: &str, held: Option<i64>) {
+    fn closed(&self, task_id: &str, held: Option<Duration>) {
         self.cleanup.do_send(ReservationClosed {
             task_id: task_id.to_string(),
-            ended_by_subscription_after_ms: held,
+            ended_by_subscription_after: held,
         });
     }
 }
@@ -326,18 +326,20 @@ impl Handler<Release> for ReservationActor {
 }
 
 impl Handler<EndBySubscription> for ReservationActor {
-    type Result = Option<i64>;
-    fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Option<i64> {
+    type Result = Option<Duration>;
+    fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Option<Duration> {
         let res = self.remove(&msg.task_id, None)?;
-        let held = self.clock.now_ms() - res.started_ms;
+        // Measured on the injected clock; a clock set back measures nothing.
+        let held = Duration::from_millis((self.clock.now_ms() - res.started_ms).max(0) as u64);
         let orphaned = if res.holder.is_none() {
             " (orphaned)"
         } else {
             ""
         };
         info!(
-            "snapshot reservation{orphaned} of task {} ended by its subscription after {held} ms",
-            msg.task_id
+            "snapshot reservation{orphaned} of task {} ended by its subscription after {} ms",
+            msg.task_id,
+            held.as_millis()
         );
         if let Some(h) = res.holder {
             h.session
