@@ -542,17 +542,21 @@ async fn metrics_endpoint_too_slow_is_a_poll_error() {
     .await;
 }
 
-#[actix_rt::test]
-async fn metrics_endpoint_down_is_a_poll_error() {
-    let clock = Clock::manual(START);
-    let purge = Purge::default().start();
-    let cleanup = CleanupActor::new(
+/// A cleanup actor at delay 0 (floor 30 s) whose decisions go nowhere.
+fn plain_cleanup(clock: Clock) -> Addr<CleanupActor> {
+    CleanupActor::new(
         clock,
         Duration::ZERO,
         Duration::from_secs(30),
-        purge.recipient(),
+        Purge::default().start().recipient(),
     )
-    .start();
+    .start()
+}
+
+#[actix_rt::test]
+async fn metrics_endpoint_down_is_a_poll_error() {
+    let clock = Clock::manual(START);
+    let cleanup = plain_cleanup(clock);
     // Nothing listens on port 9 of loopback.
     let mut cfg = MonitorConfig::new("http://127.0.0.1:9/metrics", Duration::from_secs(60));
     cfg.poll_automatically = false;
@@ -575,14 +579,7 @@ async fn metrics_endpoint_down_is_a_poll_error() {
 async fn polls_by_itself_every_interval() {
     let clock = Clock::manual(START);
     let metrics = FakeLitestream::start(Answer::default()).await;
-    let purge = Purge::default().start();
-    let cleanup = CleanupActor::new(
-        clock,
-        Duration::ZERO,
-        Duration::from_secs(30),
-        purge.recipient(),
-    )
-    .start();
+    let cleanup = plain_cleanup(clock);
     let monitor = MonitorActor::new(
         MonitorConfig::new(metrics.url(), Duration::from_millis(50)),
         cleanup,
