@@ -24,7 +24,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLogError, ChangeLogState};
+use change_streamer_actors::changelog::LogRange;
 use change_streamer_actors::cleanup::{CleanupActor, ScheduleCleanup};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOutcome, Stop};
@@ -157,13 +157,14 @@ impl Handler<Cancel> for SessionRecorder {
 /// How the fake change log answers the next status request.
 #[derive(Default, Clone)]
 struct Plan {
-    state: Option<ChangeLogState>,
-    error: Option<String>,
+    state: Option<LogRange>,
+    /// Answer as a change log that stored nothing yet (the scenario names an error).
+    uninitialized: bool,
     defer_for: Option<u64>,
 }
 
 struct FakeChangeLog {
-    default: ChangeLogState,
+    default: LogRange,
     next: Plan,
     deferred: HashMap<u64, oneshot::Sender<()>>,
 }
@@ -189,12 +190,13 @@ impl Handler<ReleaseStatus> for FakeChangeLog {
     }
 }
 impl Handler<GetSnapshotBase> for FakeChangeLog {
-    type Result = ResponseFuture<Result<ChangeLogState, SnapshotBaseError>>;
+    type Result = ResponseFuture<Result<LogRange, SnapshotBaseError>>;
     fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         let plan = std::mem::take(&mut self.next);
-        let answer = match plan.error {
-            Some(e) => Err(ChangeLogError::Write(e).into()),
-            None => Ok(plan.state.unwrap_or_else(|| self.default.clone())),
+        let answer = if plan.uninitialized {
+            Err(SnapshotBaseError::NotInitialized)
+        } else {
+            Ok(plan.state.unwrap_or_else(|| self.default.clone()))
         };
         match plan.defer_for {
             None => Box::pin(async move { answer }),
@@ -227,9 +229,9 @@ fn js_number(ms: i64) -> String {
     format!("{v}")
 }
 
-fn change_log_state(v: Option<&Value>) -> Option<ChangeLogState> {
+fn change_log_state(v: Option<&Value>) -> Option<LogRange> {
     let v = v?;
-    Some(ChangeLogState {
+    Some(LogRange {
         replica_version: v.get("replicaVersion")?.as_str()?.to_string(),
         min_watermark: v.get("minWatermark")?.as_str()?.to_string(),
     })
@@ -266,7 +268,7 @@ async fn run(scenario: Value) -> Result<(), String> {
         .and_then(Value::as_str)
         .unwrap_or("/tmp/zbugs-sync-replica.db")
         .to_string();
-    let default_state = change_log_state(cfg.get("changeLogState")).unwrap_or(ChangeLogState {
+    let default_state = change_log_state(cfg.get("changeLogState")).unwrap_or(LogRange {
         replica_version: "123".into(),
         min_watermark: "1ab".into(),
     });
@@ -429,10 +431,7 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let res = sessions.len() as u64 + 1;
                 let plan = Plan {
                     state: change_log_state(step.get("changeLogState")),
-                    error: step
-                        .get("changeLogStateError")
-                        .and_then(Value::as_str)
-                        .map(str::to_string),
+                    uninitialized: step.get("changeLogStateError").is_some(),
                     defer_for: step
                         .get("deferStatus")
                         .and_then(Value::as_bool)

@@ -121,7 +121,7 @@ pub async fn run(
         }
         error!(
             "no longer the owner of change DB {}: stepping down to a standby",
-            log.path().display()
+            log.location()
         );
         drop(log);
         service.stop(StopMode::HandOver).await;
@@ -135,7 +135,7 @@ pub async fn run(
 /// interval meanwhile).
 async fn open(config: &Config, url: &str) -> Result<ChangeLog, ChangeLogError> {
     let log = ChangeLog::open_postgres(PgOptions::new(url, config.takeover_interval())).await?;
-    info!("owner of change DB {}", log.path().display());
+    info!("owner of change DB {}", log.location());
     Ok(log)
 }
 

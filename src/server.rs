@@ -154,8 +154,7 @@ impl Service {
                 // Orphans end after the delay this start goes on with: the learned one, never
                 // below this run's starting delay (as the cleanup actor restores it).
                 let cleanup_delay = safety
-                    .cleanup_delay_ms
-                    .map(|ms| Duration::from_millis(ms.max(0) as u64))
+                    .cleanup_delay
                     .unwrap_or_default()
                     .max(config.starting_cleanup_delay());
                 let mut reservations = ReservationActor::new(
@@ -233,7 +232,7 @@ impl Service {
         actix_rt::spawn(server);
         info!(
             "change-streamer listening on {addr} (change log {})",
-            log.path().display()
+            log.location()
         );
 
         let upstream = config.upstream.as_ref().map(|url| {

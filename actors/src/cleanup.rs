@@ -148,7 +148,8 @@ impl CleanupActor {
     /// later decision to `store`.
     pub fn restore(mut self, state: &SafetyState, store: ChangeLog) -> Self {
         if let Some(ms) = state
-            .cleanup_delay_ms
+            .cleanup_delay
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
             .filter(|ms| *ms > self.cleanup_delay_ms)
         {
             info!("cleanup delay is {ms} ms, as learned before the restart");
@@ -305,12 +306,12 @@ impl Handler<ReservationClosed> for CleanupActor {
     type Result = ();
     fn handle(&mut self, msg: ReservationClosed, ctx: &mut Context<Self>) {
         self.reservations.remove(&msg.task_id);
-        if let Some(held) = msg.ended_by_subscription_after {
-            let held = i64::try_from(held.as_millis()).unwrap_or(i64::MAX);
+        if let Some(held_for) = msg.ended_by_subscription_after {
+            let held = i64::try_from(held_for.as_millis()).unwrap_or(i64::MAX);
             info!("snapshot initialized by {} in {held} ms", msg.task_id);
             if held > self.cleanup_delay_ms {
                 self.cleanup_delay_ms = held;
-                self.write_down(StateChange::CleanupDelay(held), ctx);
+                self.write_down(StateChange::CleanupDelay(held_for), ctx);
                 info!(
                     "increased cleanup delay to {held} ms (task {})",
                     msg.task_id

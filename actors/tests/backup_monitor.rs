@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::ChangeLogState;
+use change_streamer_actors::changelog::LogRange;
 use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, ScheduleCleanup};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{
@@ -54,9 +54,9 @@ impl Actor for Log {
     type Context = Context<Self>;
 }
 impl Handler<GetSnapshotBase> for Log {
-    type Result = Result<ChangeLogState, SnapshotBaseError>;
+    type Result = Result<LogRange, SnapshotBaseError>;
     fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
-        Ok(ChangeLogState {
+        Ok(LogRange {
             replica_version: "123".into(),
             min_watermark: "1ab".into(),
         })

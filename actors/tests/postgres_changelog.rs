@@ -106,7 +106,7 @@ async fn a_standby_takes_over_when_the_owners_connection_dies() {
     for n in 1..=25 {
         a.append(txn(n)).await.unwrap();
     }
-    a.save_state(StateChange::CleanupDelay(90_000))
+    a.save_state(StateChange::CleanupDelay(Duration::from_secs(90)))
         .await
         .unwrap();
     let b = standby(&db);
@@ -137,7 +137,10 @@ async fn a_standby_takes_over_when_the_owners_connection_dies() {
             75
         )
     );
-    assert_eq!(b.load_state().await.unwrap().cleanup_delay_ms, Some(90_000));
+    assert_eq!(
+        b.load_state().await.unwrap().cleanup_delay,
+        Some(Duration::from_secs(90))
+    );
     b.append(txn(26)).await.unwrap();
     let all = b
         .read((Watermark::from_u64(0), 0), Watermark::from_u64(26), 1000)
@@ -167,7 +170,8 @@ async fn a_deposed_owners_writes_are_refused() {
     ));
     assert!(!a.is_owner());
     assert!(matches!(
-        a.save_state(StateChange::CleanupDelay(1)).await,
+        a.save_state(StateChange::CleanupDelay(Duration::from_millis(1)))
+            .await,
         Err(ChangeLogError::NotOwner)
     ));
     assert!(matches!(
@@ -192,7 +196,7 @@ async fn a_deposed_owners_writes_are_refused() {
         .unwrap()
         .get(0);
     assert_eq!(rows, 6);
-    assert_eq!(b.load_state().await.unwrap().cleanup_delay_ms, None);
+    assert_eq!(b.load_state().await.unwrap().cleanup_delay, None);
     assert_eq!(lock_holders(&db).await.len(), 1);
 }
 

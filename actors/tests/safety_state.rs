@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLog, ChangeLogState, SafetyState};
+use change_streamer_actors::changelog::{ChangeLog, LogRange, SafetyState};
 use change_streamer_actors::cleanup::{
     CleanupActor, GetCleanupState, PollResult, ReservationClosed, ScheduleCleanup,
 };
@@ -46,9 +46,9 @@ impl Actor for Log {
     type Context = Context<Self>;
 }
 impl Handler<GetSnapshotBase> for Log {
-    type Result = Result<ChangeLogState, SnapshotBaseError>;
+    type Result = Result<LogRange, SnapshotBaseError>;
     fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
-        Ok(ChangeLogState {
+        Ok(LogRange {
             replica_version: "0a".into(),
             min_watermark: self.min.into(),
         })
@@ -119,7 +119,10 @@ impl Run {
 }
 
 fn cleanup_delay(state: &SafetyState) -> Duration {
-    Duration::from_millis(state.cleanup_delay_ms.unwrap_or(0).max(FLOOR) as u64)
+    state
+        .cleanup_delay
+        .unwrap_or_default()
+        .max(Duration::from_millis(FLOOR as u64))
 }
 
 fn sample(w: u64, at_ms: i64) -> BackupSample {
@@ -180,7 +183,7 @@ async fn cleanup_state_survives_a_restart() {
             samples: vec![sample(10, START - 60_000), sample(20, START)],
         });
         let s = run.settle().await;
-        assert_eq!(s.cleanup_delay_ms, Some(50_000));
+        assert_eq!(s.cleanup_delay, Some(Duration::from_secs(50)));
     }
     let run = Run::start(dir.path(), &clock, no_tuning).await;
     let state = run.cleanup.send(GetCleanupState).await.unwrap();
@@ -260,7 +263,7 @@ async fn an_orphan_ended_by_subscription_grows_the_delay_from_its_original_start
         .unwrap();
     assert_eq!(held, Some(Duration::from_secs(45)));
     let s = run.settle().await;
-    assert_eq!(s.cleanup_delay_ms, Some(45_000));
+    assert_eq!(s.cleanup_delay, Some(Duration::from_secs(45)));
     assert!(s.reservations.is_empty());
     assert!(!run.cleanup.send(GetCleanupState).await.unwrap().paused);
 }
@@ -286,7 +289,7 @@ async fn an_orphan_ends_once_the_cleanup_delay_passed_since_the_start() {
     let s = run.settle().await;
     assert!(s.reservations.is_empty());
     assert_eq!(
-        s.cleanup_delay_ms, None,
+        s.cleanup_delay, None,
         "an orphan that expires does not grow the delay"
     );
     assert!(!run.cleanup.send(GetCleanupState).await.unwrap().paused);
@@ -346,7 +349,7 @@ async fn a_reservation_held_longer_than_the_cap_is_ended_without_growth() {
     );
     let s = run.settle().await;
     assert!(s.reservations.is_empty());
-    assert_eq!(s.cleanup_delay_ms, None);
+    assert_eq!(s.cleanup_delay, None);
 }
 
 #[actix_rt::test]

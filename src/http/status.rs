@@ -3,7 +3,7 @@
 //! actor for its state, so they always agree.
 
 use actix_web::{web, HttpResponse};
-use change_streamer_actors::changelog::ChangeLogStats;
+use change_streamer_actors::changelog::LogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::ownership::Role;
@@ -22,14 +22,15 @@ pub async fn healthz() -> HttpResponse {
 
 /// Everything `/status` and `/metrics` show, asked from the actors.
 pub struct Observation {
-    pub log: ChangeLogStats,
+    pub log: LogStats,
     pub streamer: StreamerState,
     pub purge: PurgeState,
     pub cleanup: Option<CleanupState>,
     pub reservations: Vec<ReservationInfo>,
     pub reservation_stats: ReservationStats,
     pub monitor: MonitorStats,
-    /// Bytes of the change log's database and WAL files on disk.
+    /// Bytes the change log takes on disk, as its engine counts them
+    /// ([`ChangeLog::disk_bytes`](change_streamer_actors::changelog::ChangeLog::disk_bytes)).
     pub change_log_bytes: u64,
 }
 
@@ -39,9 +40,11 @@ pub struct Unavailable(&'static str, String);
 
 pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
     let log = state.log.stats();
+    let bytes = state.log.disk_bytes();
     let streamer = state.streamer.send(GetStreamerState);
     let purge = state.purger.send(GetPurgeState);
-    let (log, streamer, purge) = futures_util::future::join3(log, streamer, purge).await;
+    let (log, bytes, streamer, purge) =
+        futures_util::future::join4(log, bytes, streamer, purge).await;
     let mut obs = Observation {
         log: log.map_err(|e| Unavailable("change log", e.to_string()))?,
         streamer: streamer.map_err(|e| Unavailable("streamer", e.to_string()))?,
@@ -50,7 +53,7 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         reservations: Vec::new(),
         reservation_stats: ReservationStats::default(),
         monitor: MonitorStats::default(),
-        change_log_bytes: files_bytes(state.log.path()),
+        change_log_bytes: bytes.map_err(|e| Unavailable("change log", e.to_string()))?,
     };
     if let Some(b) = &state.backup {
         let (c, r, m, rs) = futures_util::future::join4(
@@ -67,17 +70,6 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         obs.monitor = m.unwrap_or_default();
     }
     Ok(obs)
-}
-
-/// The size of the SQLite database at `db` and of its write-ahead log (absent files count 0).
-fn files_bytes(db: &std::path::Path) -> u64 {
-    let mut wal = db.as_os_str().to_owned();
-    wal.push("-wal");
-    [db.as_os_str().to_owned(), wal]
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 pub(super) fn unavailable(e: Unavailable) -> HttpResponse {

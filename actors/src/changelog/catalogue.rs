@@ -7,7 +7,7 @@
 //! lies wholly inside it. The engines differ only in the statements they run; which segment a
 //! transaction goes to, what a purge may delete and which segment to search are decided here.
 
-use super::{ChangeLogStats, Transaction};
+use super::types::{LogStats, Transaction};
 use crate::watermark::Watermark;
 
 /// A segment's place in the log.
@@ -35,7 +35,7 @@ impl Segment {
 }
 
 /// Recomputes the stats' range and row count from the segments.
-pub(super) fn refresh_range(stats: &mut ChangeLogStats, segments: &[Segment]) {
+pub(super) fn refresh_range(stats: &mut LogStats, segments: &[Segment]) {
     stats.min_watermark = segments.first().map(|s| s.min.clone());
     stats.max_watermark = segments.last().map(|s| s.max.clone());
     stats.rows = segments.iter().map(|s| s.rows).sum();
@@ -51,7 +51,7 @@ pub(super) fn new_segment_id(segments: &[Segment], segment_rows: u64) -> Option<
 /// Counts `txn`, just stored at `stored_ms`, in the newest segment and the stats.
 pub(super) fn record_append(
     segments: &mut [Segment],
-    stats: &mut ChangeLogStats,
+    stats: &mut LogStats,
     txn: &Transaction,
     stored_ms: i64,
 ) {

@@ -1,15 +1,19 @@
 //! The commands both change-log engines serve, and the queue they take them from.
 //!
-//! A [`ChangeLog`](super::ChangeLog) handle only queues commands on two channels: writes (and
+//! A `ChangeLog` handle only queues commands on two channels: writes (and
 //! everything that must see every write queued before it) to the engine's single writer, and
-//! catch-up reads to its reader. The SQLite engine and the PostgreSQL engine serve the same
-//! commands with the same answers; no caller learns which one it has.
+//! catch-up reads (and questions that need no write order, like the size on disk) to its
+//! reader. The SQLite engine and the PostgreSQL engine serve the same commands with the same
+//! answers; no caller learns which one it has.
 
 use std::sync::mpsc::{self, RecvTimeoutError};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use super::state::{SafetyState, StateChange};
-use super::{ChangeLogStats, PurgeOutcome, Reply, StoredChange, Transaction};
+use tokio::sync::watch;
+
+use super::safety::{SafetyState, StateChange};
+use super::types::{LogStats, PurgeOutcome, Reply, StoredChange, Transaction};
 use crate::watermark::Watermark;
 
 /// How many queued appends at most share one database transaction.
@@ -25,18 +29,35 @@ pub(super) enum WriteCommand {
         stored_by_ms: Option<i64>,
         reply: Reply<PurgeOutcome>,
     },
-    Stats(Reply<ChangeLogStats>),
+    Stats(Reply<LogStats>),
     HasCommit(Watermark, Reply<bool>),
     Barrier(Reply<()>),
     State(StateChange, Reply<()>),
     LoadState(Reply<SafetyState>),
 }
 
-pub(super) struct ReadCommand {
-    pub after: (Watermark, i64),
-    pub up_to: Watermark,
-    pub limit: usize,
-    pub reply: Reply<Vec<StoredChange>>,
+pub(super) enum ReadCommand {
+    /// Up to `limit` stored changes after `after` (exclusive) and at or below `up_to`.
+    Range {
+        after: (Watermark, i64),
+        up_to: Watermark,
+        limit: usize,
+        reply: Reply<Vec<StoredChange>>,
+    },
+    /// The bytes the change log takes on disk.
+    Size(Reply<u64>),
+}
+
+/// What an engine hands the `ChangeLog` handle once it serves commands.
+pub(super) struct Ends {
+    pub writes: mpsc::Sender<WriteCommand>,
+    pub reads: mpsc::Sender<ReadCommand>,
+    /// Whether this instance owns the change log.
+    pub owner: watch::Receiver<bool>,
+    /// The thread to unpark for a command that must not wait out a commit window (SQLite).
+    pub wake: Option<thread::Thread>,
+    /// The SQLite file, or the change DB's URL without its password, for logs.
+    pub location: String,
 }
 
 /// What the writer does next.

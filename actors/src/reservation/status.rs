@@ -13,7 +13,7 @@ use log::{info, warn};
 use serde::Serialize;
 
 use super::ReservationActor;
-use crate::changelog::{ChangeLogError, ChangeLogState};
+use crate::changelog::{ChangeLogError, LogRange};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::{GetSnapshotBase, SnapshotBaseError};
 use crate::watermark::Watermark;
@@ -88,9 +88,9 @@ impl ReservationActor {
             .send(GetSnapshotBase)
             .into_actor(self)
             .map(move |answer, act, ctx| {
-                let state: Result<ChangeLogState, SnapshotBaseError> =
+                let state: Result<LogRange, SnapshotBaseError> =
                     answer.unwrap_or_else(|e| Err(e.into()));
-                let verified = |s: &ChangeLogState| {
+                let verified = |s: &LogRange| {
                     !act.verify_backup
                         || act
                             .backed_up

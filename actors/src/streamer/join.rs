@@ -25,7 +25,7 @@ use super::change::Change;
 use super::session_messages::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
-use crate::changelog::{ChangeLogStats, StoredChange};
+use crate::changelog::{LogStats, StoredChange};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
@@ -168,7 +168,7 @@ impl Handler<Subscribe> for Streamer {
 /// is of the same replicaVersion, and the change log still holds what follows its watermark.
 fn check(
     ours: Option<Watermark>,
-    stats: &ChangeLogStats,
+    stats: &LogStats,
     has_commit: bool,
     replica_version: &str,
     watermark: &Watermark,

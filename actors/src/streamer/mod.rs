@@ -46,7 +46,7 @@ use actix::prelude::*;
 use log::warn;
 use tokio::time::Instant;
 
-use crate::changelog::{ChangeLog, ChangeLogError, ChangeLogState, ChangeLogStats};
+use crate::changelog::{ChangeLog, ChangeLogError, LogRange, LogStats};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 use flow::FlowControl;
@@ -106,7 +106,7 @@ pub struct Stop {
 /// reservation's status is based (PROTOCOL.md §6.3). The streamer answers it: it holds the
 /// change log's handle.
 #[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "Result<ChangeLogState, SnapshotBaseError>")]
+#[rtype(result = "Result<LogRange, SnapshotBaseError>")]
 pub struct GetSnapshotBase;
 
 /// Why there is no base for a snapshot status yet.
@@ -162,7 +162,7 @@ pub struct Streamer {
 
 impl Streamer {
     /// `stats` is the change log's state at start.
-    pub fn new(cfg: StreamerConfig, log: ChangeLog, stats: &ChangeLogStats) -> Streamer {
+    pub fn new(cfg: StreamerConfig, log: ChangeLog, stats: &LogStats) -> Streamer {
         Streamer {
             cfg,
             log,
@@ -244,15 +244,15 @@ impl Actor for Streamer {
 }
 
 impl Handler<GetSnapshotBase> for Streamer {
-    type Result = ResponseFuture<Result<ChangeLogState, SnapshotBaseError>>;
+    type Result = ResponseFuture<Result<LogRange, SnapshotBaseError>>;
     fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         let stats = self.log.stats();
         Box::pin(async move {
             // Its one error is the missing replicaVersion.
             stats
                 .await?
-                .reservation_state()
-                .map_err(|_| SnapshotBaseError::NotInitialized)
+                .range()
+                .ok_or(SnapshotBaseError::NotInitialized)
         })
     }
 }

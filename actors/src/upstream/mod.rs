@@ -103,7 +103,7 @@ enum ConnectionEnd {
 }
 
 /// The URL for the next connection: bare for an initial sync, else resuming (PROTOCOL.md §4).
-fn resume_url(base: &str, log_state: &crate::changelog::ChangeLogStats) -> String {
+fn resume_url(base: &str, log_state: &crate::changelog::LogStats) -> String {
     let (Some(rv), Some(last)) = (&log_state.replica_version, &log_state.max_watermark) else {
         return base.to_string();
     };

@@ -7,22 +7,25 @@
 //! transaction that writes first passes the ownership fence, and fails with
 //! [`ChangeLogError::NotOwner`] if this session no longer holds the lock.
 
+use std::sync::Arc;
+
 use log::error;
 use tokio::sync::watch;
 use tokio_postgres::{Client, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
-use super::postgres_schema::{self as schema, create_partition_sql, parse_watermark, partition};
-use super::state::StateChange;
-use super::{ChangeLogError, ChangeLogStats, PurgeOutcome, Reply, Transaction};
+use super::safety::StateChange;
+use super::schema::{self, create_partition_sql, parse_watermark, partition};
+use super::state;
+use super::types::{ChangeLogError, LogStats, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::ownership;
 use crate::watermark::Watermark;
 
 pub(super) struct PgWriter {
     pub(super) client: Client,
-    pub(super) stats: ChangeLogStats,
+    pub(super) stats: LogStats,
     segments: Vec<Segment>,
     segment_rows: u64,
     clock: Clock,
@@ -69,9 +72,9 @@ impl PgWriter {
             .get(0);
         let segments = schema::load_segments(&client).await?;
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
-        let mut stats = ChangeLogStats {
+        let mut stats = LogStats {
             replica_version: rv.map(parse_watermark).transpose()?,
-            ..ChangeLogStats::default()
+            ..LogStats::default()
         };
         catalogue::refresh_range(&mut stats, &segments);
         Ok(PgWriter {
@@ -115,7 +118,7 @@ impl PgWriter {
                 self.answer(reply, r)
             }
             WriteCommand::LoadState(reply) => {
-                let r = schema::load(&self.client).await;
+                let r = state::load(&self.client).await;
                 self.answer(reply, r)
             }
         }
@@ -163,7 +166,7 @@ impl PgWriter {
 
     async fn save_state(&mut self, change: &StateChange) -> Result<(), ChangeLogError> {
         let tx = fenced(&mut self.client).await?;
-        schema::apply(&tx, change).await?;
+        state::apply(&tx, change).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -189,11 +192,12 @@ impl PgWriter {
                 self.segments = segments_before;
                 let deposed = self.deposed_by(&e);
                 error!("storing {} transaction(s) failed: {e}", group.len());
+                let cause = Arc::new(e);
                 for (_, reply) in group {
                     let _ = reply.send(Err(if deposed {
                         ChangeLogError::NotOwner
                     } else {
-                        ChangeLogError::Write(e.to_string())
+                        ChangeLogError::Write(cause.clone())
                     }));
                 }
                 if deposed {
@@ -366,7 +370,7 @@ impl PgWriter {
             purged += n;
         }
         if !held_by_retention {
-            schema::apply(&tx, &StateChange::Purged(before.clone())).await?;
+            state::apply(&tx, &StateChange::Purged(before.clone())).await?;
         }
         tx.commit().await?;
         self.segments = segments;

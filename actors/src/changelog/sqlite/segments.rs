@@ -1,14 +1,31 @@
-//! The segment tables of the change log and their catalogue, shared by the writer and the
+//! The SQLite engine's segment tables and their catalogue, shared by the writer and the
 //! reader thread.
 //!
-//! Rows live in tables `change_log_<n>` of about `SEGMENT_ROWS` rows each, listed with their
-//! watermark range, row count and newest store time in `segments` (see [`super::catalogue`]).
+//! Rows live in tables `change_log_<n>` of about `segment_rows` rows each, listed with their
+//! watermark range, row count and newest store time in `segments` (the decisions made from it:
+//! `changelog/catalogue.rs`).
 
 use rusqlite::Connection;
 
 use super::catalogue::Segment;
-use super::ChangeLogError;
+use super::types::ChangeLogError;
 use crate::watermark::Watermark;
+
+/// The catalogue and the replication state, created if missing.
+pub(super) const SCHEMA: &str = "
+    CREATE TABLE IF NOT EXISTS segments (
+        id INTEGER PRIMARY KEY,
+        min_watermark TEXT NOT NULL,
+        max_watermark TEXT NOT NULL,
+        rows INTEGER NOT NULL,
+        max_stored_ms INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE IF NOT EXISTS replication_state (
+        id INTEGER PRIMARY KEY CHECK (id = 0),
+        replica_version TEXT,
+        last_watermark TEXT
+    );
+    INSERT OR IGNORE INTO replication_state (id) VALUES (0);";
 
 pub(super) fn segment_table(id: i64) -> String {
     format!("change_log_{id}")

@@ -1,21 +1,15 @@
-//! The service's safety state, kept in the change log's database (PROTOCOL.md §3, §13).
-//!
-//! What protects a restoring replica must survive a restart, `kill -9` included: the cleanup
-//! delay learned from past restores, the backup watermarks recorded but not yet scheduled, the
-//! last scheduled watermark, the scheduled watermarks not yet purged, and the open
-//! reservations. Each actor that owns a piece of it (cleanup, purge, reservations) reports every
-//! change as a [`StateChange`]; the change log's writer thread applies it in its own SQLite
-//! transaction, in order with the appends and purges, and answers once it is durable. At start
-//! the service reads the whole [`SafetyState`] back and hands each actor its part.
-//!
-//! Each change is one transaction, so a crash leaves either the state before it or after it.
-//! Scheduling a cleanup (record the watermark as scheduled, forget every recorded watermark at
-//! or below it) is one change for that reason.
+//! The SQLite tables of the service's safety state (what it is and why: `changelog/safety.rs`),
+//! and the statements that apply a [`StateChange`] and read the [`SafetyState`] back. The
+//! writer thread runs them, each change in its own transaction.
 
 use rusqlite::{params, Connection, Transaction as SqlTransaction};
 
+use super::safety::{
+    delay_from_stored, delay_to_stored, RecordedWatermark, SafetyState, StateChange,
+    StoredReservation, CLEANUP_DELAY, LAST_SCHEDULED,
+};
 use super::segments::watermark_col;
-use super::ChangeLogError;
+use super::types::ChangeLogError;
 use crate::watermark::Watermark;
 
 /// The tables of the safety state.
@@ -37,63 +31,13 @@ pub(super) const SCHEMA: &str = "
         started_ms INTEGER NOT NULL
     ) WITHOUT ROWID;";
 
-const CLEANUP_DELAY: &str = "cleanup_delay_ms";
-const LAST_SCHEDULED: &str = "last_scheduled_watermark";
-
-/// A backup watermark seen in a poll, with its backup time (unix ms, first sighting).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RecordedWatermark {
-    pub watermark: Watermark,
-    pub replica: String,
-    pub backed_up_ms: i64,
-}
-
-/// A reservation that was open when it was last written (PROTOCOL.md §13: orphaned at the next start).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredReservation {
-    pub task_id: String,
-    pub started_ms: i64,
-}
-
-/// Everything of §3's safety state, as read back at start.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SafetyState {
-    /// The cleanup delay learned so far; `None` before anything was written.
-    pub cleanup_delay_ms: Option<i64>,
-    pub last_scheduled: Option<Watermark>,
-    /// Recorded backup watermarks, ascending.
-    pub recorded: Vec<RecordedWatermark>,
-    /// Scheduled watermarks not yet purged, ascending.
-    pub scheduled: Vec<Watermark>,
-    /// Open reservations, by task.
-    pub reservations: Vec<StoredReservation>,
-}
-
-/// One change of the safety state, made durable on its own.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StateChange {
-    /// The cleanup delay is now this (it only grows).
-    CleanupDelay(i64),
-    /// These backup watermarks were recorded (already recorded ones are left as they are).
-    Recorded(Vec<RecordedWatermark>),
-    /// A cleanup was scheduled to this watermark: it becomes the last scheduled one, waits to
-    /// be purged, and every recorded watermark at or below it is forgotten.
-    Scheduled(Watermark),
-    /// The purge to this scheduled watermark is done.
-    Purged(Watermark),
-    /// A reservation opened (or replaced an older one of the same task).
-    ReservationOpened(StoredReservation),
-    /// The reservation of this task ended.
-    ReservationEnded(String),
-}
-
 /// Applies `change` inside the writer's transaction.
 pub(super) fn apply(tx: &SqlTransaction<'_>, change: &StateChange) -> Result<(), ChangeLogError> {
     match change {
-        StateChange::CleanupDelay(ms) => {
+        StateChange::CleanupDelay(delay) => {
             tx.execute(
                 "INSERT OR REPLACE INTO service_state (key, value) VALUES (?1, ?2)",
-                params![CLEANUP_DELAY, ms.to_string()],
+                params![CLEANUP_DELAY, delay_to_stored(*delay)],
             )?;
         }
         StateChange::Recorded(list) => {
@@ -148,9 +92,7 @@ pub(super) fn load(conn: &Connection) -> Result<SafetyState, ChangeLogError> {
             None => None,
         })
     };
-    let cleanup_delay_ms = value(CLEANUP_DELAY)?
-        .map(|v| v.parse::<i64>().map_err(|_| ChangeLogError::Corrupt(v)))
-        .transpose()?;
+    let cleanup_delay = value(CLEANUP_DELAY)?.map(delay_from_stored).transpose()?;
     let last_scheduled = watermark_col(value(LAST_SCHEDULED)?)?;
 
     let parse = |w: String| Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w));
@@ -190,7 +132,7 @@ pub(super) fn load(conn: &Connection) -> Result<SafetyState, ChangeLogError> {
         });
     }
     Ok(SafetyState {
-        cleanup_delay_ms,
+        cleanup_delay,
         last_scheduled,
         recorded,
         scheduled,

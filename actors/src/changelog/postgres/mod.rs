@@ -9,22 +9,33 @@
 //! it, and only then creates the schema, loads the catalogue and answers commands. Once it
 //! finds it no longer owns the change DB (the fence refused a write, its session ended, or the
 //! idle check every takeover interval failed) it is deposed for good: it reports that on the
-//! handle ([`ChangeLog::deposed`](super::ChangeLog::deposed)), answers every later command
-//! with [`ChangeLogError::NotOwner`] and never writes again.
+//! handle (`ChangeLog::deposed`), answers every later command with
+//! [`ChangeLogError::NotOwner`] and never writes again.
+//!
+//! Files: [`connection`] (reaching the change DB), [`schema`] (tables and partitions),
+//! [`state`] (the safety state's statements), [`writer`], [`reader`].
+
+mod connection;
+mod reader;
+mod schema;
+mod state;
+mod writer;
 
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
 use log::{error, info, warn};
-use tokio::runtime::{Builder, Runtime};
 use tokio::sync::{oneshot, watch};
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
 
-use super::commands::{ReadCommand, Work, WriteCommand, WriteQueue};
-use super::postgres_reader::run_reader;
-use super::postgres_writer::PgWriter;
-use super::{ChangeLogError, SEGMENT_ROWS};
+// The change log's shared leaves, for this engine's files.
+use super::{catalogue, commands, safety, types};
+
+use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
+use self::connection::{connect, redacted, runtime, with_causes};
+use self::types::{ChangeLogError, SEGMENT_ROWS};
+use self::writer::PgWriter;
 use crate::clock::Clock;
 use crate::ownership;
 
@@ -51,53 +62,50 @@ impl PgOptions {
     }
 }
 
-/// The URL without its password, for logs and `/status`.
-pub(super) fn redacted(config: &Config) -> String {
-    let host = config
-        .get_hosts()
-        .first()
-        .map(|h| match h {
-            tokio_postgres::config::Host::Tcp(h) => h.clone(),
-            #[cfg(unix)]
-            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
-        })
-        .unwrap_or_default();
-    let port = config.get_ports().first().copied().unwrap_or(5432);
-    format!(
-        "postgres://{}@{host}:{port}/{}",
-        config.get_user().unwrap_or(""),
-        config.get_dbname().unwrap_or("")
-    )
-}
-
-pub(super) fn runtime() -> std::io::Result<Runtime> {
-    Builder::new_current_thread().enable_all().build()
-}
-
-/// Connects and drives the connection on the current runtime.
-pub(super) async fn connect(config: &Config) -> Result<Client, ChangeLogError> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(e) = connection.await {
-            warn!("change DB connection ended: {e}");
-        }
-    });
-    Ok(client)
+/// Opens the change DB at `options.url` once this instance owns it: resolves only after this
+/// instance took ownership (as a standby it tries every takeover interval) and loaded the
+/// catalogue. Dropping the future gives up waiting.
+pub(super) async fn open(options: PgOptions) -> Result<Ends, ChangeLogError> {
+    let config: Config = options.url.parse()?;
+    let location = redacted(&config);
+    let (writes, wrx) = mpsc::channel();
+    let (reads, rrx) = mpsc::channel();
+    let (owner_tx, owner) = watch::channel(false);
+    let (ready, ready_rx) = oneshot::channel();
+    let engine = Engine {
+        config,
+        options,
+        queue: WriteQueue::new(wrx),
+        reads: rrx,
+        ready,
+        owner: owner_tx,
+    };
+    thread::Builder::new()
+        .name("change-log-pg-writer".into())
+        .spawn(move || run(engine))?;
+    ready_rx.await.map_err(|_| ChangeLogError::Closed)??;
+    Ok(Ends {
+        writes,
+        reads,
+        owner,
+        wake: None,
+        location,
+    })
 }
 
 /// What the writer thread needs to start.
-pub(super) struct Engine {
-    pub config: Config,
-    pub options: PgOptions,
-    pub queue: WriteQueue,
-    pub reads: mpsc::Receiver<ReadCommand>,
+struct Engine {
+    config: Config,
+    options: PgOptions,
+    queue: WriteQueue,
+    reads: mpsc::Receiver<ReadCommand>,
     /// Answered once this instance owns the change DB and serves commands.
-    pub ready: oneshot::Sender<Result<(), ChangeLogError>>,
-    pub owner: watch::Sender<bool>,
+    ready: oneshot::Sender<Result<(), ChangeLogError>>,
+    owner: watch::Sender<bool>,
 }
 
 /// The writer thread: stand by until owner, then serve until deposed or every handle is gone.
-pub(super) fn run(engine: Engine) {
+fn run(engine: Engine) {
     let Engine {
         config,
         options,
@@ -109,7 +117,7 @@ pub(super) fn run(engine: Engine) {
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            let _ = ready.send(Err(ChangeLogError::Write(e.to_string())));
+            let _ = ready.send(Err(ChangeLogError::Start(e)));
             return;
         }
     };
@@ -129,10 +137,10 @@ pub(super) fn run(engine: Engine) {
         let config = config.clone();
         thread::Builder::new()
             .name("change-log-pg-reader".into())
-            .spawn(move || run_reader(reader_rt, config, reads))
+            .spawn(move || reader::run(reader_rt, config, reads))
     });
     if let Err(e) = reader {
-        let _ = ready.send(Err(ChangeLogError::Write(e.to_string())));
+        let _ = ready.send(Err(ChangeLogError::Start(e)));
         return;
     }
     info!(
@@ -209,22 +217,6 @@ fn refuse_all(mut queue: WriteQueue) {
             }
         }
     }
-}
-
-/// `e` and its causes: tokio-postgres says only "db error" and leaves the server's message to
-/// its source.
-fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.ends_with(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    text
 }
 
 /// Stands by until this session holds the ownership lock, trying every `interval` (and

@@ -1,4 +1,4 @@
-//! The change log's writer thread: the only connection that writes.
+//! The SQLite engine's writer thread: the only connection that writes.
 //!
 //! Everything that changes the database (appending transactions, purging, the safety state)
 //! is a [`WriteCommand`] on its channel, answered through a oneshot, in the order queued.
@@ -7,6 +7,7 @@
 //! more, up to a bounded window (`Writer::commit_group`). Each caller is still answered only
 //! after its transaction is durable, and that is when the upstream is acked.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{error, info};
@@ -14,15 +15,16 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::catalogue::{self, Segment};
 use super::commands::{Work, WriteCommand, WriteQueue};
+use super::safety::StateChange;
 use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col};
-use super::state::{self, StateChange};
-use super::{ChangeLogError, ChangeLogStats, PurgeOutcome, Reply, Transaction};
+use super::state;
+use super::types::{ChangeLogError, LogStats, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::watermark::Watermark;
 
 /// How long at most a group of appends is held open for more before its one fsynced commit
 /// (like PostgreSQL's `commit_delay`). See `Writer::commit_group` and ARCHITECTURE.md.
-pub(super) const COMMIT_WINDOW: Duration = Duration::from_millis(100);
+pub(in crate::changelog) const COMMIT_WINDOW: Duration = Duration::from_millis(100);
 
 /// A group this large commits at once, without waiting out the window.
 const WINDOW_TXNS: usize = 32;
@@ -44,7 +46,7 @@ fn insert_sql(table: &str, rows: usize) -> String {
 
 pub(super) struct Writer {
     conn: Connection,
-    pub(super) stats: ChangeLogStats,
+    pub(super) stats: LogStats,
     segments: Vec<Segment>,
     segment_rows: u64,
     clock: Clock,
@@ -75,9 +77,9 @@ impl Writer {
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         let mut w = Writer {
             conn,
-            stats: ChangeLogStats {
+            stats: LogStats {
                 replica_version: watermark_col(rv)?,
-                ..ChangeLogStats::default()
+                ..LogStats::default()
             },
             segments,
             segment_rows,
@@ -245,8 +247,9 @@ impl Writer {
                 }
                 self.stats = stats_before;
                 self.segments = segments_before;
+                let cause = Arc::new(ChangeLogError::from(e));
                 for (_, reply) in group {
-                    let _ = reply.send(Err(ChangeLogError::Write(e.to_string())));
+                    let _ = reply.send(Err(ChangeLogError::Write(cause.clone())));
                 }
             }
         }

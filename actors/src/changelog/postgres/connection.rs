@@ -1,0 +1,59 @@
+//! How the PostgreSQL engine reaches the change DB: the connection each thread drives on its
+//! own runtime, and the URL as it may be shown (without its password).
+
+use log::warn;
+use tokio::runtime::{Builder, Runtime};
+use tokio_postgres::{Client, Config, NoTls};
+
+use super::types::ChangeLogError;
+
+/// The URL without its password, for logs and `/status`.
+pub(super) fn redacted(config: &Config) -> String {
+    let host = config
+        .get_hosts()
+        .first()
+        .map(|h| match h {
+            tokio_postgres::config::Host::Tcp(h) => h.clone(),
+            #[cfg(unix)]
+            tokio_postgres::config::Host::Unix(p) => p.display().to_string(),
+        })
+        .unwrap_or_default();
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres://{}@{host}:{port}/{}",
+        config.get_user().unwrap_or(""),
+        config.get_dbname().unwrap_or("")
+    )
+}
+
+/// The single-threaded runtime one engine thread drives its connection on.
+pub(super) fn runtime() -> std::io::Result<Runtime> {
+    Builder::new_current_thread().enable_all().build()
+}
+
+/// Connects and drives the connection on the current runtime.
+pub(super) async fn connect(config: &Config) -> Result<Client, ChangeLogError> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            warn!("change DB connection ended: {e}");
+        }
+    });
+    Ok(client)
+}
+
+/// `e` and its causes: tokio-postgres says only "db error" and leaves the server's message to
+/// its source.
+pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}

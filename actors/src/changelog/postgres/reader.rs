@@ -1,0 +1,102 @@
+//! The PostgreSQL engine's reader: catch-up reads on a connection of their own, so that a
+//! subscriber reading far behind never holds up ingest, and the change log's size on disk.
+//! Each read is one statement on the partitioned parent table, so it sees one consistent set
+//! of partitions even while a purge drops some.
+
+use std::sync::mpsc;
+
+use log::warn;
+use tokio::runtime::Runtime;
+use tokio_postgres::{Client, Config};
+
+use super::commands::ReadCommand;
+use super::connection::connect;
+use super::schema::parse_watermark;
+use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
+use crate::watermark::Watermark;
+
+/// Serves `rx` on its own connection to the change DB until every handle is gone.
+pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) {
+    let mut client: Option<Client> = None;
+    while let Ok(cmd) = rx.recv() {
+        // A lost connection is made anew at the next read: reads need no ownership.
+        let c = match client.take().filter(|c| !c.is_closed()) {
+            Some(c) => c,
+            None => match rt.block_on(connect(&config)) {
+                Ok(c) => c,
+                Err(e) => {
+                    match cmd {
+                        ReadCommand::Range { reply, .. } => answer(reply, Err(e)),
+                        ReadCommand::Size(reply) => answer(reply, Err(e)),
+                    }
+                    continue;
+                }
+            },
+        };
+        match cmd {
+            ReadCommand::Range {
+                after,
+                up_to,
+                limit,
+                reply,
+            } => answer(reply, rt.block_on(read_range(&c, &after, &up_to, limit))),
+            ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c))),
+        }
+        client = Some(c);
+    }
+}
+
+/// Sends `result`, saying in the log why it failed if it did.
+fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>) {
+    if let Err(e) = &result {
+        warn!("change log read failed: {e}");
+    }
+    let _ = reply.send(result);
+}
+
+/// The bytes of every table of the change DB's schema, with its indexes and TOAST: the change
+/// log's partitions (the parent itself holds no rows), its catalogue, the replication state
+/// and the safety state, as the SQLite engine's file holds them all.
+async fn disk_bytes(c: &Client) -> Result<u64, ChangeLogError> {
+    let row = c
+        .query_one(
+            "SELECT COALESCE(SUM(pg_total_relation_size(t.oid)), 0)::int8
+             FROM pg_class t JOIN pg_namespace n ON n.oid = t.relnamespace
+             WHERE n.nspname = 'change_streamer' AND t.relkind = 'r'",
+            &[],
+        )
+        .await?;
+    Ok(row.get::<_, i64>(0).max(0) as u64)
+}
+
+async fn read_range(
+    c: &Client,
+    after: &(Watermark, i64),
+    up_to: &Watermark,
+    limit: usize,
+) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let rows = c
+        .query(
+            "SELECT watermark, pos, kind, change FROM change_streamer.change_log
+             WHERE (watermark, pos) > ($1, $2) AND watermark <= $3
+             ORDER BY watermark, pos LIMIT $4",
+            &[
+                &after.0.as_str(),
+                &after.1,
+                &up_to.as_str(),
+                &(limit as i64),
+            ],
+        )
+        .await?;
+    rows.into_iter()
+        .map(|r| {
+            let kind: String = r.get(2);
+            Ok(StoredChange {
+                watermark: parse_watermark(r.get(0))?,
+                pos: r.get(1),
+                kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
+                json: r.get(3),
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,102 @@
+//! The SQLite engine's reader thread: catch-up reads on a connection of their own, so that a
+//! subscriber reading far behind never holds up ingest (WAL mode lets the two run at once),
+//! and the size of the database on disk.
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::sync::mpsc;
+
+use rusqlite::{params, Connection};
+
+use super::commands::ReadCommand;
+use super::segments::{load_segments, segment_table};
+use super::types::{ChangeKind, ChangeLogError, StoredChange};
+use crate::watermark::Watermark;
+
+/// Serves `rx` on `conn`, the connection to the database file `db`, until every handle is gone.
+pub(super) fn run(mut conn: Connection, db: &Path, rx: mpsc::Receiver<ReadCommand>) {
+    conn.set_prepared_statement_cache_capacity(64);
+    while let Ok(cmd) = rx.recv() {
+        match cmd {
+            ReadCommand::Range {
+                after,
+                up_to,
+                limit,
+                reply,
+            } => {
+                let _ = reply.send(read_range(&mut conn, &after, &up_to, limit));
+            }
+            ReadCommand::Size(reply) => {
+                let _ = reply.send(Ok(disk_bytes(db)));
+            }
+        }
+    }
+}
+
+/// The size of the database file and of its write-ahead log: everything the rows take on disk
+/// between checkpoints (a file not there counts 0, like a WAL just checkpointed away).
+fn disk_bytes(db: &Path) -> u64 {
+    let mut wal = OsString::from(db);
+    wal.push("-wal");
+    [OsString::from(db), wal]
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| m.len())
+        .sum()
+}
+
+/// Reads up to `limit` changes after `after` and at or below `up_to` in one read transaction,
+/// so the segment list and the rows are one snapshot.
+fn read_range(
+    conn: &mut Connection,
+    after: &(Watermark, i64),
+    up_to: &Watermark,
+    limit: usize,
+) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let tx = conn.transaction()?;
+    let segments = load_segments(&tx)?;
+    let mut out = Vec::with_capacity(limit.min(4096));
+    for seg in segments
+        .iter()
+        .filter(|s| s.max >= after.0 && s.min <= *up_to)
+    {
+        if out.len() >= limit {
+            break;
+        }
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT watermark, pos, kind, change FROM {}
+             WHERE (watermark, pos) > (?1, ?2) AND watermark <= ?3
+             ORDER BY watermark, pos LIMIT ?4",
+            segment_table(seg.id)
+        ))?;
+        let rows = stmt.query_map(
+            params![
+                after.0.as_str(),
+                after.1,
+                up_to.as_str(),
+                (limit - out.len()) as i64
+            ],
+            |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                ))
+            },
+        )?;
+        for row in rows {
+            let (w, pos, kind, json) = row?;
+            let watermark = Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w.clone()))?;
+            let kind = ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?;
+            out.push(StoredChange {
+                watermark,
+                pos,
+                kind,
+                json,
+            });
+        }
+    }
+    tx.commit()?;
+    Ok(out)
+}

@@ -1,0 +1,148 @@
+//! The vocabulary both change-log engines share: what is stored ([`Transaction`],
+//! [`StoredChange`]), what the log holds ([`LogStats`], [`LogRange`]), what a purge did
+//! ([`PurgeOutcome`]) and how a command fails ([`ChangeLogError`]).
+//!
+//! A leaf: it imports nothing else of the change log, so the handle, the commands and both
+//! engines can all use it without importing each other.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::watermark::Watermark;
+
+/// Rows after which the next transaction starts a new segment.
+pub const SEGMENT_ROWS: u64 = 50_000;
+
+/// Why a change-log command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeLogError {
+    #[error("change log at {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("change log: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("change DB: {0}")]
+    Postgres(#[from] tokio_postgres::Error),
+    /// A thread or runtime of the engine could not be started.
+    #[error("change log could not start: {0}")]
+    Start(#[from] std::io::Error),
+    #[error("change DB: this instance is not its owner")]
+    NotOwner,
+    /// A group commit failed: every caller in the group gets the one cause.
+    #[error("change log write failed: {0}")]
+    Write(Arc<ChangeLogError>),
+    #[error("change log is closed")]
+    Closed,
+    #[error("change log holds an invalid watermark {0:?}")]
+    Corrupt(String),
+}
+
+/// The kind of a stored message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeKind {
+    Begin,
+    Data,
+    Commit,
+}
+
+impl ChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeKind::Begin => "begin",
+            ChangeKind::Data => "data",
+            ChangeKind::Commit => "commit",
+        }
+    }
+    pub(super) fn parse(s: &str) -> Option<ChangeKind> {
+        match s {
+            "begin" => Some(ChangeKind::Begin),
+            "data" => Some(ChangeKind::Data),
+            "commit" => Some(ChangeKind::Commit),
+            _ => None,
+        }
+    }
+}
+
+/// One stored message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredChange {
+    pub watermark: Watermark,
+    pub pos: i64,
+    pub kind: ChangeKind,
+    /// The JSON text of the message's second element.
+    pub json: String,
+}
+
+/// A whole committed transaction: its commit watermark and its messages, begin to commit.
+#[derive(Debug, Clone)]
+pub struct Transaction {
+    pub watermark: Watermark,
+    pub changes: Vec<(ChangeKind, String)>,
+}
+
+/// What the change log holds and what its writer did, for `/status`, `/metrics`,
+/// reservations and subscriptions.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LogStats {
+    pub replica_version: Option<Watermark>,
+    pub min_watermark: Option<Watermark>,
+    pub max_watermark: Option<Watermark>,
+    pub rows: u64,
+    #[serde(skip)]
+    pub changes_stored_total: u64,
+    #[serde(skip)]
+    pub changes_purged_total: u64,
+    /// Groups of appends the SQLite writer held open for its commit window (load seen).
+    #[serde(skip)]
+    pub commits_held_total: u64,
+}
+
+/// The range a snapshot reservation's status reports (PROTOCOL.md §6): the replicaVersion
+/// and the oldest watermark still stored, as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogRange {
+    pub replica_version: String,
+    pub min_watermark: String,
+}
+
+impl LogStats {
+    /// The range a reservation reports; `None` while nothing was stored (no replicaVersion).
+    pub fn range(&self) -> Option<LogRange> {
+        let rv = self.replica_version.as_ref()?;
+        Some(LogRange {
+            replica_version: rv.to_string(),
+            min_watermark: self.min_watermark.as_ref().unwrap_or(rv).to_string(),
+        })
+    }
+
+    /// Whether a subscriber at `w` can be served (PROTOCOL.md §7): `Ok` or the earliest watermark.
+    pub fn can_serve_from(&self, w: &Watermark, stored: bool) -> Result<(), Watermark> {
+        let (Some(min), Some(max)) = (&self.min_watermark, &self.max_watermark) else {
+            return Ok(()); // empty log: everything is live
+        };
+        if w > max || (w >= min && stored) {
+            Ok(())
+        } else {
+            Err(min.clone())
+        }
+    }
+}
+
+/// Where an engine sends a command's answer.
+pub(super) type Reply<T> = oneshot::Sender<Result<T, ChangeLogError>>;
+
+/// What one purge did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeOutcome {
+    /// Rows deleted.
+    pub rows: u64,
+    /// Rows below the purge watermark were kept because they were stored less than the
+    /// retention ago (PROTOCOL.md §9): the watermark stays scheduled.
+    pub held_by_retention: bool,
+}
