@@ -5,7 +5,8 @@
 //! durable watermark, and no commit acked upstream is lost or stored twice; an open
 //! reservation and a grown cleanup delay carried over the kill -9; an owner whose PostgreSQL
 //! session ends closes its sessions with 1011, becomes a standby and owns again later; a
-//! standby stops gracefully on SIGTERM and SIGINT.
+//! standby stops gracefully on SIGTERM and SIGINT; the change log's size on disk reported from
+//! the change DB's tables.
 
 mod takeover_support;
 
@@ -118,6 +119,33 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
         *commits.iter().filter(|n| **n < 200).max().unwrap(),
         resumed_at
     );
+}
+
+/// `change_streamer_change_log_bytes` on PostgreSQL is the size of the change DB's tables, not
+/// the size of a file named like its URL (which was always 0).
+#[actix_rt::test]
+async fn the_change_log_bytes_gauge_counts_the_change_db_tables() {
+    let db = TestDb::create("takeover_log_bytes").await;
+    let up = FakeUpstream::start().await;
+    let a = Instance::start(&db, &up.url());
+    let (addr, _) = a
+        .listening_within(Duration::from_secs(20))
+        .expect("the instance owns the change DB and listens");
+    up.wait_connections(1).await;
+    for n in 100..120 {
+        up.send(txn(n, 3));
+    }
+    wait_until("acks from the owner", Duration::from_secs(20), || {
+        acked(&up).last() == Some(&119)
+    })
+    .await;
+    let bytes: f64 = metric(&addr, "change_streamer_change_log_bytes")
+        .await
+        .parse()
+        .unwrap();
+    assert!(bytes > 0.0, "change_streamer_change_log_bytes is {bytes}");
+    let (_, status) = get(&addr, "/status").await;
+    assert!(status.contains("\"rows\":100"), "{status}");
 }
 
 #[actix_rt::test]

@@ -98,11 +98,17 @@ pub async fn get(addr: &str, path: &str) -> (u16, String) {
 
 /// The `change_streamer_owner` gauge's value on `/metrics`.
 pub async fn owner_gauge(addr: &str) -> String {
+    metric(addr, "change_streamer_owner").await
+}
+
+/// The value of the metric `name` on `/metrics`, as written.
+pub async fn metric(addr: &str, name: &str) -> String {
     let (code, text) = get(addr, "/metrics").await;
     assert_eq!(code, 200);
+    let prefix = format!("{name} ");
     text.lines()
-        .find_map(|l| l.strip_prefix("change_streamer_owner "))
-        .unwrap_or_else(|| panic!("no change_streamer_owner in {text}"))
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
         .to_string()
 }
 
