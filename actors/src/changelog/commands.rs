@@ -36,14 +36,16 @@ pub(super) enum WriteCommand {
     LoadState(Reply<SafetyState>),
 }
 
+/// A catch-up read: up to `limit` stored changes after `after` (exclusive) and at or below
+/// `up_to`, in order.
+pub(super) struct RangeQuery {
+    pub after: (Watermark, i64),
+    pub up_to: Watermark,
+    pub limit: usize,
+}
+
 pub(super) enum ReadCommand {
-    /// Up to `limit` stored changes after `after` (exclusive) and at or below `up_to`.
-    Range {
-        after: (Watermark, i64),
-        up_to: Watermark,
-        limit: usize,
-        reply: Reply<Vec<StoredChange>>,
-    },
+    Range(RangeQuery, Reply<Vec<StoredChange>>),
     /// The bytes the change log takes on disk.
     Size(Reply<u64>),
 }

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use tokio::sync::{oneshot, watch};
 
-use self::commands::{Ends, ReadCommand, WriteCommand};
+use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand};
 pub use self::postgres::PgOptions;
 pub use self::safety::{RecordedWatermark, SafetyState, StateChange, StoredReservation};
 pub use self::sqlite::DB_FILE;
@@ -250,12 +250,12 @@ impl ChangeLog {
         up_to: Watermark,
         limit: usize,
     ) -> impl std::future::Future<Output = Result<Vec<StoredChange>, ChangeLogError>> {
-        self.ask_reader(move |reply| ReadCommand::Range {
+        let query = RangeQuery {
             after,
             up_to,
             limit,
-            reply,
-        })
+        };
+        self.ask_reader(|reply| ReadCommand::Range(query, reply))
     }
 
     /// The bytes the change log takes on disk, as its engine counts them: SQLite, the database

@@ -9,11 +9,10 @@ use log::warn;
 use tokio::runtime::Runtime;
 use tokio_postgres::{Client, Config};
 
-use super::commands::ReadCommand;
+use super::commands::{RangeQuery, ReadCommand};
 use super::connection::connect;
 use super::schema::parse_watermark;
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
-use crate::watermark::Watermark;
 
 /// Serves `rx` on its own connection to the change DB until every handle is gone.
 pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) {
@@ -26,7 +25,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) 
                 Ok(c) => c,
                 Err(e) => {
                     match cmd {
-                        ReadCommand::Range { reply, .. } => answer(reply, Err(e)),
+                        ReadCommand::Range(_, reply) => answer(reply, Err(e)),
                         ReadCommand::Size(reply) => answer(reply, Err(e)),
                     }
                     continue;
@@ -34,12 +33,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) 
             },
         };
         match cmd {
-            ReadCommand::Range {
-                after,
-                up_to,
-                limit,
-                reply,
-            } => answer(reply, rt.block_on(read_range(&c, &after, &up_to, limit))),
+            ReadCommand::Range(query, reply) => answer(reply, rt.block_on(read_range(&c, &query))),
             ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c))),
         }
         client = Some(c);
@@ -69,12 +63,12 @@ async fn disk_bytes(c: &Client) -> Result<u64, ChangeLogError> {
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
-async fn read_range(
-    c: &Client,
-    after: &(Watermark, i64),
-    up_to: &Watermark,
-    limit: usize,
-) -> Result<Vec<StoredChange>, ChangeLogError> {
+async fn read_range(c: &Client, query: &RangeQuery) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let RangeQuery {
+        after,
+        up_to,
+        limit,
+    } = query;
     let rows = c
         .query(
             "SELECT watermark, pos, kind, change FROM change_streamer.change_log
@@ -84,7 +78,7 @@ async fn read_range(
                 &after.0.as_str(),
                 &after.1,
                 &up_to.as_str(),
-                &(limit as i64),
+                &(*limit as i64),
             ],
         )
         .await?;

@@ -8,7 +8,7 @@ use std::sync::mpsc;
 
 use rusqlite::{params, Connection};
 
-use super::commands::ReadCommand;
+use super::commands::{RangeQuery, ReadCommand};
 use super::segments::{load_segments, segment_table};
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
@@ -18,13 +18,8 @@ pub(super) fn run(mut conn: Connection, db: &Path, rx: mpsc::Receiver<ReadComman
     conn.set_prepared_statement_cache_capacity(64);
     while let Ok(cmd) = rx.recv() {
         match cmd {
-            ReadCommand::Range {
-                after,
-                up_to,
-                limit,
-                reply,
-            } => {
-                let _ = reply.send(read_range(&mut conn, &after, &up_to, limit));
+            ReadCommand::Range(query, reply) => {
+                let _ = reply.send(read_range(&mut conn, &query));
             }
             ReadCommand::Size(reply) => {
                 let _ = reply.send(Ok(disk_bytes(db)));
@@ -45,14 +40,17 @@ fn disk_bytes(db: &Path) -> u64 {
         .sum()
 }
 
-/// Reads up to `limit` changes after `after` and at or below `up_to` in one read transaction,
-/// so the segment list and the rows are one snapshot.
+/// Reads in one read transaction, so the segment list and the rows are one snapshot.
 fn read_range(
     conn: &mut Connection,
-    after: &(Watermark, i64),
-    up_to: &Watermark,
-    limit: usize,
+    query: &RangeQuery,
 ) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let RangeQuery {
+        after,
+        up_to,
+        limit,
+    } = query;
+    let limit = *limit;
     let tx = conn.transaction()?;
     let segments = load_segments(&tx)?;
     let mut out = Vec::with_capacity(limit.min(4096));
