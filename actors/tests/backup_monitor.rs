@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::LogRange;
-use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, ScheduleCleanup};
+use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{
     Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop,
@@ -19,54 +17,18 @@ use change_streamer_actors::reservation::{
     EndBySubscription, ListReservations, Release, ReservationActor, ReservationEvent, Reserve,
 };
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_test_support::fixtures::litestream_page;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use common::fake_log::FakeLog;
+use common::recording_purge::{RecordingPurge, Take};
 use common::reservation_session::{Events, Session};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 
-/// Records what the purge side is told.
-#[derive(Default)]
-struct Purge(Arc<Mutex<Vec<String>>>);
-impl Actor for Purge {
-    type Context = Context<Self>;
-}
-impl Handler<ScheduleCleanup> for Purge {
-    type Result = ();
-    fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
-        self.0.lock().unwrap().push(m.watermark.to_string());
-    }
-}
-#[derive(Message)]
-#[rtype(result = "Vec<String>")]
-struct Take;
-impl Handler<Take> for Purge {
-    type Result = Vec<String>;
-    fn handle(&mut self, _: Take, _: &mut Context<Self>) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-/// The change log's answer to a reservation.
-struct Log;
-impl Actor for Log {
-    type Context = Context<Self>;
-}
-impl Handler<GetSnapshotBase> for Log {
-    type Result = Result<LogRange, SnapshotBaseError>;
-    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
-        Ok(LogRange {
-            replica_version: "123".into(),
-            min_watermark: "1ab".into(),
-        })
-    }
-}
-
 struct Harness {
     clock: Clock,
     metrics: FakeLitestream,
-    purge: Addr<Purge>,
+    purge: Addr<RecordingPurge>,
     cleanup: Addr<CleanupActor>,
     reservations: Addr<ReservationActor>,
     monitor: Addr<MonitorActor>,
@@ -80,7 +42,7 @@ impl Harness {
     async fn with_timeout(initial_delay_ms: i64, timeout: Duration) -> Harness {
         let clock = Clock::manual(START);
         let metrics = FakeLitestream::start(Answer::default()).await;
-        let purge = Purge::default().start();
+        let purge = RecordingPurge::default().start();
         let cleanup = CleanupActor::new(
             clock.clone(),
             Duration::from_millis(initial_delay_ms.max(0) as u64),
@@ -91,7 +53,12 @@ impl Harness {
         let reservations = ReservationActor::new(
             clock.clone(),
             "s3://foo/bar".into(),
-            Log.start().recipient(),
+            FakeLog {
+                replica_version: "123",
+                min_watermark: "1ab",
+            }
+            .start()
+            .recipient(),
             cleanup.clone(),
         )
         .start();
@@ -548,7 +515,7 @@ fn plain_cleanup(clock: Clock) -> Addr<CleanupActor> {
         clock,
         Duration::ZERO,
         Duration::from_secs(30),
-        Purge::default().start().recipient(),
+        RecordingPurge::default().start().recipient(),
     )
     .start()
 }

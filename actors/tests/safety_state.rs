@@ -9,9 +9,9 @@ mod common;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLog, LogRange, SafetyState};
+use change_streamer_actors::changelog::{ChangeLog, SafetyState};
 use change_streamer_actors::cleanup::{
-    CleanupActor, GetCleanupState, PollResult, ReservationClosed, ScheduleCleanup,
+    CleanupActor, GetCleanupState, PollResult, ReservationClosed,
 };
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::litestream::BackupSample;
@@ -20,40 +20,14 @@ use change_streamer_actors::reservation::{
     ReservationActor, ReservationEvent, Reserve, Stop,
 };
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_actors::watermark::Watermark;
+use common::fake_log::FakeLog;
+use common::recording_purge::RecordingPurge;
 use common::reservation_session::{Events, Session};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 const FLOOR: i64 = 30_000;
 const POLL: std::time::Duration = std::time::Duration::from_millis(2);
-
-/// Swallows scheduled cleanups (these tests look at the state, not the purge).
-struct Purger;
-impl Actor for Purger {
-    type Context = Context<Self>;
-}
-impl Handler<ScheduleCleanup> for Purger {
-    type Result = ();
-    fn handle(&mut self, _: ScheduleCleanup, _: &mut Context<Self>) {}
-}
-
-/// The change log's answer to a reservation: minWatermark `min`.
-struct Log {
-    min: &'static str,
-}
-impl Actor for Log {
-    type Context = Context<Self>;
-}
-impl Handler<GetSnapshotBase> for Log {
-    type Result = Result<LogRange, SnapshotBaseError>;
-    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
-        Ok(LogRange {
-            replica_version: "0a".into(),
-            min_watermark: self.min.into(),
-        })
-    }
-}
 
 /// One run of the service's backup side on the change log in `dir`.
 struct Run {
@@ -74,7 +48,7 @@ impl Run {
             clock.clone(),
             Duration::ZERO,
             Duration::from_millis(FLOOR as u64),
-            Purger.start().recipient(),
+            RecordingPurge::default().start().recipient(),
         )
         .restore(&state, log.clone());
         let delay = cleanup_delay(&state);
@@ -83,7 +57,12 @@ impl Run {
             ReservationActor::new(
                 clock.clone(),
                 "s3://b/r".into(),
-                Log { min: "0b" }.start().recipient(),
+                FakeLog {
+                    replica_version: "0a",
+                    min_watermark: "0b",
+                }
+                .start()
+                .recipient(),
                 cleanup.clone(),
             )
             .restore(&state.reservations, delay, log.clone()),

@@ -8,13 +8,15 @@
 //! [`stock_litestream::install`], into `CHANGE_STREAMER_LITESTREAM_DIR` or `.tools/litestream`
 //! at the repository root); these tests never skip.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, ScheduleCleanup};
+use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{
     BackupSource, Check, GetMonitorStats, MonitorActor, MonitorConfig, PollOutcome, Stop,
@@ -28,6 +30,7 @@ use change_streamer_actors::vfs_reader::SUBCOMMAND;
 use change_streamer_test_support::stock_litestream::{self, Replication};
 use change_streamer_test_support::wait::wait_until;
 use rusqlite::Connection;
+use common::recording_purge::RecordingPurge;
 use tempfile::TempDir;
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
@@ -106,19 +109,6 @@ impl Replicated {
     }
 }
 
-/// Records what the purge side is told.
-#[derive(Default)]
-struct Purge(Arc<Mutex<Vec<String>>>);
-impl Actor for Purge {
-    type Context = Context<Self>;
-}
-impl Handler<ScheduleCleanup> for Purge {
-    type Result = ();
-    fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
-        self.0.lock().unwrap().push(m.watermark.to_string());
-    }
-}
-
 /// Records the backups the monitor reports to the reservations.
 #[derive(Default)]
 struct Reads(Arc<Mutex<Vec<String>>>);
@@ -142,8 +132,8 @@ struct Harness {
 impl Harness {
     fn start(source: BackupSource, timeout: Duration) -> Harness {
         let clock = Clock::manual(START);
-        let purge = Purge::default();
-        let scheduled = purge.0.clone();
+        let purge = RecordingPurge::default();
+        let scheduled = purge.scheduled();
         let cleanup = CleanupActor::new(
             clock.clone(),
             Duration::ZERO,
@@ -273,7 +263,7 @@ async fn each_watermark_read_through_the_vfs_is_reported_to_the_reservations() {
         clock.clone(),
         Duration::ZERO,
         Duration::from_secs(30),
-        Purge::default().start().recipient(),
+        RecordingPurge::default().start().recipient(),
     )
     .start();
     let mut cfg = MonitorConfig::with_source(

@@ -1,8 +1,12 @@
-//! What the actor-level streamer tests share: fake subscriber sessions that ack at once or
+//! What the actor-level tests share: the backup side's test doubles (a purge that records what
+//! it is told, a change log with a fixed answer, a reservation's session), and for the streamer
+//! tests fake subscriber sessions that ack at once or
 //! never (and can be told to ack later), a streamer with an initialized change log, upstream
 //! messages, and waiting on releases and on the change log's real I/O.
 #![allow(dead_code)] // each test file uses a part
 
+pub mod fake_log;
+pub mod recording_purge;
 pub mod reservation_session;
 
 use std::time::Duration;
