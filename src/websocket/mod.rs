@@ -2,6 +2,7 @@
 //! close codes) and hold a reservation ([`snapshot_socket`]) or a subscription ([`subscriber_socket`]); when
 //! they stop, for any reason, they tell the actor that owns what they held.
 
+pub mod acks;
 pub mod framing;
 pub mod snapshot_socket;
 pub mod subscriber_socket;

@@ -4,14 +4,14 @@
 //! the `error` frame and closes (1000) once that frame is acked, or after one ping interval
 //! without the ack. Accepted, it writes the frames the streamer hands it ([`ToSession`]) and
 //! reports acks that matter back ([`SessionProgress`]): tracked frames at once, acked commits
-//! at most [`COMMIT_REPORT_DELAY`] later. An accepted `initial=true` subscription of a task
+//! at most [`COMMIT_REPORT_DELAY`] later ([`AckReport`]). An accepted `initial=true` subscription of a task
 //! ends that task's snapshot reservation, the one kind of end that may grow the cleanup delay.
 //! Its `stopped` tells the streamer it is gone, so it no longer holds back a broadcast or a
 //! purge.
 //!
 //! [`Streamer`]: change_streamer_actors::streamer::Streamer
+//! [`SessionProgress`]: change_streamer_actors::streamer::SessionProgress
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -19,13 +19,12 @@ use actix_web_actors::ws;
 use bytestring::ByteString;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{
-    Mode, Outgoing, SessionGone, SessionProgress, ToSession, Token,
-};
+use change_streamer_actors::streamer::{Mode, Outgoing, SessionGone, ToSession};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
 
+use super::acks::{AckReport, AfterAck, COMMIT_REPORT_DELAY};
 use super::framing::Framing;
 use super::{client_frame, close, start_liveness, Live, Liveness};
 
@@ -49,29 +48,13 @@ pub struct SubscriberSession {
     ping_interval: Duration,
     framing: Framing,
     liveness: Liveness,
-    /// Frames whose ack matters: (id, commit watermark, token).
-    tracked: VecDeque<(u64, Option<Watermark>, Option<Token>)>,
+    /// Which acks the streamer hears of, and when.
+    acks: AckReport,
     /// Set while an error frame waits for its ack before the close.
     error_frame: Option<u64>,
-    /// The newest acked commit the streamer has not heard of: (the ack's id, its watermark).
-    unreported: Option<(u64, Watermark)>,
-    /// A report of `unreported` is scheduled ([`COMMIT_REPORT_DELAY`]).
-    report_armed: bool,
     /// Where each frame of the batch being written ends (kept to reuse its allocation).
     ends: Vec<usize>,
 }
-
-/// How long an acked commit may wait before the streamer hears of it, when no tracked frame
-/// was acked with it.
-///
-/// ### Why acked commits are reported late
-/// Acks of tracked frames (flow control, catch-up batches, progress) are reported at once:
-/// something waits on them. An acked commit only moves the subscriber's acked watermark, which
-/// the purge rule and `/status` read, and neither needs it within milliseconds. Reporting every
-/// one cost a message to the streamer per transaction per subscriber, each waking the
-/// streamer's thread and making it poll its timers; reporting the newest of them once per
-/// delay costs a few hundred per second per subscriber at most, whatever the rate.
-const COMMIT_REPORT_DELAY: Duration = Duration::from_millis(5);
 
 /// `{"msg":` + `,"id":` + up to 20 digits + `}`.
 const FRAME_OVERHEAD: usize = 34;
@@ -83,19 +66,18 @@ impl SubscriberSession {
         reservations: Option<Addr<ReservationActor>>,
         ping_interval: Duration,
     ) -> Self {
+        let session_id = SessionId::next();
         SubscriberSession {
-            session_id: SessionId::next(),
+            session_id,
             params,
             streamer,
             reservations,
             ping_interval,
             framing: Framing::default(),
             liveness: Liveness::default(),
-            tracked: VecDeque::new(),
+            acks: AckReport::new(session_id),
             error_frame: None,
             ends: Vec::new(),
-            unreported: None,
-            report_armed: false,
         }
     }
 
@@ -125,9 +107,7 @@ impl SubscriberSession {
         for f in frames {
             let id = self.framing.frame_into(&f.message, &mut text);
             self.ends.push(text.len());
-            if f.commit.is_some() || f.token.is_some() {
-                self.tracked.push_back((id, f.commit.clone(), f.token));
-            }
+            self.acks.sent(id, f);
         }
         let all = ByteString::from(text);
         let mut start = 0;
@@ -142,37 +122,17 @@ impl SubscriberSession {
             close(ctx, SessionEnd::ErrorAcked);
             return;
         }
-        let mut tokens = Vec::new();
-        while self.tracked.front().is_some_and(|(t, _, _)| *t <= id) {
-            if let Some((_, c, t)) = self.tracked.pop_front() {
-                if let Some(c) = c {
-                    self.unreported = Some((id, c));
-                }
-                tokens.extend(t);
+        match self.acks.acked(id) {
+            AfterAck::Report(progress) => self.streamer.do_send(progress),
+            AfterAck::ReportLater => {
+                ctx.run_later(COMMIT_REPORT_DELAY, |act, _| {
+                    if let Some(progress) = act.acks.delay_passed() {
+                        act.streamer.do_send(progress);
+                    }
+                });
             }
+            AfterAck::Nothing => {}
         }
-        if !tokens.is_empty() {
-            self.report(id, tokens);
-        } else if self.unreported.is_some() && !self.report_armed {
-            self.report_armed = true;
-            ctx.run_later(COMMIT_REPORT_DELAY, |act, _| {
-                act.report_armed = false;
-                if let Some((id, _)) = act.unreported {
-                    act.report(id, Vec::new());
-                }
-            });
-        }
-    }
-
-    /// Tells the streamer the client acked through `acked`, with the tracked frames' `tokens`
-    /// and the newest acked commit not yet reported.
-    fn report(&mut self, acked: u64, tokens: Vec<Token>) {
-        self.streamer.do_send(SessionProgress {
-            session_id: self.session_id,
-            acked_messages: acked,
-            acked_commit: self.unreported.take().map(|(_, c)| c),
-            tokens,
-        });
     }
 }
 

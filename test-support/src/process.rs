@@ -22,6 +22,18 @@ impl ServiceProcess {
     /// returns once it logged where it listens. Its stderr is drained on a thread (a full pipe
     /// would stall the service's logging).
     pub fn spawn(bin: &Path, port: u16, data_dir: &Path, args: &[&str]) -> ServiceProcess {
+        Self::spawn_logging(bin, port, data_dir, args, "info")
+    }
+
+    /// [`ServiceProcess::spawn`] with `RUST_LOG=rust_log`, which must keep the info line of
+    /// `change_streamer::server` saying where it listens (a benchmark keeps the rest quiet).
+    pub fn spawn_logging(
+        bin: &Path,
+        port: u16,
+        data_dir: &Path,
+        args: &[&str],
+        rust_log: &str,
+    ) -> ServiceProcess {
         let mut child = Command::new(bin)
             .args([
                 "--host",
@@ -32,7 +44,7 @@ impl ServiceProcess {
             ])
             .arg(data_dir)
             .args(args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .stderr(Stdio::piped())
             .spawn()
             .expect("start the binary");
@@ -49,6 +61,11 @@ impl ServiceProcess {
             .recv_timeout(Duration::from_secs(20))
             .expect("the service never said where it listens");
         ServiceProcess { child, addr }
+    }
+
+    /// Its process id (for `/proc/PID/...`).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn ws(&self, path: &str) -> String {
