@@ -307,7 +307,7 @@ async fn sigterm_closes_subscriptions_and_reservations_with_1001_and_exits_0() {
     let status = format!("http://{addr}/status");
     let started = Instant::now();
     loop {
-        let mut resp = awc::Client::new()
+        let mut resp = change_streamer_test_support::client::http_client()
             .get(&status)
             .send()
             .await
@@ -317,7 +317,7 @@ async fn sigterm_closes_subscriptions_and_reservations_with_1001_and_exits_0() {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(10),
+            started.elapsed() < change_streamer_test_support::wait::STATUS_LIMIT,
             "no initial sync: {st}"
         );
         actix_rt::time::sleep(Duration::from_millis(10)).await;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::own_thread::on_own_thread;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::{json, Value};
@@ -83,11 +84,28 @@ async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
         "50",
     ])
     .await;
+    // Each client reads from the moment it connects, on a thread of its own: at a 50 ms ping
+    // interval one that waits for the test's thread would be dropped by liveness.
     let mut healthy = Vec::new();
     for id in ["a", "b"] {
-        healthy.push(WsClient::connect(&changes_url(&svc, id, 100)).await);
+        let url = changes_url(&svc, id, 100);
+        healthy.push(on_own_thread(move || async move {
+            let mut c = WsClient::connect(&url).await;
+            read_txns(&mut c, 110).await
+        }));
     }
-    let mut silent = WsClient::connect(&changes_url(&svc, "silent", 100)).await;
+    // The silent one reads (and so answers pings) but never acks.
+    let url = changes_url(&svc, "silent", 100);
+    let silent = on_own_thread(move || async move {
+        let mut c = WsClient::connect(&url).await;
+        loop {
+            match c.next(Duration::from_secs(10)).await {
+                Some(Seen::Msg { .. }) => {}
+                Some(Seen::Closed { code, reason }) => return (code, reason),
+                None => panic!("not evicted"),
+            }
+        }
+    });
     svc.wait_status("three live subscribers", |s| {
         s["subscribers"].as_array().map(Vec::len) == Some(3)
             && s["subscribers"]
@@ -101,25 +119,17 @@ async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
     for n in 101..=110 {
         up.send(txn(n, 200));
     }
-    let readers: Vec<_> = healthy
-        .into_iter()
-        .map(|mut c| actix_rt::spawn(async move { read_txns(&mut c, 110).await }))
-        .collect();
-    // The silent one reads (and so answers pings) but never acks.
-    let closed = loop {
-        match silent.next(Duration::from_secs(10)).await {
-            Some(Seen::Msg { .. }) => {}
-            Some(Seen::Closed { code, reason }) => break (code, reason),
-            None => panic!("not evicted"),
-        }
-    };
+    let closed = silent.await.expect("the silent client's thread");
     assert_eq!(closed.0, 1013, "{closed:?}");
     assert!(
         closed.1.starts_with("too slow: lagging ") && closed.1.contains(" ms on watermark "),
         "{closed:?}"
     );
-    for r in readers {
-        assert_eq!(r.await.unwrap(), (101..=110).collect::<Vec<_>>());
+    for r in healthy {
+        assert_eq!(
+            r.await.expect("a healthy client's thread"),
+            (101..=110).collect::<Vec<_>>()
+        );
     }
     let (_, metrics) = svc.get("/metrics").await;
     assert!(
@@ -212,10 +222,15 @@ async fn an_acking_subscriber_survives_a_large_catch_up_with_a_short_ping_interv
         s["changeLog"]["maxWatermark"] == json!(w(last))
     })
     .await;
-    let mut c = WsClient::connect(&changes_url(&svc, "r", 100)).await;
-    assert_eq!(
-        read_txns(&mut c, last).await,
-        (101..=last).collect::<Vec<_>>()
-    );
+    // On a thread of its own: on the test's thread the client would wait for the streamer's
+    // turns (it runs there), silent for longer than the ping interval on a busy machine.
+    let url = changes_url(&svc, "r", 100);
+    let got = on_own_thread(move || async move {
+        let mut c = WsClient::connect(&url).await;
+        read_txns(&mut c, last).await
+    })
+    .await
+    .expect("the client's thread");
+    assert_eq!(got, (101..=last).collect::<Vec<_>>());
     svc.stop().await;
 }

@@ -1,9 +1,12 @@
 //! End to end: snapshot reservations over real websockets against the real server (PROTOCOL.md §6,
 //! §5, §11, §12), with a fake change source feeding the change log.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::own_thread::on_own_thread;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
@@ -173,29 +176,46 @@ async fn a_bad_ack_closes_with_1002_and_ends_the_reservation_as_a_drop() {
 #[actix_rt::test]
 async fn liveness_drops_a_silent_client() {
     let (svc, _up) = initialized(&["--ping-interval-ms", "100"]).await;
-    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
-    c.msg().await;
-    // This client answers pings (in `next`), so it stays.
-    assert_eq!(c.next(Duration::from_millis(400)).await, None);
-    assert_eq!(
-        svc.status().await["reservations"].as_array().map(Vec::len),
-        Some(1)
-    );
-    // A client that reads nothing (and so never pongs) is dropped after about two intervals.
+    // This client answers pings (in `next`), so it stays. It reads on a thread of its own until
+    // told to stop: on the test's thread it would be silent while the test waits.
+    let url = svc.ws("/replication/v6/snapshot?taskID=t1");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (reserved_tx, reserved) = tokio::sync::oneshot::channel();
+    let stopped = stop.clone();
+    let answering = on_own_thread(move || async move {
+        let mut c = WsClient::connect(&url).await;
+        c.msg().await;
+        let _ = reserved_tx.send(());
+        while !stopped.load(Ordering::SeqCst) {
+            if let Some(seen) = c.next(Duration::from_millis(50)).await {
+                return Some(seen);
+            }
+        }
+        None
+    });
+    reserved.await.expect("the answering client's thread");
+    // A client that reads nothing (and so never pongs) is dropped after about two intervals;
+    // the one answering pings outlives it.
     let _silent = awc::Client::new()
         .ws(svc.ws("/replication/v6/snapshot?taskID=mute"))
         .connect()
         .await
         .unwrap();
-    assert_eq!(c.next(Duration::from_millis(600)).await, None);
-    let st = svc.status().await;
-    let tasks: Vec<_> = st["reservations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["taskID"].clone())
-        .collect();
-    assert_eq!(tasks, vec![json!("t1")], "{st}");
+    svc.wait_status("the silent client's reservation", |s| {
+        s["reservations"].as_array().map(Vec::len) == Some(2)
+    })
+    .await;
+    let st = svc
+        .wait_status("the silent client dropped", |s| {
+            s["reservations"].as_array().map(Vec::len) == Some(1)
+        })
+        .await;
+    assert_eq!(st["reservations"][0]["taskID"], "t1", "{st}");
+    stop.store(true, Ordering::SeqCst);
+    assert_eq!(
+        answering.await.expect("the answering client's thread"),
+        None
+    );
     svc.stop().await;
 }
 

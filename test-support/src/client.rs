@@ -16,6 +16,13 @@ pub enum Seen {
     Closed { code: u16, reason: String },
 }
 
+/// An awc client without awc's default 5 s limit on a request: on a busy machine an answer (a
+/// `/status`, a websocket handshake) can take longer, and a test waits for the answer itself
+/// (its own limits, where it has them, say what was awaited).
+pub fn http_client() -> awc::Client {
+    awc::Client::builder().disable_timeout().finish()
+}
+
 pub struct WsClient {
     framed: Framed<BoxedSocket, Codec>,
     pub closed: Option<(u16, String)>,
@@ -23,7 +30,7 @@ pub struct WsClient {
 
 impl WsClient {
     pub async fn connect(url: &str) -> WsClient {
-        let (_, framed) = awc::Client::new()
+        let (_, framed) = http_client()
             .ws(url)
             .max_frame_size(64 << 20)
             .connect()

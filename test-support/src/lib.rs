@@ -2,13 +2,14 @@
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
 //! it to replicate, a websocket client, the service in-process
 //! (feature `service`), the vendored fixtures, the peer harness, a PostgreSQL database
-//! of its own for each test, and waiting on a condition.
+//! of its own for each test, waiting on a condition, and a client's thread of its own.
 
 pub mod backup_replica;
 pub mod client;
 pub mod feed;
 pub mod fixtures;
 pub mod litestream;
+pub mod own_thread;
 pub mod peer;
 pub mod pg;
 pub mod process;

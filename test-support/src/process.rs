@@ -101,7 +101,7 @@ impl ServiceProcess {
 
     /// `/status` as JSON.
     pub async fn status(&self) -> Value {
-        let mut resp = awc::Client::new()
+        let mut resp = crate::client::http_client()
             .get(format!("http://{}/status", self.addr))
             .send()
             .await

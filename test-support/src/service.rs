@@ -56,7 +56,7 @@ impl TestService {
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = awc::Client::new()
+        let mut resp = crate::client::http_client()
             .get(format!("http://{}{}", self.base(), path))
             .send()
             .await

@@ -84,7 +84,7 @@ impl Drop for Instance {
 
 /// `GET http://{addr}{path}`: the status code and the body.
 pub async fn get(addr: &str, path: &str) -> (u16, String) {
-    let mut resp = awc::Client::new()
+    let mut resp = change_streamer_test_support::client::http_client()
         .get(format!("http://{addr}{path}"))
         .send()
         .await
