@@ -29,8 +29,8 @@ use change_streamer_actors::vfs::{
 use change_streamer_actors::vfs_reader::SUBCOMMAND;
 use change_streamer_test_support::stock_litestream::{self, Replication};
 use change_streamer_test_support::wait::wait_until;
-use rusqlite::Connection;
 use common::recording_purge::RecordingPurge;
+use rusqlite::Connection;
 use tempfile::TempDir;
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
