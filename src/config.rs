@@ -142,6 +142,19 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_subscriber_queue_changes: u64,
 
+    /// The most bytes of change payload held in memory for one subscriber, counted in the same
+    /// changes (a change shared with others counts for each); past it the subscriber reads
+    /// from the change log instead (≥ 65536).
+    #[arg(long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_BYTES", default_value_t = 16 << 20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(65536..))]
+    pub max_subscriber_queue_bytes: u64,
+
+    /// The most bytes of change payload held in memory for all subscribers together; past it
+    /// the subscriber holding the most reads from the change log first (≥ 65536).
+    #[arg(long, env = "ZERO_MAX_QUEUED_BYTES", default_value_t = 256 << 20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(65536..))]
+    pub max_queued_bytes: u64,
+
     /// Path of litestream 0.5's SQLite VFS extension (`litestream-vfs.so`): the backup monitor
     /// reads the backed-up watermark out of the backup itself instead of the metrics.
     #[arg(long, env = "ZERO_LITESTREAM_VFS")]
@@ -368,6 +381,8 @@ mod tests {
         assert_eq!(c.ping_interval_ms, 30_000);
         assert_eq!(c.slow_subscriber_grace_ms, 30_000);
         assert_eq!(c.max_subscriber_queue_changes, 20_000);
+        assert_eq!(c.max_subscriber_queue_bytes, 16 << 20);
+        assert_eq!(c.max_queued_bytes, 256 << 20);
         assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
         assert_eq!((c.change_db, c.takeover_interval_ms), (None, 1_000));
         let c = parse(&["--change-db", "postgres://u@db:5432/zero"]).unwrap();

@@ -124,6 +124,8 @@ impl Service {
         let streamer_cfg = StreamerConfig {
             padding: config.padding(),
             max_queue_changes: config.max_subscriber_queue_changes as usize,
+            max_queue_bytes: config.max_subscriber_queue_bytes as usize,
+            max_queued_bytes: config.max_queued_bytes as usize,
             slow_grace: config.slow_subscriber_grace(),
             ..StreamerConfig::default()
         };

@@ -188,6 +188,7 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
         catchup_batch: 10,
         max_queue_changes: 20,
         slow_grace: None,
+        ..StreamerConfig::default()
     };
     let streamer = Streamer::new(cfg, log, &stats).start();
     let txn = |n: u64| vec![begin(n), data(n), commit(n)];

@@ -34,6 +34,7 @@ struct Recorder {
     session_id: SessionId,
     streamer: Addr<Streamer>,
     received: u64,
+    received_bytes: u64,
     delivered_at: Arc<Mutex<Vec<Instant>>>,
 }
 
@@ -46,6 +47,7 @@ impl Handler<ToSession> for Recorder {
     fn handle(&mut self, msg: ToSession, _: &mut Context<Self>) {
         let ToSession::Send(frames) = msg else { return };
         self.received += frames.len() as u64;
+        self.received_bytes += frames.iter().map(|f| f.message.len() as u64).sum::<u64>();
         self.delivered_at.lock().unwrap().push(Instant::now());
         let commit = frames.iter().rev().find_map(|f| f.commit.clone());
         let tokens: Vec<_> = frames.iter().filter_map(|f| f.token).collect();
@@ -53,6 +55,7 @@ impl Handler<ToSession> for Recorder {
             self.streamer.do_send(SessionProgress {
                 session_id: self.session_id,
                 acked_messages: self.received,
+                acked_bytes: self.received_bytes,
                 acked_commit: commit,
                 tokens,
             });
@@ -110,6 +113,7 @@ async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
         session_id,
         streamer: s2,
         received: 0,
+        received_bytes: 0,
         delivered_at: d2,
     });
     streamer

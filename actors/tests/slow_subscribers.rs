@@ -126,6 +126,13 @@ async fn a_lagging_subscriber_that_leaves_before_the_grace_is_not_counted_as_evi
 }
 
 /// Transactions `from..=to`, each with `rows(n)` inserts.
+/// A data message whose payload is about `bytes` long.
+fn sized_data(i: u64, bytes: usize) -> UpstreamMessage {
+    UpstreamMessage::Data {
+        payload: format!(r#"{{"tag":"insert","i":{i},"s":"{}"}}"#, "x".repeat(bytes)),
+    }
+}
+
 fn txns(from: u64, to: u64, rows: impl Fn(u64) -> u64) -> Vec<UpstreamMessage> {
     (from..=to)
         .flat_map(|n| {
@@ -172,6 +179,7 @@ async fn a_subscriber_that_never_reads_holds_at_most_the_limit_and_later_gets_ev
         catchup_batch: 20,
         max_queue_changes: limit,
         slow_grace: None,
+        ..StreamerConfig::default()
     };
     let s = setup_with(cfg, &[false, true]).await;
     // Transactions of 0–7 rows, and every 25th one larger than the limit on its own.
@@ -233,6 +241,7 @@ async fn a_rolled_back_transaction_is_closed_for_a_subscriber_that_overflowed_in
         catchup_batch: 5,
         max_queue_changes: limit,
         slow_grace: None,
+        ..StreamerConfig::default()
     };
     let s = setup_with(cfg, &[true]).await;
     let mut msgs = vec![begin(101)];
@@ -260,4 +269,143 @@ async fn a_rolled_back_transaction_is_closed_for_a_subscriber_that_overflowed_in
         .expect("the rollback closes what it began");
     assert!(got[1].starts_with("[\"begin\""), "{got:?}");
     assert_whole_transactions(&got[rollback + 1..], 102, 102);
+}
+
+/// Transactions `from..=to` of `rows` data messages of about `bytes` each.
+fn sized_txns(from: u64, to: u64, rows: u64, bytes: usize) -> Vec<UpstreamMessage> {
+    (from..=to)
+        .flat_map(|n| {
+            std::iter::once(begin(n))
+                .chain((0..rows).map(move |i| sized_data(n * 1000 + i, bytes)))
+                .chain([commit(n)])
+        })
+        .collect()
+}
+
+/// Feeds `batches` to a streamer whose subscriber 1 never reads, checking after each that it
+/// holds at most `bound` bytes (or one change alone); then lets it read and checks that it got
+/// every transaction whole, in order, once.
+async fn holds_at_most_the_byte_bound(
+    s: &Setup,
+    batches: Vec<Vec<UpstreamMessage>>,
+    bound: u64,
+    last: u64,
+) {
+    let mut most = 0;
+    for b in batches {
+        s.streamer.send(UpstreamBatch(b)).await.unwrap().unwrap();
+        let st = s.streamer.send(GetStreamerState).await.unwrap();
+        let slow = &st.subscribers[1];
+        assert!(
+            slow.queued_bytes <= bound || slow.pending == 1,
+            "holds too much: {slow:?}"
+        );
+        most = most.max(slow.queued_bytes);
+    }
+    assert!(most > bound / 2, "the bound was never approached: {most}");
+    until("the healthy subscriber to get everything", || {
+        let session = s.sessions[0].clone();
+        async move { session.send(Commits).await.unwrap().last() == Some(&w(last)) }
+    })
+    .await;
+    s.sessions[1].send(SetStalled(false)).await.unwrap();
+    until("the slow subscriber to catch up", || {
+        let (session, streamer) = (s.sessions[1].clone(), s.streamer.clone());
+        async move {
+            session.send(AckNow).await.unwrap();
+            let st = streamer.send(GetStreamerState).await.unwrap();
+            st.subscribers[1].phase == Phase::Live
+                && session.send(Commits).await.unwrap().last() == Some(&w(last))
+        }
+    })
+    .await;
+    for session in &s.sessions {
+        let (got, _) = session.send(Received).await.unwrap();
+        assert_whole_transactions(&got, 101, last);
+    }
+}
+
+fn byte_bound_config(bytes: usize) -> StreamerConfig {
+    StreamerConfig {
+        padding: Some(Duration::ZERO),
+        flow_control_bytes: usize::MAX,
+        catchup_batch: 50,
+        max_queue_changes: 1_000_000,
+        max_queue_bytes: bytes,
+        slow_grace: None,
+        ..StreamerConfig::default()
+    }
+}
+
+#[actix_rt::test]
+async fn the_byte_bound_holds_with_large_changes_and_catch_up_misses_nothing() {
+    let bound = 64 * 1024;
+    let s = setup_with(byte_bound_config(bound), &[false, true]).await;
+    // 10 KiB changes, 5 to a transaction, and one 100 KiB change (larger than the bound alone).
+    let mut batches: Vec<_> = (101..=160)
+        .map(|n| sized_txns(n, n, 5, 10 * 1024))
+        .collect();
+    batches.push(sized_txns(161, 161, 1, 100 * 1024));
+    batches.push(sized_txns(162, 170, 5, 10 * 1024));
+    holds_at_most_the_byte_bound(&s, batches, bound as u64, 170).await;
+}
+
+#[actix_rt::test]
+async fn the_byte_bound_holds_with_small_changes_and_catch_up_misses_nothing() {
+    let bound = 64 * 1024;
+    let s = setup_with(byte_bound_config(bound), &[false, true]).await;
+    // 100-byte changes, 20 to a transaction: the bound in bytes, not the count, stops it.
+    let batches: Vec<_> = (101..=300).map(|n| sized_txns(n, n, 20, 100)).collect();
+    holds_at_most_the_byte_bound(&s, batches, bound as u64, 300).await;
+}
+
+#[actix_rt::test]
+async fn the_global_budget_bounds_all_subscribers_together_and_moves_the_largest_first() {
+    let budget = 200 * 1024;
+    let cfg = StreamerConfig {
+        max_queued_bytes: budget,
+        ..byte_bound_config(1 << 20)
+    };
+    // One healthy subscriber and three that never read, each allowed 1 MiB alone.
+    let s = setup_with(cfg, &[false, true, true, true]).await;
+    let last = 200;
+    for n in 101..=last {
+        s.streamer
+            .send(UpstreamBatch(sized_txns(n, n, 5, 4 * 1024)))
+            .await
+            .unwrap()
+            .unwrap();
+        let st = s.streamer.send(GetStreamerState).await.unwrap();
+        // Within the budget, but for what healthy subscribers read past it (one change or
+        // 64 KiB each) and the transaction's close.
+        assert!(st.queued_bytes <= budget as u64 + 70 * 1024, "{st:?}");
+    }
+    let st = s.streamer.send(GetStreamerState).await.unwrap();
+    let stalled: Vec<u64> = st.subscribers[1..].iter().map(|s| s.queued_bytes).collect();
+    assert!(stalled.iter().all(|&b| b > 0), "{stalled:?}");
+    until("the healthy subscriber to get everything", || {
+        let session = s.sessions[0].clone();
+        async move { session.send(Commits).await.unwrap().last() == Some(&w(last)) }
+    })
+    .await;
+    for i in 1..=3 {
+        s.sessions[i].send(SetStalled(false)).await.unwrap();
+    }
+    until("the stalled subscribers to catch up", || {
+        let (sessions, streamer) = (s.sessions.clone(), s.streamer.clone());
+        async move {
+            let mut all = true;
+            for session in &sessions {
+                session.send(AckNow).await.unwrap();
+                all &= session.send(Commits).await.unwrap().last() == Some(&w(last));
+            }
+            let st = streamer.send(GetStreamerState).await.unwrap();
+            all && st.subscribers.iter().all(|s| s.phase == Phase::Live)
+        }
+    })
+    .await;
+    for session in &s.sessions {
+        let (got, _) = session.send(Received).await.unwrap();
+        assert_whole_transactions(&got, 101, last);
+    }
 }

@@ -6,6 +6,7 @@
 //! line. The same workload drives our service and zero's replication-manager.
 
 mod cpu;
+mod memory;
 mod report;
 mod shared;
 mod subscriber;
@@ -21,6 +22,7 @@ use tokio::net::TcpListener;
 
 use crate::report::{Report, Snapshot};
 use crate::shared::Shared;
+use crate::subscriber::Framing;
 use crate::upstream::{Pace, SourceConfig};
 
 #[derive(Parser, Debug)]
@@ -43,6 +45,16 @@ struct Args {
     /// Inserts per transaction.
     #[arg(long, default_value_t = 10)]
     changes: usize,
+    /// Bytes of each insert's payload (about); 0 keeps the ~160-byte rows.
+    #[arg(long, default_value_t = 0)]
+    row_bytes: usize,
+    /// Subscribe with `wsBatched=true`: read both frame shapes, ack cumulatively (PROTOCOL.md §5).
+    #[arg(long)]
+    batched: bool,
+    /// More subscribers that ack their `status` and then never read their socket (PROTOCOL.md
+    /// §10.2); not counted in the deliveries.
+    #[arg(long, default_value_t = 0)]
+    never_reading: usize,
     /// Transactions per second; 0 = saturate (as many as the window allows).
     #[arg(long, default_value_t = 0.0)]
     rate: f64,
@@ -96,6 +108,7 @@ async fn run(args: Args) -> i32 {
         app: args.app.clone(),
         shard: args.shard.clone(),
         changes: args.changes,
+        filler: workload::filler(args.row_bytes),
         window: args.window,
         pace,
     };
@@ -120,6 +133,12 @@ async fn run(args: Args) -> i32 {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    tokio::task::spawn_local(memory::sample_peak(shared.clone(), pid));
+    let framing = if args.batched {
+        Framing::Batched
+    } else {
+        Framing::PerFrame
+    };
     for k in 0..args.subs {
         let name = format!("lg-{}-{k}", std::process::id());
         tokio::task::spawn_local(subscriber::run(
@@ -127,10 +146,20 @@ async fn run(args: Args) -> i32 {
             args.service.clone(),
             name,
             args.changes,
+            framing,
             deadline,
         ));
     }
-    while shared.subs_ready.get() < args.subs {
+    for k in 0..args.never_reading {
+        let name = format!("lg-{}-never-{k}", std::process::id());
+        tokio::task::spawn_local(subscriber::hold(
+            shared.clone(),
+            args.service.clone(),
+            name,
+            deadline,
+        ));
+    }
+    while shared.subs_ready.get() < args.subs + args.never_reading {
         if shared.error_count.get() > 0 || Instant::now() > deadline {
             fail("subscribers did not all get their status");
         }
@@ -150,10 +179,13 @@ async fn run(args: Args) -> i32 {
     shared.recording.set(false);
     let b = Snapshot::take(&shared, pid);
     shared.stop.set(true);
+    shared.stop_changed.notify_waiters();
 
     let report = Report {
         label: &args.label,
         subs: args.subs,
+        never_reading: args.never_reading,
+        batched: args.batched,
         changes_per_txn: args.changes,
         rate: args.rate,
         window: args.window,

@@ -15,6 +15,7 @@ pub struct Snapshot {
     own_cpu_s: f64,
     txns_sent: u64,
     acked: u64,
+    frames: u64,
     msgs: u64,
     changes: u64,
     commits: u64,
@@ -28,6 +29,7 @@ impl Snapshot {
             own_cpu_s: cpu::own_cpu_s(),
             txns_sent: shared.txns_sent.get(),
             acked: shared.acked.get(),
+            frames: shared.frames.get(),
             msgs: shared.msgs.get(),
             changes: shared.changes.get(),
             commits: shared.commits.get(),
@@ -38,6 +40,8 @@ impl Snapshot {
 pub struct Report<'a> {
     pub label: &'a str,
     pub subs: usize,
+    pub never_reading: usize,
+    pub batched: bool,
     pub changes_per_txn: usize,
     pub rate: f64,
     pub window: u64,
@@ -84,6 +88,8 @@ impl Report<'_> {
         let j = json!({
             "service": self.label,
             "subs": self.subs,
+            "neverReading": self.never_reading,
+            "framing": if self.batched { "batched" } else { "per-frame" },
             "changesPerTxn": self.changes_per_txn,
             "mode": if self.rate > 0.0 { "rate" } else { "saturate" },
             "targetTxnsPerS": self.rate,
@@ -94,6 +100,9 @@ impl Report<'_> {
             "deliveriesPerS": r2(deliveries / secs),
             "txnDeliveriesPerS": r2((b.commits - a.commits) as f64 / secs),
             "msgsPerS": r2((b.msgs - a.msgs) as f64 / secs),
+            "framesPerS": r2((b.frames - a.frames) as f64 / secs),
+            "changesReceived": b.changes,
+            "serviceRssAnonPeakMiB": r2(self.shared.service_rss_anon_peak_kib.get() as f64 / 1024.0),
             "serviceCpuS": r2(service_cpu),
             "serviceCores": r2(service_cpu / secs),
             "serviceCpuUsPerDelivery": r2(per_delivery_us(service_cpu)),
@@ -107,15 +116,18 @@ impl Report<'_> {
         });
         println!("{j}");
         println!(
-            "{} {} subs {}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; {} errors",
+            "{} {} subs{} {}{}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; service RssAnon peak {:.0} MiB; {} errors",
             self.label,
             self.subs,
+            if self.never_reading > 0 { format!(" (+{} never reading)", self.never_reading) } else { String::new() },
+            if self.batched { "batched " } else { "" },
             if self.rate > 0.0 { format!("at {} txns/s", self.rate) } else { "saturated".into() },
             deliveries / secs,
             (b.txns_sent - a.txns_sent) as f64 / secs,
             per_delivery_us(service_cpu),
             service_cpu / secs,
             per_delivery_us(own_cpu),
+            self.shared.service_rss_anon_peak_kib.get() as f64 / 1024.0,
             self.shared.error_count.get()
         );
     }

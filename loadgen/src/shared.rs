@@ -17,13 +17,15 @@ pub struct Shared {
     /// Latencies and gaps are recorded only inside the measured window.
     pub recording: Cell<bool>,
     pub stop: Cell<bool>,
+    pub stop_changed: Notify,
     /// Nanoseconds after `t0` at which transaction `FIRST_SEQ + i` left for the service.
     sent_at: RefCell<Vec<u64>>,
     /// Highest sequence number the service acked upstream (durably stored).
     pub acked: Cell<u64>,
     /// Transactions written upstream.
     pub txns_sent: Cell<u64>,
-    /// Over all subscribers: messages, `data` changes and commits received.
+    /// Over all subscribers: frames, messages (payloads), `data` changes and commits received.
+    pub frames: Cell<u64>,
     pub msgs: Cell<u64>,
     pub changes: Cell<u64>,
     pub commits: Cell<u64>,
@@ -34,6 +36,8 @@ pub struct Shared {
     pub longest_gap_us: Cell<u64>,
     pub errors: RefCell<Vec<String>>,
     pub error_count: Cell<u64>,
+    /// Highest RssAnon of the service process seen so far (KiB), sampled every 100 ms.
+    pub service_rss_anon_peak_kib: Cell<u64>,
 }
 
 impl Shared {
@@ -44,9 +48,11 @@ impl Shared {
             go_changed: Notify::new(),
             recording: Cell::new(false),
             stop: Cell::new(false),
+            stop_changed: Notify::new(),
             sent_at: RefCell::new(Vec::new()),
             acked: Cell::new(FIRST_SEQ),
             txns_sent: Cell::new(0),
+            frames: Cell::new(0),
             msgs: Cell::new(0),
             changes: Cell::new(0),
             commits: Cell::new(0),
@@ -56,6 +62,7 @@ impl Shared {
             longest_gap_us: Cell::new(0),
             errors: RefCell::new(Vec::new()),
             error_count: Cell::new(0),
+            service_rss_anon_peak_kib: Cell::new(0),
         }
     }
 

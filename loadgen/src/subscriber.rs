@@ -3,6 +3,11 @@
 //! 1, 2, 3…, that the first message is `status`, and that transactions arrive whole
 //! (`begin`, `changes` × `data`, `commit` of the same watermark) with no watermark skipped.
 //! Inside the measured window it records commit-to-receipt latency and the gap between commits.
+//!
+//! With `--batched` it subscribes with `wsBatched=true`, reads both frame shapes
+//! (`{"msg":P,"id":n}` and `{"batch":[P1,…],"id":n}`) and sends one cumulative ack for all the
+//! frames read in one go: the id of the last. A never-reading subscriber ([`hold`]) subscribes,
+//! acks its `status` and then never reads its socket again.
 
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -19,11 +24,23 @@ use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// Either frame shape, for frames the fast paths do not read.
 #[derive(Deserialize)]
 struct Frame<'a> {
-    #[serde(borrow)]
-    msg: &'a RawValue,
+    #[serde(borrow, default)]
+    msg: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    batch: Option<Vec<&'a RawValue>>,
     id: u64,
+}
+
+/// How a subscriber subscribes and acks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// One ack per frame, in order (zero 0.26.2's client).
+    PerFrame,
+    /// `wsBatched=true`: both shapes, one cumulative ack per read.
+    Batched,
 }
 
 /// Where a subscriber is in the stream it checks.
@@ -45,27 +62,12 @@ pub async fn run(
     base: String,
     name: String,
     changes: usize,
+    framing: Framing,
     deadline: Instant,
 ) {
-    let rv = lexi(FIRST_SEQ);
-    let url = format!(
-        "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={rv}&initial=false"
-    );
-    let mut ws = loop {
-        match connect(&url).await {
-            Ok(ws) => break ws,
-            Err(e) if Instant::now() < deadline => {
-                log_retry(&name, &e);
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => {
-                shared.error(format!("{name}: could not subscribe: {e}"));
-                return;
-            }
-        }
+    let Some(mut ws) = subscribe(&shared, &base, &name, framing, deadline).await else {
+        return;
     };
-    shared.subs_ready.set(shared.subs_ready.get() + 1);
-    shared.subs_ready_changed.notify_one();
     let mut check = Check {
         name,
         last_id: 1,
@@ -77,9 +79,11 @@ pub async fn run(
     while !shared.stop.get() {
         let Some(first) = ws.next().await else { break };
         let mut next = Some(first);
+        let mut last_read = None;
         while let Some(m) = next {
             match m {
-                Ok(Message::Text(t)) => match check.message(&shared, t.as_str()) {
+                Ok(Message::Text(t)) => match check.frame(&shared, t.as_str()) {
+                    Some(id) if framing == Framing::Batched => last_read = Some(id),
                     Some(id) => {
                         if ws.feed(Message::text(ack_text(id))).await.is_err() {
                             break;
@@ -103,11 +107,119 @@ pub async fn run(
             }
             next = ws.next().now_or_never().flatten();
         }
+        if let Some(id) = last_read {
+            if ws.feed(Message::text(ack_text(id))).await.is_err() && !shared.stop.get() {
+                shared.error(format!("{}: ack write failed", check.name));
+                return;
+            }
+        }
         if ws.flush().await.is_err() && !shared.stop.get() {
             shared.error(format!("{}: ack write failed", check.name));
             return;
         }
     }
+}
+
+/// Subscribes (retrying while the service is not up or not initialised) and reports the
+/// subscriber ready once it has its `status`.
+async fn subscribe(
+    shared: &Shared,
+    base: &str,
+    name: &str,
+    framing: Framing,
+    deadline: Instant,
+) -> Option<Ws> {
+    let rv = lexi(FIRST_SEQ);
+    let batched = if framing == Framing::Batched {
+        "&wsBatched=true"
+    } else {
+        ""
+    };
+    let url = format!(
+        "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={rv}&initial=false{batched}"
+    );
+    let ws = loop {
+        match connect(&url).await {
+            Ok(ws) => break ws,
+            Err(e) if Instant::now() < deadline => {
+                log_retry(name, &e);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                shared.error(format!("{name}: could not subscribe: {e}"));
+                return None;
+            }
+        }
+    };
+    shared.subs_ready.set(shared.subs_ready.get() + 1);
+    shared.subs_ready_changed.notify_one();
+    Some(ws)
+}
+
+/// A subscriber that never reads: subscribes, acks its `status`, then holds the socket open
+/// unread until the run stops (the memory case of PROTOCOL.md §10.2).
+pub async fn hold(shared: Rc<Shared>, base: String, name: String, deadline: Instant) {
+    let Some(ws) = subscribe(&shared, &base, &name, Framing::PerFrame, deadline).await else {
+        return;
+    };
+    while !shared.stop.get() {
+        shared.stop_changed.notified().await;
+    }
+    drop(ws);
+}
+
+/// `{"batch":[P1,…],"id":N}` split into the payloads' list text `P1,…` and `N`, without a JSON
+/// parser, for batches written the way our service writes them (`batch` first, no spaces);
+/// [`payloads`] then splits the list.
+fn split_batch(text: &str) -> Option<(&str, u64)> {
+    let rest = text.strip_prefix(r#"{"batch":["#)?.strip_suffix('}')?;
+    let at = rest.rfind(r#"],"id":"#)?;
+    let digits = &rest[at + r#"],"id":"#.len()..];
+    let plain =
+        !digits.is_empty() && digits.len() < 20 && digits.bytes().all(|b| b.is_ascii_digit());
+    if !plain {
+        return None;
+    }
+    Some((&rest[..at], digits.parse().ok()?))
+}
+
+/// The top-level elements of a JSON list's inner text (`P1,P2,…`), found by tracking string
+/// quotes and bracket depth: each payload is a JSON array or object, so a comma at depth 0
+/// outside a string separates two of them.
+fn payloads(list: &str) -> impl Iterator<Item = &str> {
+    let bytes = list.as_bytes();
+    let (mut start, mut i, mut depth, mut in_str) = (0, 0, 0i32, false);
+    std::iter::from_fn(move || {
+        if start >= bytes.len() {
+            return None;
+        }
+        while i < bytes.len() {
+            let b = bytes[i];
+            i += 1;
+            if in_str {
+                match b {
+                    b'\\' => i += 1,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_str = true,
+                b'[' | b'{' => depth += 1,
+                b']' | b'}' => depth -= 1,
+                b',' if depth == 0 => {
+                    let p = &list[start..i - 1];
+                    start = i;
+                    return Some(p);
+                }
+                _ => {}
+            }
+        }
+        let p = &list[start..];
+        start = bytes.len();
+        Some(p)
+    })
 }
 
 /// `{"msg":M,"id":N}` split into `M` and `N` without a JSON parser, for frames written the way
@@ -168,7 +280,8 @@ async fn connect(url: &str) -> Result<Ws, String> {
     match ws.next().await {
         Some(Ok(Message::Text(t))) => {
             let f: Frame = serde_json::from_str(t.as_str()).map_err(|e| format!("{e}: {t}"))?;
-            if f.id != 1 || !f.msg.get().starts_with(r#"["status""#) {
+            let first = f.msg.or(f.batch.and_then(|b| b.first().copied()));
+            if f.id != 1 || !first.is_some_and(|m| m.get().starts_with(r#"["status""#)) {
                 return Err(format!("first message is not status #1: {t}"));
             }
             ws.send(Message::text(r#"{"ack":1}"#))
@@ -181,25 +294,49 @@ async fn connect(url: &str) -> Result<Ws, String> {
 }
 
 impl Check {
-    /// Checks one frame; the id to ack, or `None` when the subscription cannot go on.
-    fn message(&mut self, shared: &Shared, text: &str) -> Option<u64> {
-        let (msg, id) = match split_frame(text) {
-            Some(parts) => parts,
-            None => match serde_json::from_str::<Frame>(text) {
-                Ok(f) => (f.msg.get(), f.id),
+    /// Checks one frame, of either shape; the id to ack, or `None` when the subscription
+    /// cannot go on.
+    fn frame(&mut self, shared: &Shared, text: &str) -> Option<u64> {
+        let id = if let Some((msg, id)) = split_frame(text) {
+            self.message(shared, msg)?;
+            id
+        } else if let Some((list, id)) = split_batch(text) {
+            for msg in payloads(list) {
+                self.message(shared, msg)?;
+            }
+            id
+        } else {
+            let f = match serde_json::from_str::<Frame>(text) {
+                Ok(f) => f,
                 Err(e) => {
-                    shared.error(format!(
-                        "{}: not a {{msg,id}} frame ({e}): {text}",
-                        self.name
-                    ));
+                    shared.error(format!("{}: not a frame ({e}): {text}", self.name));
                     return None;
                 }
-            },
+            };
+            match (f.msg, f.batch) {
+                (Some(msg), None) => self.message(shared, msg.get())?,
+                (None, Some(batch)) if !batch.is_empty() => {
+                    for msg in batch {
+                        self.message(shared, msg.get())?;
+                    }
+                }
+                _ => {
+                    shared.error(format!("{}: neither msg nor batch: {text}", self.name));
+                    return None;
+                }
+            }
+            f.id
         };
         if id != self.last_id + 1 {
             shared.error(format!("{}: id {} after {}", self.name, id, self.last_id));
         }
         self.last_id = id;
+        shared.frames.set(shared.frames.get() + 1);
+        Some(id)
+    }
+
+    /// Checks one payload; `None` when the subscription cannot go on.
+    fn message(&mut self, shared: &Shared, msg: &str) -> Option<()> {
         shared.msgs.set(shared.msgs.get() + 1);
         if msg.starts_with(r#"["data""#) {
             shared.changes.set(shared.changes.get() + 1);
@@ -241,7 +378,7 @@ impl Check {
         } else {
             shared.error(format!("{}: unexpected message {msg}", self.name));
         }
-        Some(id)
+        Some(())
     }
 
     fn seq(&self, shared: &Shared, msg: &str) -> Option<u64> {
@@ -286,7 +423,12 @@ mod tests {
             r#"{"msg":["data",{"x":",\"id\":5"}],"id":18446744073709551}"#,
         ] {
             let f: Frame = serde_json::from_str(text).unwrap();
-            assert_eq!(split_frame(text), Some((f.msg.get(), f.id)), "{text}");
+            let msg = f.msg.map(|m| m.get());
+            assert_eq!(
+                split_frame(text).map(|(m, id)| (Some(m), id)),
+                Some((msg, f.id)),
+                "{text}"
+            );
         }
         for text in [
             r#"{"id":1,"msg":[]}"#,
@@ -295,6 +437,21 @@ mod tests {
         ] {
             assert_eq!(split_frame(text), None, "{text}");
         }
+    }
+
+    #[test]
+    fn batches_split_as_serde_json_reads_them() {
+        for text in [
+            r#"{"batch":[["data",{"tag":"insert","id":3}]],"id":12}"#,
+            r#"{"batch":[["begin",{"tag":"begin"},{"commitWatermark":"0b"}],["data",{"x":"],[\"\\","y":[1,{"z":"}"}]}],["commit",{"tag":"commit"},{"watermark":"0b"}]],"id":7}"#,
+        ] {
+            let f: Frame = serde_json::from_str(text).unwrap();
+            let want: Vec<&str> = f.batch.unwrap().iter().map(|p| p.get()).collect();
+            let (list, id) = split_batch(text).unwrap();
+            assert_eq!(payloads(list).collect::<Vec<_>>(), want, "{text}");
+            assert_eq!(id, f.id);
+        }
+        assert_eq!(split_batch(r#"{"id":1,"batch":[[]]}"#), None);
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub struct SourceConfig {
     pub app: String,
     pub shard: String,
     pub changes: usize,
+    /// The text column of every inserted row ([`crate::workload::filler`]).
+    pub filler: String,
     pub window: u64,
     pub pace: Pace,
 }
@@ -163,7 +165,7 @@ async fn connection(
             continue;
         }
         for seq in next..next + n {
-            live_tx(seq, cfg.changes, &mut frames);
+            live_tx(seq, cfg.changes, &cfg.filler, &mut frames);
             for f in frames.drain(..) {
                 sink.feed(Message::text(f)).await?;
             }

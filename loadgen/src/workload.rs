@@ -119,14 +119,22 @@ fn commit(w: &str) -> String {
     format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#)
 }
 
+/// The text column of every live row: 32 characters, or `row_bytes` minus the rest of the
+/// insert's payload (so that each `data` payload is about `row_bytes` long).
+pub fn filler(row_bytes: usize) -> String {
+    // The payload around the text column, for a watermark of ~5 characters and a small `i`.
+    const AROUND: usize = 130;
+    "x".repeat(row_bytes.saturating_sub(AROUND).max(32))
+}
+
 /// Appends the frames of live transaction `seq`: begin, `changes` inserts of a fresh row each
-/// (id `<watermark>-<i>`, as zero's peer source does), commit.
-pub fn live_tx(seq: u64, changes: usize, out: &mut Vec<String>) {
+/// (id `<watermark>-<i>`, as zero's peer source does, text column `s`), commit.
+pub fn live_tx(seq: u64, changes: usize, s: &str, out: &mut Vec<String>) {
     let w = lexi(seq);
     out.push(begin(&w));
     for i in 0..changes {
         out.push(format!(
-            r#"["data",{{"tag":"insert","relation":{REL},"new":{{"id":"{w}-{i}","n":{i},"s":"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"}}}}]"#
+            r#"["data",{{"tag":"insert","relation":{REL},"new":{{"id":"{w}-{i}","n":{i},"s":"{s}"}}}}]"#
         ));
     }
     out.push(commit(&w));
@@ -159,7 +167,7 @@ mod tests {
     #[test]
     fn watermark_is_read_from_begin_commit_and_status() {
         let mut out = Vec::new();
-        live_tx(1001, 1, &mut out);
+        live_tx(1001, 1, &filler(0), &mut out);
         assert_eq!(frame_watermark(&out[0]), Some("1rt"));
         assert_eq!(frame_watermark(&out[2]), Some("1rt"));
         assert_eq!(
@@ -172,7 +180,7 @@ mod tests {
     #[test]
     fn frames_are_json_arrays() {
         let mut out = Vec::new();
-        live_tx(1001, 10, &mut out);
+        live_tx(1001, 10, &filler(1024), &mut out);
         out.extend(initial_sync("zero", "0"));
         for f in out {
             let v: serde_json::Value = serde_json::from_str(&f).expect(&f);

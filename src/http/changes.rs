@@ -1,5 +1,5 @@
-//! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=`
-//! (PROTOCOL.md §7): checks the parameters and starts a [`SubscriberSession`].
+//! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=&wsBatched=`
+//! (PROTOCOL.md §7, §5): checks the parameters and starts a [`SubscriberSession`].
 
 use std::collections::HashMap;
 
@@ -27,15 +27,8 @@ pub fn parse_params(
     let watermark = Watermark::parse(&watermark).map_err(|_| {
         format!("Invalid watermark in subscription request: {watermark:?} is not a LexiVersion")
     })?;
-    let initial = match q.get("initial").map(String::as_str) {
-        None | Some("") | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            return Err(format!(
-                "Invalid initial in subscription request: {other:?} (true or false)"
-            ))
-        }
-    };
+    let initial = boolean(q, "initial", true)?;
+    let batched = boolean(q, "wsBatched", false)?;
     Ok(SubscriptionParams {
         protocol,
         id,
@@ -44,7 +37,20 @@ pub fn parse_params(
         replica_version,
         watermark,
         initial,
+        batched,
     })
+}
+
+/// A boolean parameter: `true`, `false`, absent (false) or, when `empty_is_false`, empty.
+fn boolean(q: &HashMap<String, String>, name: &str, empty_is_false: bool) -> Result<bool, String> {
+    match q.get(name).map(String::as_str) {
+        None | Some("false") => Ok(false),
+        Some("") if empty_is_false => Ok(false),
+        Some("true") => Ok(true),
+        Some(other) => Err(format!(
+            "Invalid {name} in subscription request: {other:?} (true or false)"
+        )),
+    }
 }
 
 pub async fn changes(
@@ -110,6 +116,20 @@ mod tests {
         )
         .unwrap();
         assert_eq!((p.mode, p.initial, p.task_id), (Mode::Serving, false, None));
+        assert!(!p.batched);
+        for (v, want) in [("true", true), ("false", false)] {
+            let p = parse_params(
+                6,
+                &q(&[
+                    ("id", "a"),
+                    ("replicaVersion", "1"),
+                    ("watermark", "0a"),
+                    ("wsBatched", v),
+                ]),
+            )
+            .unwrap();
+            assert_eq!(p.batched, want);
+        }
     }
 
     #[test]
@@ -145,5 +165,18 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("initial"), "{e}");
+        for bad in ["yes", "", "TRUE", "1"] {
+            let e = parse_params(
+                6,
+                &q(&[
+                    ("id", "a"),
+                    ("replicaVersion", "1"),
+                    ("watermark", "0a"),
+                    ("wsBatched", bad),
+                ]),
+            )
+            .unwrap_err();
+            assert!(e.starts_with("Invalid wsBatched"), "{e}");
+        }
     }
 }

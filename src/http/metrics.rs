@@ -175,6 +175,21 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         per_id(&o.streamer.subscribers, |s| s.pending as f64, |a, b| a + b),
     )?;
     m.gauges(
+        "change_streamer_subscriber_queued_bytes",
+        "Bytes of change payload held for a subscriber: sent and not acked, or queued (PROTOCOL.md §10.2).",
+        &["id"],
+        per_id(
+            &o.streamer.subscribers,
+            |s| s.queued_bytes as f64,
+            |a, b| a + b,
+        ),
+    )?;
+    m.gauge(
+        "change_streamer_queued_bytes",
+        "Bytes of change payload held for all subscribers together (PROTOCOL.md §10.2).",
+        o.streamer.queued_bytes as f64,
+    )?;
+    m.gauges(
         "change_streamer_subscriber_lag_seconds",
         "Age of a subscriber's oldest unacked change; 0 when none.",
         &["id"],

@@ -1,7 +1,9 @@
 //! `AckReport`: which of a subscriber's acks the streamer hears of, and when (PROTOCOL.md §5, §10):
-//! acks of tracked frames at once, an acked commit alone at most [`COMMIT_REPORT_DELAY`] later.
-//! The subscriber session uses it for its websocket; the benchmarks' in-process sessions use the
-//! same one, so that they cost the streamer what real sessions do.
+//! acks of tracked frames at once; an acked commit, or the ack of everything written, at most
+//! [`COMMIT_REPORT_DELAY`] later. Each report says how many messages and bytes of payload the
+//! client acked, whatever their framing (one per frame, or several in a batched frame acked
+//! cumulatively). The subscriber session uses it for its websocket; the benchmarks' in-process
+//! sessions use the same one, so that they cost the streamer what real sessions do.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -10,8 +12,8 @@ use change_streamer_actors::session_end::SessionId;
 use change_streamer_actors::streamer::{Outgoing, SessionProgress, Token};
 use change_streamer_actors::watermark::Watermark;
 
-/// How long an acked commit may wait before the streamer hears of it, when no tracked frame
-/// was acked with it.
+/// How long an acked commit (or the ack of everything written) may wait before the streamer
+/// hears of it, when no tracked frame was acked with it.
 ///
 /// ### Why acked commits are reported late
 /// Acks of tracked frames (flow control, catch-up batches, progress) are reported at once:
@@ -20,6 +22,11 @@ use change_streamer_actors::watermark::Watermark;
 /// one cost a message to the streamer per transaction per subscriber, each waking the
 /// streamer's thread and making it poll its timers; reporting the newest of them once per
 /// delay costs a few hundred per second per subscriber at most, whatever the rate.
+///
+/// ### Why the ack of everything written is reported too
+/// The streamer counts what a subscriber holds from the acks it hears of. Without this report
+/// a subscriber that acked every frame it got, none of them tracked or a commit (its first
+/// `status` alone), would go on showing them pending (PROTOCOL.md §11).
 pub const COMMIT_REPORT_DELAY: Duration = Duration::from_millis(5);
 
 /// What the session does after an ack.
@@ -33,16 +40,37 @@ pub enum AfterAck {
     Nothing,
 }
 
-/// The frames of one subscription whose ack matters, and the newest acked commit the streamer
-/// has not heard of.
+/// Messages and bytes of payload written (or acked) so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Count {
+    messages: u64,
+    bytes: u64,
+}
+
+/// A written frame whose ack matters: its id, what acking it means, and what was written up to
+/// and including it.
+#[derive(Debug)]
+struct Tracked {
+    id: u64,
+    commit: Option<Watermark>,
+    token: Option<Token>,
+    through: Count,
+}
+
+/// The frames of one subscription whose ack matters, what was written and acked, and the newest
+/// acked commit the streamer has not heard of.
 #[derive(Debug)]
 pub struct AckReport {
     session_id: SessionId,
-    /// Frames whose ack matters: (id, commit watermark, token).
-    tracked: VecDeque<(u64, Option<Watermark>, Option<Token>)>,
-    /// The newest acked commit the streamer has not heard of: (the ack's id, its watermark).
-    unreported: Option<(u64, Watermark)>,
-    /// A report of `unreported` is scheduled.
+    tracked: VecDeque<Tracked>,
+    /// The id of the last frame written.
+    last_id: u64,
+    written: Count,
+    acked: Count,
+    reported: Count,
+    /// The newest acked commit the streamer has not heard of.
+    unreported: Option<Watermark>,
+    /// A report is scheduled.
     armed: bool,
 }
 
@@ -51,6 +79,10 @@ impl AckReport {
         AckReport {
             session_id,
             tracked: VecDeque::new(),
+            last_id: 0,
+            written: Count::default(),
+            acked: Count::default(),
+            reported: Count::default(),
             unreported: None,
             armed: false,
         }
@@ -58,26 +90,46 @@ impl AckReport {
 
     /// Frame `id` carrying `frame` was written to the client.
     pub fn sent(&mut self, id: u64, frame: &Outgoing) {
-        if frame.commit.is_some() || frame.token.is_some() {
-            self.tracked
-                .push_back((id, frame.commit.clone(), frame.token));
+        self.sent_batch(id, std::slice::from_ref(frame));
+    }
+
+    /// Frame `id` carrying the messages `part` (a batched frame, PROTOCOL.md §5) was written.
+    pub fn sent_batch(&mut self, id: u64, part: &[Outgoing]) {
+        self.last_id = id;
+        for f in part {
+            self.written.messages += 1;
+            self.written.bytes += f.message.len() as u64;
+        }
+        for f in part {
+            if f.commit.is_some() || f.token.is_some() {
+                self.tracked.push_back(Tracked {
+                    id,
+                    commit: f.commit.clone(),
+                    token: f.token,
+                    through: self.written,
+                });
+            }
         }
     }
 
     /// The client acked every frame through `id`.
     pub fn acked(&mut self, id: u64) -> AfterAck {
         let mut tokens = Vec::new();
-        while self.tracked.front().is_some_and(|(t, _, _)| *t <= id) {
-            if let Some((_, c, t)) = self.tracked.pop_front() {
-                if let Some(c) = c {
-                    self.unreported = Some((id, c));
+        while self.tracked.front().is_some_and(|t| t.id <= id) {
+            if let Some(t) = self.tracked.pop_front() {
+                if let Some(c) = t.commit {
+                    self.unreported = Some(c);
                 }
-                tokens.extend(t);
+                tokens.extend(t.token);
+                self.acked = t.through;
             }
         }
+        if id == self.last_id {
+            self.acked = self.written;
+        }
         if !tokens.is_empty() {
-            AfterAck::Report(self.progress(id, tokens))
-        } else if self.unreported.is_some() && !self.armed {
+            AfterAck::Report(self.progress(tokens))
+        } else if self.has_news() && !self.armed {
             self.armed = true;
             AfterAck::ReportLater
         } else {
@@ -85,22 +137,26 @@ impl AckReport {
         }
     }
 
-    /// [`COMMIT_REPORT_DELAY`] passed since [`AfterAck::ReportLater`]: the report of the newest
-    /// acked commit, unless a report since took it along.
+    /// [`COMMIT_REPORT_DELAY`] passed since [`AfterAck::ReportLater`]: the report of what was
+    /// acked since the last one, unless a report since took it along.
     pub fn delay_passed(&mut self) -> Option<SessionProgress> {
         self.armed = false;
-        let (id, _) = self.unreported.as_ref()?;
-        let id = *id;
-        Some(self.progress(id, Vec::new()))
+        self.has_news().then(|| self.progress(Vec::new()))
     }
 
-    /// The client acked through `acked`, with the tracked frames' `tokens` and the newest acked
-    /// commit not yet reported.
-    fn progress(&mut self, acked: u64, tokens: Vec<Token>) -> SessionProgress {
+    fn has_news(&self) -> bool {
+        self.unreported.is_some() || self.acked != self.reported
+    }
+
+    /// What the client acked, with the tracked frames' `tokens` and the newest acked commit not
+    /// yet reported.
+    fn progress(&mut self, tokens: Vec<Token>) -> SessionProgress {
+        self.reported = self.acked;
         SessionProgress {
             session_id: self.session_id,
-            acked_messages: acked,
-            acked_commit: self.unreported.take().map(|(_, c)| c),
+            acked_messages: self.acked.messages,
+            acked_bytes: self.acked.bytes,
+            acked_commit: self.unreported.take(),
             tokens,
         }
     }

@@ -3,6 +3,10 @@
 //! The server sends `{"msg": <payload>, "id": n}` with `n` = 1, 2, 3, … per connection; the
 //! client answers `{"ack": n}` once it has processed message `n`, always for the oldest message
 //! not yet acked. Anything else is a protocol error that ends the connection (close 1002).
+//!
+//! A subscription with `wsBatched=true` may also get `{"batch": [P1, …], "id": n}` (one frame,
+//! one id, several payloads), and its acks are cumulative: `{"ack": n}` with
+//! previous ack < n ≤ last id sent acknowledges every frame up to `n`.
 
 use serde::Deserialize;
 
@@ -11,6 +15,8 @@ use serde::Deserialize;
 pub struct Framing {
     last_sent: u64,
     last_acked: u64,
+    /// Acks are cumulative (`wsBatched=true`).
+    cumulative: bool,
 }
 
 /// A client frame that breaks the framing rules.
@@ -31,6 +37,14 @@ struct Ack {
 }
 
 impl Framing {
+    /// The framing of a `wsBatched=true` subscription: cumulative acks.
+    pub fn cumulative() -> Framing {
+        Framing {
+            cumulative: true,
+            ..Framing::default()
+        }
+    }
+
     /// Wraps a message JSON text in the next frame; returns the frame's id and text.
     pub fn frame(&mut self, message: &str) -> (u64, String) {
         let mut s = String::with_capacity(message.len() + 32);
@@ -50,6 +64,23 @@ impl Framing {
         self.last_sent
     }
 
+    /// Appends the next batched frame, whose payloads joined by commas are `payloads`, to
+    /// `out` and returns its id.
+    pub fn batch_into(&mut self, payloads: &str, out: &mut String) -> u64 {
+        self.last_sent += 1;
+        out.push_str("{\"batch\":[");
+        out.push_str(payloads);
+        out.push_str("],\"id\":");
+        push_decimal(out, self.last_sent);
+        out.push('}');
+        self.last_sent
+    }
+
+    /// The id of the last frame sent (0 before any).
+    pub fn last_sent(&self) -> u64 {
+        self.last_sent
+    }
+
     /// Checks a client text frame; returns the id it acks.
     pub fn ack(&mut self, text: &str) -> Result<u64, FramingError> {
         let ack = parse_ack(text).ok_or(FramingError::NotAnAck)?;
@@ -59,7 +90,12 @@ impl Framing {
                 last_sent: self.last_sent,
             });
         }
-        if ack != self.last_acked + 1 {
+        let in_order = if self.cumulative {
+            ack > self.last_acked
+        } else {
+            ack == self.last_acked + 1
+        };
+        if !in_order {
             return Err(FramingError::OutOfOrder {
                 got: ack,
                 expected: self.last_acked + 1,
@@ -170,6 +206,39 @@ mod tests {
         assert_eq!(f.frame_into("[1]", &mut out), 1);
         assert_eq!(f.frame_into("[2]", &mut out), 2);
         assert_eq!(out, r#"{"msg":[1],"id":1}{"msg":[2],"id":2}"#);
+    }
+
+    #[test]
+    fn batched_frames_carry_one_id_for_their_payloads() {
+        let mut f = Framing::cumulative();
+        let mut out = String::new();
+        assert_eq!(f.frame_into("[1]", &mut out), 1);
+        assert_eq!(f.batch_into("[2],[3]", &mut out), 2);
+        assert_eq!(out, r#"{"msg":[1],"id":1}{"batch":[[2],[3]],"id":2}"#);
+    }
+
+    #[test]
+    fn cumulative_acks_may_skip_ids_but_not_go_back_or_past_the_last_sent() {
+        let mut f = Framing::cumulative();
+        for _ in 0..5 {
+            f.frame("[]");
+        }
+        assert_eq!(f.ack(r#"{"ack":3}"#), Ok(3));
+        assert_eq!(
+            f.ack(r#"{"ack":3}"#),
+            Err(FramingError::OutOfOrder {
+                got: 3,
+                expected: 4
+            })
+        );
+        assert_eq!(
+            f.ack(r#"{"ack":6}"#),
+            Err(FramingError::NotSent {
+                got: 6,
+                last_sent: 5
+            })
+        );
+        assert_eq!(f.ack(r#"{"ack":5}"#), Ok(5));
     }
 
     #[test]

@@ -4,7 +4,10 @@
 //! the `error` frame and closes (1000) once that frame is acked, or after one ping interval
 //! without the ack. Accepted, it writes the frames the streamer hands it ([`ToSession`]) and
 //! reports acks that matter back ([`SessionProgress`]): tracked frames at once, acked commits
-//! at most [`COMMIT_REPORT_DELAY`] later ([`AckReport`]). An accepted `initial=true` subscription of a task
+//! and the ack of everything written at most [`COMMIT_REPORT_DELAY`] later ([`AckReport`]).
+//! With `wsBatched=true` (PROTOCOL.md §5) a list of several frames goes out as batched frames
+//! (`{"batch":[…],"id":n}`, cut and joined once for every session by [`FrameList::batches`]),
+//! a single frame as `{"msg":…,"id":n}`, and acks are cumulative. An accepted `initial=true` subscription of a task
 //! ends that task's snapshot reservation, the one kind of end that may grow the cleanup delay.
 //! Its `stopped` tells the streamer it is gone, so it no longer holds back a broadcast or a
 //! purge.
@@ -19,7 +22,7 @@ use actix_web_actors::ws;
 use bytestring::ByteString;
 use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{Mode, Outgoing, SessionGone, ToSession};
+use change_streamer_actors::streamer::{FrameList, Mode, SessionGone, ToSession};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
 use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
@@ -38,6 +41,8 @@ pub struct SubscriptionParams {
     pub replica_version: String,
     pub watermark: Watermark,
     pub initial: bool,
+    /// `wsBatched=true`: batched frames and cumulative acks (PROTOCOL.md §5).
+    pub batched: bool,
 }
 
 pub struct SubscriberSession {
@@ -57,7 +62,8 @@ pub struct SubscriberSession {
 }
 
 /// `{"msg":` + `,"id":` + up to 20 digits + `}`.
-const FRAME_OVERHEAD: usize = 34;
+/// `{"batch":[` + `],"id":` is a little longer.
+const FRAME_OVERHEAD: usize = 40;
 
 impl SubscriberSession {
     pub fn new(
@@ -67,13 +73,18 @@ impl SubscriberSession {
         ping_interval: Duration,
     ) -> Self {
         let session_id = SessionId::next();
+        let batched = params.batched;
         SubscriberSession {
             session_id,
             params,
             streamer,
             reservations,
             ping_interval,
-            framing: Framing::default(),
+            framing: if batched {
+                Framing::cumulative()
+            } else {
+                Framing::default()
+            },
             liveness: Liveness::default(),
             acks: AckReport::new(session_id),
             error_frame: None,
@@ -95,19 +106,33 @@ impl SubscriberSession {
         });
     }
 
-    /// Writes a batch of frames. They are framed into one buffer, and each frame handed to
-    /// the websocket is a slice of it: one allocation per batch instead of several per frame.
-    fn write(&mut self, frames: &[Outgoing], ctx: &mut ws::WebsocketContext<Self>) {
+    /// Writes a list of frames. They are framed into one buffer, and each frame handed to
+    /// the websocket is a slice of it: one allocation per list instead of several per frame.
+    /// Batched, the list goes out as its [`FrameList::batches`], each of one payload as a
+    /// plain `msg` frame.
+    fn write(&mut self, frames: &FrameList, ctx: &mut ws::WebsocketContext<Self>) {
         let size = frames
             .iter()
             .map(|f| f.message.len() + FRAME_OVERHEAD)
             .sum();
         let mut text = String::with_capacity(size);
         self.ends.clear();
-        for f in frames {
-            let id = self.framing.frame_into(&f.message, &mut text);
-            self.ends.push(text.len());
-            self.acks.sent(id, f);
+        if self.params.batched && frames.len() > 1 {
+            for batch in frames.batches() {
+                let part = &frames[batch.frames.clone()];
+                let id = match part {
+                    [one] => self.framing.frame_into(&one.message, &mut text),
+                    _ => self.framing.batch_into(&batch.payloads, &mut text),
+                };
+                self.ends.push(text.len());
+                self.acks.sent_batch(id, part);
+            }
+        } else {
+            for f in frames.iter() {
+                let id = self.framing.frame_into(&f.message, &mut text);
+                self.ends.push(text.len());
+                self.acks.sent(id, f);
+            }
         }
         let all = ByteString::from(text);
         let mut start = 0;

@@ -44,11 +44,23 @@ impl WsClient {
 
     /// The next message or close, answering pings; `None` on timeout.
     pub async fn next(&mut self, limit: Duration) -> Option<Seen> {
-        if let Some((code, reason)) = &self.closed {
-            return Some(Seen::Closed {
-                code: *code,
-                reason: reason.clone(),
-            });
+        match self.next_frame(limit).await? {
+            Ok(v) => {
+                let id = v["id"].as_u64().expect("frame has an id");
+                Some(Seen::Msg {
+                    id,
+                    msg: v["msg"].clone(),
+                })
+            }
+            Err((code, reason)) => Some(Seen::Closed { code, reason }),
+        }
+    }
+
+    /// The next text frame as JSON, whatever its shape (`{"msg":…}` or `{"batch":[…]}`,
+    /// PROTOCOL.md §5), or the close (code, reason), answering pings; `None` on timeout.
+    pub async fn next_frame(&mut self, limit: Duration) -> Option<Result<Value, (u16, String)>> {
+        if let Some(closed) = &self.closed {
+            return Some(Err(closed.clone()));
         }
         let deadline = tokio::time::Instant::now() + limit;
         loop {
@@ -56,22 +68,14 @@ impl WsClient {
                 Err(_) => return None,
                 Ok(None) => {
                     self.closed = Some((1006, String::new()));
-                    return Some(Seen::Closed {
-                        code: 1006,
-                        reason: String::new(),
-                    });
+                    return Some(Err((1006, String::new())));
                 }
                 Ok(Some(Err(e))) => panic!("websocket error: {e}"),
                 Ok(Some(Ok(f))) => f,
             };
             match frame {
                 Frame::Text(t) => {
-                    let v: Value = serde_json::from_slice(&t).expect("frame is JSON");
-                    let id = v["id"].as_u64().expect("frame has an id");
-                    return Some(Seen::Msg {
-                        id,
-                        msg: v["msg"].clone(),
-                    });
+                    return Some(Ok(serde_json::from_slice(&t).expect("frame is JSON")));
                 }
                 Frame::Ping(p) => {
                     let _ = self.framed.send(Message::Pong(p)).await;
@@ -82,7 +86,7 @@ impl WsClient {
                         .unwrap_or((1005, String::new()));
                     self.closed = Some((code, reason.clone()));
                     let _ = self.framed.send(Message::Close(None)).await;
-                    return Some(Seen::Closed { code, reason });
+                    return Some(Err((code, reason)));
                 }
                 _ => {}
             }

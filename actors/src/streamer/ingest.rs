@@ -99,9 +99,8 @@ impl Streamer {
                     txn.changes.len() as i64,
                     r#"{"tag":"rollback"}"#,
                 ));
-                let limit = self.cfg.max_queue_changes;
                 for sub in self.subscribers.values_mut() {
-                    sub.send_live(&rollback, None, limit, &mut self.shared);
+                    sub.send_live(&rollback, None, &mut self.shared);
                 }
                 self.flush_all();
             }

@@ -8,8 +8,9 @@
 //!
 //! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
 //! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
-//! `--max-subscriber-queue-changes`. Catch-up reads only as many rows as there is room for, and
-//! reads on as acks make room. A live subscriber that runs out of room in the middle of a
+//! `--max-subscriber-queue-changes` and `--max-subscriber-queue-bytes`, and all subscribers
+//! together within `--max-queued-bytes`. Catch-up reads only as many rows as there is room for,
+//! sends only as many bytes, and reads on as acks make room. A live subscriber that runs out of room in the middle of a
 //! transaction gets nothing more of it; at the transaction's end it goes back to catch-up from
 //! the last change it was sent (its *position*), so the change log supplies the rest. A
 //! backlog that runs out of room is dropped whole at the transaction's end and the catch-up's
@@ -73,6 +74,15 @@ impl SubscribeError {
     }
 }
 
+/// Rows of the first catch-up read of a subscriber, before their size is known: reads are
+/// sized from the byte room and the size of the rows read before, so that a change log of
+/// large changes is not read 2,000 rows at a time only to send a few of them.
+const FIRST_READ_ROWS: usize = 16;
+
+/// What a subscriber that holds nothing may read past the global budget, so that a healthy
+/// subscriber moved to catch-up while stalled ones fill the budget still progresses.
+const BUDGET_ALLOWANCE: u64 = 64 * 1024;
+
 /// Where a catch-up stands.
 pub(super) struct Catchup {
     after: (Watermark, i64),
@@ -83,6 +93,8 @@ pub(super) struct Catchup {
     pub(super) reading: bool,
     /// `up_to` moved past what the last barrier covered: wait for durability before reading.
     needs_barrier: bool,
+    /// Mean bytes of a message of the last read, to size the next one; `None` before any.
+    row_bytes: Option<u64>,
 }
 
 impl Catchup {
@@ -96,6 +108,7 @@ impl Catchup {
             // Everything up to `up_to` was queued on the change log before this point: the
             // first read waits until it is durable.
             needs_barrier: true,
+            row_bytes: None,
         }
     }
 }
@@ -123,7 +136,7 @@ impl Handler<Subscribe> for Streamer {
                 protocol,
                 watermark.clone(),
                 session,
-                self.cfg.max_queue_changes,
+                self.bounds(),
             ),
         );
         let stats = self.log.stats();
@@ -242,7 +255,7 @@ impl Streamer {
     /// only as many rows as the subscriber has room for; with no room, the acks that make
     /// some call it again ([`SessionProgress`](super::SessionProgress)).
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let limit = self.cfg.max_queue_changes;
+        let global_room = self.catchup_global_room(session_id);
         let at_boundary = self.txn.is_none();
         let last_commit = self.last_commit.clone();
         let (Some(sub), Some(c)) = (
@@ -254,7 +267,8 @@ impl Streamer {
         if c.reading || c.waiting_batch.is_some() {
             return;
         }
-        if sub.room(limit) == 0 && sub.in_flight() == 0 && at_boundary {
+        let full = sub.room() == 0 || sub.byte_room(u64::MAX) == 0;
+        if full && sub.in_flight() == 0 && at_boundary {
             // Its backlog alone fills its room and no ack will come to make more: read the
             // backlog's transactions from storage instead.
             if let Some(last) = last_commit {
@@ -279,21 +293,36 @@ impl Streamer {
             );
             return;
         }
-        let room = sub.room(limit);
-        if room == 0 {
+        let room = sub.room();
+        let byte_room = sub.byte_room(global_room);
+        if room == 0 || (byte_room == 0 && sub.held_bytes() > 0) {
             return;
         }
+        let rows = match c.row_bytes {
+            Some(size) => (byte_room / size.max(1)).max(1) as usize,
+            None => FIRST_READ_ROWS,
+        };
         c.reading = true;
         let up_to = c.up_to.clone();
         let read = self.log.read(
             c.after.clone(),
             up_to.clone(),
-            self.cfg.catchup_batch.min(room),
+            self.cfg.catchup_batch.min(room).min(rows),
         );
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
             Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
         }));
+    }
+
+    /// What `--max-queued-bytes` leaves for the catch-up of `session_id`; a subscriber that
+    /// holds nothing may read [`BUDGET_ALLOWANCE`] past it.
+    fn catchup_global_room(&self, session_id: SessionId) -> u64 {
+        let room = (self.cfg.max_queued_bytes as u64).saturating_sub(self.queued_bytes());
+        match self.subscribers.get(&session_id) {
+            Some(sub) if sub.held_bytes() == 0 => room.max(BUDGET_ALLOWANCE),
+            _ => room,
+        }
     }
 
     fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
@@ -364,7 +393,8 @@ impl Streamer {
     ) {
         let batch = self.next_token();
         let now = self.now_ms();
-        let limit = self.cfg.max_queue_changes;
+        let global_room = self.catchup_global_room(session_id);
+        let last_commit = self.last_commit.clone().filter(|_| self.txn.is_none());
         let (Some(sub), Some(c)) = (
             self.subscribers.get_mut(&session_id),
             self.catchup.get_mut(&session_id),
@@ -380,7 +410,7 @@ impl Streamer {
         if rows.is_empty() {
             // Caught up: the backlog follows, then live changes.
             self.catchup.remove(&session_id);
-            let backlog = std::mem::take(&mut sub.backlog);
+            let backlog = sub.take_backlog();
             for change in &backlog {
                 sub.send(change, None, &mut self.shared);
             }
@@ -395,23 +425,47 @@ impl Streamer {
             sub.flush(now, &self.shared);
             return;
         }
-        // The backlog may have grown while the read was out: send only what there is room for
-        // (the rest is read again).
-        let room = sub.room(limit);
+        // The backlog may have grown while the read was out: send only what there is room for,
+        // in changes and in bytes (the rest is read again); one change larger than the byte
+        // room still goes alone to a subscriber that holds nothing.
+        let room = sub.room();
         if room == 0 {
             self.read_catchup(ctx, session_id);
             return;
         }
         rows.truncate(room);
-        if let Some(last) = rows.last() {
+        let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
+        // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
+        c.row_bytes = Some((read_bytes / rows.len().max(1)) as u64 + 48);
+        let mut bytes_left = sub.byte_room(global_room);
+        let holds_nothing = sub.held_bytes() == 0;
+        let (mut taken, mut sent) = (0, 0);
+        for row in &rows {
+            let change = Change::from_stored(row);
+            let len = change.message.len() as u64;
+            if len > bytes_left && !(holds_nothing && taken == 0) {
+                break;
+            }
+            bytes_left = bytes_left.saturating_sub(len);
+            taken += 1;
+            if sub.send(&change, None, &mut self.shared) == Delivery::Sent {
+                sent += 1;
+            }
+        }
+        if taken == 0 {
+            // No room for the next change. With nothing in flight no ack will make some: its
+            // backlog fills it, and is read from the change log instead (at a transaction
+            // boundary; inside one, the backlog overflows and is dropped at its end).
+            // Otherwise the acks that make room read on.
+            if let (0, Some(last)) = (sub.in_flight(), last_commit) {
+                drop_backlog(sub, c, last);
+                self.read_catchup(ctx, session_id);
+            }
+            return;
+        }
+        if let Some(last) = rows.get(taken - 1) {
             c.after = (last.watermark.clone(), last.pos);
         }
-        let sent = rows
-            .iter()
-            .filter(|row| {
-                sub.send(&Change::from_stored(row), None, &mut self.shared) == Delivery::Sent
-            })
-            .count();
         // The batch's last frame is tracked: its ack asks for the next batch.
         if let Some(last) = sub.outbox.last_mut() {
             last.token = Some(Token::CatchupBatch(batch));
@@ -433,7 +487,7 @@ fn drop_backlog(sub: &mut Subscriber, c: &mut Catchup, last: Watermark) {
         sub.id,
         sub.backlog.len()
     );
-    sub.backlog.clear();
+    sub.clear_backlog();
     c.up_to = last;
     c.needs_barrier = true;
 }

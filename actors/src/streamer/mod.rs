@@ -17,8 +17,9 @@
 //!
 //! ### Bounded memory per subscriber
 //! What the service holds for one subscriber (sent and not acked, and its backlog) never exceeds
-//! [`StreamerConfig::max_queue_changes`]: past it, the subscriber reads from the change log
-//! instead (PROTOCOL.md §10.2, [`join`]).
+//! [`StreamerConfig::max_queue_changes`] nor [`StreamerConfig::max_queue_bytes`], and all of
+//! them together [`StreamerConfig::max_queued_bytes`]: past a bound, the subscriber reads from
+//! the change log instead (PROTOCOL.md §10.2, [`join`]; the global budget in [`flow`]).
 //!
 //! ### Purge
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
@@ -61,7 +62,8 @@ pub use ingest::{
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
 pub use session_messages::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
-pub use subscriber::{Mode, Phase, SubscriberInfo};
+pub use shared::{Batch, FrameList, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS};
+pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
 
 /// Tunables of the streamer.
 #[derive(Debug, Clone)]
@@ -76,6 +78,11 @@ pub struct StreamerConfig {
     /// `--max-subscriber-queue-changes`: the most changes held in memory for one subscriber,
     /// sent and not acked plus its backlog (PROTOCOL.md §10.2); ≥ 1.
     pub max_queue_changes: usize,
+    /// `--max-subscriber-queue-bytes`: the most bytes of payload held for one subscriber, in
+    /// the same changes (PROTOCOL.md §10.2).
+    pub max_queue_bytes: usize,
+    /// `--max-queued-bytes`: the most bytes of payload held for all subscribers together.
+    pub max_queued_bytes: usize,
     /// `--slow-subscriber-grace-ms`: how long a subscriber may lag on one tracked send before
     /// it is evicted (PROTOCOL.md §10.1); `None` never evicts.
     pub slow_grace: Option<Duration>,
@@ -88,6 +95,8 @@ impl Default for StreamerConfig {
             flow_control_bytes: 64 * 1024,
             catchup_batch: 2000,
             max_queue_changes: 20_000,
+            max_queue_bytes: 16 << 20,
+            max_queued_bytes: 256 << 20,
             slow_grace: Some(Duration::from_secs(30)),
         }
     }
@@ -136,6 +145,8 @@ pub struct StreamerState {
     pub last_commit: Option<Watermark>,
     /// Subscribers evicted for lagging (PROTOCOL.md §10.1) since start.
     pub subscribers_evicted: u64,
+    /// Bytes of payload held for all subscribers (PROTOCOL.md §10.2).
+    pub queued_bytes: u64,
 }
 
 /// See the module documentation.
@@ -190,6 +201,19 @@ impl Streamer {
     pub(super) fn next_token(&mut self) -> u64 {
         self.next_token += 1;
         self.next_token
+    }
+
+    /// What one subscriber may hold (PROTOCOL.md §10.2).
+    pub(super) fn bounds(&self) -> subscriber::Bounds {
+        subscriber::Bounds {
+            changes: self.cfg.max_queue_changes,
+            bytes: self.cfg.max_queue_bytes,
+        }
+    }
+
+    /// Bytes of payload held for all subscribers together (PROTOCOL.md §10.2).
+    pub(super) fn queued_bytes(&self) -> u64 {
+        self.subscribers.values().map(Subscriber::held_bytes).sum()
     }
 
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
@@ -285,6 +309,7 @@ impl Handler<GetStreamerState> for Streamer {
             tracked_sends: self.flow.tracked_sends,
             last_commit: self.last_commit.clone(),
             subscribers_evicted: self.subscribers_evicted,
+            queued_bytes: self.queued_bytes(),
         })
     }
 }

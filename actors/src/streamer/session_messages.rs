@@ -13,6 +13,7 @@ use std::sync::Arc;
 use actix::prelude::*;
 use log::info;
 
+use super::shared::FrameList;
 use super::Streamer;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
@@ -47,7 +48,7 @@ pub enum Token {
 pub enum ToSession {
     /// Write these frames, in order. Often the same list for every live subscriber (see
     /// [`SharedFrames`](super::shared::SharedFrames)).
-    Send(Arc<Vec<Outgoing>>),
+    Send(Arc<FrameList>),
     /// Close the socket.
     Close(SessionEnd),
 }
@@ -57,8 +58,11 @@ pub enum ToSession {
 #[rtype(result = "()")]
 pub struct SessionProgress {
     pub session_id: SessionId,
-    /// How many change frames (not counting `status`/`error`) the client has acked in all.
+    /// How many of the messages handed to the session ([`Outgoing`]s, the first `status`
+    /// included) the client has acked in all, whatever their framing.
     pub acked_messages: u64,
+    /// Bytes of payload ([`Outgoing::message`]) of those messages.
+    pub acked_bytes: u64,
     /// The newest commit watermark among the frames acked, if any.
     pub acked_commit: Option<Watermark>,
     /// Tokens of tracked frames acked.
@@ -78,7 +82,7 @@ impl Handler<SessionProgress> for Streamer {
         let Some(sub) = self.subscribers.get_mut(&p.session_id) else {
             return;
         };
-        sub.progress(p.acked_messages, p.acked_commit);
+        sub.progress(p.acked_messages, p.acked_bytes, p.acked_commit);
         let mut next_batch = false;
         for token in p.tokens {
             match token {

@@ -6,8 +6,9 @@
 //! - `position`: the last change sent, where a catch-up resumes (PROTOCOL.md §10.2);
 //! - `acked`: the last commit acked (before any, the watermark it subscribed with);
 //! - a backlog of live changes while it catches up from the change log;
-//! - what it holds in memory (sent and not acked, plus its backlog), bounded by
-//!   `--max-subscriber-queue-changes` (PROTOCOL.md §10.2), and since when it waits;
+//! - what it holds in memory (sent and not acked, plus its backlog), in changes and in bytes of
+//!   payload, bounded by `--max-subscriber-queue-changes` and `--max-subscriber-queue-bytes`
+//!   (PROTOCOL.md §10.2), and since when it waits;
 //! - whether it is lagging on a tracked send (PROTOCOL.md §10.1);
 //! - message counts and sampled processing rate, for `/status` and flow-control logs.
 //!
@@ -26,7 +27,7 @@ use serde::Serialize;
 
 use super::change::{Change, Kind};
 use super::session_messages::{Outgoing, ToSession, Token};
-use super::shared::SharedFrames;
+use super::shared::{FrameList, SharedFrames};
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 
@@ -74,6 +75,8 @@ pub struct SubscriberInfo {
     pub acked: Watermark,
     /// Changes sent or queued for it and not yet acked (its backlog included).
     pub pending: u64,
+    /// Bytes of payload of those changes (PROTOCOL.md §10.2).
+    pub queued_bytes: u64,
     /// How long the oldest change it has not acked has waited for it: since it was sent, or
     /// since its catch-up began; 0 when it has nothing pending.
     pub lag_seconds: f64,
@@ -101,6 +104,14 @@ pub(super) struct Lag {
     pub(super) since_ms: f64,
 }
 
+/// What one subscriber may hold (PROTOCOL.md §10.2): `--max-subscriber-queue-changes` and
+/// `--max-subscriber-queue-bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    pub changes: usize,
+    pub bytes: usize,
+}
+
 /// The streamer's record of one subscriber.
 pub struct Subscriber {
     pub(super) session_id: SessionId,
@@ -125,6 +136,9 @@ pub struct Subscriber {
     pub(super) acked: Watermark,
     /// Live changes received while catching up.
     pub(super) backlog: Vec<Arc<Change>>,
+    /// Bytes of payload in `backlog`.
+    backlog_bytes: u64,
+    bounds: Bounds,
     /// Frames queued for this session alone in the current streamer turn.
     pub(super) outbox: Vec<Outgoing>,
     /// This turn's frames when they are a run of the turn's [`SharedFrames`] (`outbox` is
@@ -132,6 +146,9 @@ pub struct Subscriber {
     follows: Option<Range<usize>>,
     pub(super) sent_messages: u64,
     pub(super) acked_messages: u64,
+    /// Bytes of payload of the messages sent, and of those acked.
+    sent_bytes: u64,
+    acked_bytes: u64,
     /// (messages sent up to and including a flush, its time), for the flushes not wholly
     /// acked: the first says since when the oldest unacked change waits.
     sent_at: VecDeque<(u64, f64)>,
@@ -158,6 +175,11 @@ pub enum Delivery {
 
 const MAX_SAMPLES: usize = 10;
 
+/// Bytes a live subscriber keeps free for the `commit` or `rollback` that closes the
+/// transaction it is in (sent even past its bounds, which it then stays within as long as that
+/// message is no larger).
+const CLOSING_RESERVE: usize = 256;
+
 /// Watermark equality that first checks whether both are the very same text, as the changes of
 /// one live transaction share theirs (`Arc<str>`'s own equality compares the bytes).
 fn same(a: &Watermark, b: &Watermark) -> bool {
@@ -165,7 +187,7 @@ fn same(a: &Watermark, b: &Watermark) -> bool {
 }
 
 impl Subscriber {
-    /// `max_queue_changes` is `--max-subscriber-queue-changes`.
+    /// `bounds`: what it may hold (PROTOCOL.md §10.2).
     pub fn new(
         session_id: SessionId,
         id: String,
@@ -173,7 +195,7 @@ impl Subscriber {
         protocol: u32,
         watermark: Watermark,
         session: Recipient<ToSession>,
-        max_queue_changes: usize,
+        bounds: Bounds,
     ) -> Subscriber {
         Subscriber {
             session_id,
@@ -189,13 +211,17 @@ impl Subscriber {
             overflowed: false,
             lagging: None,
             backlog: Vec::new(),
+            backlog_bytes: 0,
+            bounds,
             outbox: Vec::new(),
             follows: None,
             sent_messages: 0,
             acked_messages: 0,
+            sent_bytes: 0,
+            acked_bytes: 0,
             sent_at: VecDeque::new(),
             behind_since: None,
-            report_every: (max_queue_changes as u64 / 4).max(1),
+            report_every: (bounds.changes as u64 / 4).max(1),
             samples: VecDeque::new(),
         }
     }
@@ -205,8 +231,15 @@ impl Subscriber {
         matches!(self.phase, Phase::CatchingUp | Phase::Live)
     }
 
+    /// Whether live changes still reach it (sent or backlogged): active and not overflowed in
+    /// the current transaction.
+    pub fn receives_live(&self) -> bool {
+        self.is_active() && !self.overflowed
+    }
+
     /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered,
-    /// as long as what it holds stays within `limit` (PROTOCOL.md §10.2). Out of room, it overflows:
+    /// as long as what it holds stays within its [`Bounds`] (PROTOCOL.md §10.2). Out of room, it
+    /// overflows:
     /// nothing more of the transaction reaches it live, and at the transaction's end it reads
     /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
     /// subscriber keeps one place for the `rollback` that must close a transaction it began.
@@ -215,17 +248,21 @@ impl Subscriber {
         &mut self,
         change: &Arc<Change>,
         token: Option<Token>,
-        limit: usize,
         shared: &mut SharedFrames,
     ) -> Delivery {
+        let limit = self.bounds.changes as u64;
         match self.phase {
             Phase::CatchingUp => {
                 if change.watermark <= self.watermark {
                     Delivery::Filtered
-                } else if self.overflowed || self.held() >= limit as u64 {
+                } else if self.overflowed
+                    || self.held() >= limit
+                    || !self.has_bytes_for(change.message.len())
+                {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {
+                    self.backlog_bytes += change.message.len() as u64;
                     self.backlog.push(change.clone());
                     Delivery::Backlogged
                 }
@@ -240,7 +277,10 @@ impl Subscriber {
             }
             Phase::Live => {
                 let closing = matches!(change.kind, Kind::Commit | Kind::Rollback);
-                if !closing && self.held() + 2 > limit as u64 {
+                if !closing
+                    && (self.held() + 2 > limit
+                        || !self.has_bytes_for(change.message.len() + CLOSING_RESERVE))
+                {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {
@@ -318,6 +358,7 @@ impl Subscriber {
         live: bool,
     ) {
         self.sent_messages += 1;
+        self.sent_bytes += message.len() as u64;
         if live && self.outbox.is_empty() {
             let frames = &mut shared.frames;
             let len = frames.len();
@@ -362,21 +403,21 @@ impl Subscriber {
             Some(run) if !run.is_empty() => shared.frames[run].to_vec(),
             _ => std::mem::take(&mut self.outbox),
         };
-        self.hand_over(now_ms, Arc::new(frames));
+        self.hand_over(now_ms, Arc::new(FrameList::new(frames)));
     }
 
     /// Hands the turn's frames to the session at the end of the turn: `batch` (the turn's
     /// shared frames) itself when it got every one of them, which is the common case.
-    pub fn flush_turn(&mut self, now_ms: f64, batch: &Arc<Vec<Outgoing>>) {
+    pub fn flush_turn(&mut self, now_ms: f64, batch: &Arc<FrameList>) {
         let frames = match self.follows.take() {
             Some(run) if run.start == 0 && run.end == batch.len() => batch.clone(),
-            Some(run) if !run.is_empty() => Arc::new(batch[run].to_vec()),
-            _ => Arc::new(std::mem::take(&mut self.outbox)),
+            Some(run) if !run.is_empty() => Arc::new(FrameList::new(batch[run].to_vec())),
+            _ => Arc::new(FrameList::new(std::mem::take(&mut self.outbox))),
         };
         self.hand_over(now_ms, frames);
     }
 
-    fn hand_over(&mut self, now_ms: f64, frames: Arc<Vec<Outgoing>>) {
+    fn hand_over(&mut self, now_ms: f64, frames: Arc<FrameList>) {
         if !frames.is_empty() {
             self.sent_at.push_back((self.sent_messages, now_ms));
             self.session.do_send(ToSession::Send(frames));
@@ -393,14 +434,53 @@ impl Subscriber {
         self.in_flight() + self.backlog.len() as u64
     }
 
-    /// How many more changes it may be given now, within `limit`.
-    pub fn room(&self, limit: usize) -> usize {
-        (limit as u64).saturating_sub(self.held()) as usize
+    /// Bytes of payload it holds (the same changes as [`Subscriber::held`]): each shared
+    /// change counts for every subscriber that holds it (PROTOCOL.md §10.2).
+    pub fn held_bytes(&self) -> u64 {
+        self.sent_bytes.saturating_sub(self.acked_bytes) + self.backlog_bytes
+    }
+
+    /// Whether one more payload of `len` bytes stays within its byte bound; one that holds
+    /// nothing may take any payload, alone (PROTOCOL.md §10.2).
+    fn has_bytes_for(&self, len: usize) -> bool {
+        let held = self.held_bytes();
+        held == 0 || held + len as u64 <= self.bounds.bytes as u64
+    }
+
+    /// How many more changes it may be given now, within its change bound.
+    pub fn room(&self) -> usize {
+        (self.bounds.changes as u64).saturating_sub(self.held()) as usize
+    }
+
+    /// How many more bytes of payload it may be given now: within its byte bound and what
+    /// `global_room` (of `--max-queued-bytes`) leaves.
+    pub fn byte_room(&self, global_room: u64) -> u64 {
+        (self.bounds.bytes as u64)
+            .saturating_sub(self.held_bytes())
+            .min(global_room)
+    }
+
+    /// Forgets its backlog (read from the change log instead).
+    pub(super) fn clear_backlog(&mut self) {
+        self.backlog.clear();
+        self.backlog_bytes = 0;
+    }
+
+    /// Takes its backlog, to send it.
+    pub(super) fn take_backlog(&mut self) -> Vec<Arc<Change>> {
+        self.backlog_bytes = 0;
+        std::mem::take(&mut self.backlog)
     }
 
     /// Records a [`SessionProgress`].
-    pub fn progress(&mut self, acked_messages: u64, acked_commit: Option<Watermark>) {
+    pub fn progress(
+        &mut self,
+        acked_messages: u64,
+        acked_bytes: u64,
+        acked_commit: Option<Watermark>,
+    ) {
         self.acked_messages = self.acked_messages.max(acked_messages);
+        self.acked_bytes = self.acked_bytes.max(acked_bytes);
         while self
             .sent_at
             .front()
@@ -456,6 +536,7 @@ impl Subscriber {
             watermark: self.watermark.clone(),
             acked: self.acked.clone(),
             pending: self.pending(),
+            queued_bytes: self.held_bytes(),
             lag_seconds: (self.lag_ms(now_ms)).round() / 1000.0,
             lagging: self.lagging.as_ref().map(|l| LagInfo {
                 watermark: l.watermark.clone(),

@@ -28,6 +28,7 @@ pub struct FakeSession {
     streamer: Addr<Streamer>,
     stalled: bool,
     received: u64,
+    received_bytes: u64,
     unacked_tokens: Vec<Token>,
     last_commit: Option<Watermark>,
     commits: Vec<Watermark>,
@@ -43,6 +44,7 @@ impl FakeSession {
             streamer,
             stalled,
             received: 0,
+            received_bytes: 0,
             unacked_tokens: vec![],
             last_commit: None,
             commits: vec![],
@@ -67,6 +69,7 @@ impl Handler<ToSession> for FakeSession {
             for f in frames.iter() {
                 self.messages.push(f.message.to_string());
                 self.received += 1;
+                self.received_bytes += f.message.len() as u64;
                 self.unacked_tokens.extend(f.token);
                 if let Some(c) = &f.commit {
                     self.last_commit = Some(c.clone());
@@ -85,6 +88,7 @@ impl FakeSession {
         self.streamer.do_send(SessionProgress {
             session_id: self.session_id,
             acked_messages: self.received,
+            acked_bytes: self.received_bytes,
             acked_commit: self.last_commit.take(),
             tokens: std::mem::take(&mut self.unacked_tokens),
         });
