@@ -3,10 +3,14 @@
 # replication-manager, driven one after the other by the same load generator (crate `loadgen`:
 # change source + websocket subscribers in its own process), same workload, same subscribers.
 # Prints each run's JSON + human line, then medians per case and the ratios ours / original.
+# Ours runs in both framings (FRAMINGS): one ack per message (`per-frame`, zero 0.26.2's client)
+# and batched frames with cumulative acks (`batched`, `wsBatched=true`); the original speaks
+# the first only.
 #
 #   benches/e2e_vs_original.sh                       # 3 saturated runs at 8 and 64 subs, then
 #                                                    # 2,000 txns/s at 8 and 64 subs, both services
 #   RUNS=3 SUBS="8 64" RATE=2000 RATE_SUBS="8 64" WARM_S=3 MEAS_S=10 WINDOW=256 SERVICES="ours zero"
+#   FRAMINGS="per-frame batched"
 #
 # zero: installed once by ../shared/peer/whole-service/setup.sh into $ZW_DIR (a temporary copy,
 # default /tmp/cs-e2e-zero; ~3 min the first time); needs PostgreSQL at 127.0.0.1:5432 (user
@@ -17,6 +21,7 @@ PEER=${PEER:-$ROOT/../shared/peer/whole-service}
 ZW_DIR=${ZW_DIR:-/tmp/cs-e2e-zero}
 RUNS=${RUNS:-3} SUBS=${SUBS:-8 64} RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-8 64}
 WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256} SERVICES=${SERVICES:-ours zero}
+FRAMINGS=${FRAMINGS:-per-frame batched}
 OUT=$(mktemp -d /tmp/cs-e2e.XXXXXX)
 echo "logs and results in $OUT" >&2
 
@@ -37,11 +42,13 @@ fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# run SERVICE SUBS RATE TAG: one measured run; appends the JSON line to $OUT/results.jsonl
+# run SERVICE SUBS RATE TAG [FRAMING]: one measured run; appends the JSON line to
+# $OUT/results.jsonl
 run() {
-  local svc=$1 subs=$2 rate=$3 tag=$4 up sp dir pid lg rc=0
+  local svc=$1 subs=$2 rate=$3 tag=$4 framing=${5:-per-frame} up sp dir pid lg rc=0 batched=()
   up=$(free_port); sp=$(free_port); dir=$OUT/$tag; mkdir -p "$dir"
-  "$LOADGEN" --label "$svc" --listen 127.0.0.1:"$up" --service ws://127.0.0.1:"$sp" \
+  [[ $framing == batched ]] && batched=(--batched)
+  "$LOADGEN" --label "$svc" "${batched[@]}" --listen 127.0.0.1:"$up" --service ws://127.0.0.1:"$sp" \
     --service-pid-file "$dir/pid" --subs "$subs" --rate "$rate" --window "$WINDOW" \
     --warm-s "$WARM_S" --meas-s "$MEAS_S" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
   lg=$!
@@ -56,16 +63,28 @@ run() {
   pid=$!; echo "$pid" > "$dir/pid"
   wait "$lg" || rc=$?
   kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+  rm -rf "$dir/data" "$dir/replica.db"*   # the change log: only the figures are kept
   grep '^{' "$dir/loadgen.out" >> "$OUT/results.jsonl" || true
   grep -v '^{' "$dir/loadgen.out" || true
   ((rc == 0)) || echo "$tag: loadgen exit $rc (see $dir/loadgen.err)" >&2
 }
 
+# each SUBS RATE TAG: one run of every service, ours in each framing.
+each() {
+  local svc f
+  for svc in $SERVICES; do
+    if [[ $svc == ours ]]; then
+      for f in $FRAMINGS; do run ours "$1" "$2" "ours-$f-$3" "$f"; done
+    else
+      run "$svc" "$1" "$2" "$svc-$3"
+    fi
+  done
+}
 for r in $(seq "$RUNS"); do
-  for s in $SUBS; do for svc in $SERVICES; do run "$svc" "$s" 0 "$svc-sat-$s-$r"; done; done
+  for s in $SUBS; do each "$s" 0 "sat-$s-$r"; done
 done
 if [[ -n $RATE && $RATE != 0 ]]; then
-  for s in $RATE_SUBS; do for svc in $SERVICES; do run "$svc" "$s" "$RATE" "$svc-rate$RATE-$s"; done; done
+  for s in $RATE_SUBS; do each "$s" "$RATE" "rate$RATE-$s"; done
 fi
 
 python3 - "$OUT/results.jsonl" <<'PY'
@@ -73,12 +92,13 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 cases = {}
 for r in rows:
-    cases.setdefault((r["mode"], r["subs"], r["service"]), []).append(r)
+    svc = r["service"] + ("-batched" if r.get("framing") == "batched" else "")
+    cases.setdefault((r["mode"], r["subs"], svc), []).append(r)
 def med(rs, k): return statistics.median(r[k] for r in rs)
 print("\nmedians (runs):")
 for (mode, subs, svc), rs in sorted(cases.items()):
     lat = rs[0]["latencyMs"]
-    print(f"  {mode:8} {subs:3} subs {svc:4}: {med(rs,'deliveriesPerS'):>10.0f} deliveries/s "
+    print(f"  {mode:8} {subs:3} subs {svc:12}: {med(rs,'deliveriesPerS'):>10.0f} deliveries/s "
           f"{med(rs,'serviceCpuUsPerDelivery'):8.2f} µs service CPU/delivery ({med(rs,'serviceCores'):.2f} cores), "
           f"loadgen {med(rs,'loadgenCpuUsPerDelivery'):.2f} µs/delivery, upstream {med(rs,'upstreamTxnsPerS'):.0f} txns/s, "
           f"errors {sum(r['errors'] for r in rs)}; runs {[round(r['deliveriesPerS']) for r in rs]}"
@@ -86,7 +106,7 @@ for (mode, subs, svc), rs in sorted(cases.items()):
 print("ratios ours / zero:")
 for (mode, subs, svc), rs in sorted(cases.items()):
     z = cases.get((mode, subs, "zero"))
-    if svc != "ours" or not z: continue
-    print(f"  {mode:8} {subs:3} subs: deliveries/s {med(rs,'deliveriesPerS')/med(z,'deliveriesPerS'):.1f}x, "
+    if not svc.startswith("ours") or not z: continue
+    print(f"  {mode:8} {subs:3} subs {svc:12}: deliveries/s {med(rs,'deliveriesPerS')/med(z,'deliveriesPerS'):.1f}x, "
           f"deliveries per service CPU-second {med(rs,'deliveriesPerServiceCpuS')/med(z,'deliveriesPerServiceCpuS'):.1f}x")
 PY
