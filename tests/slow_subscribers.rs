@@ -7,8 +7,8 @@ use std::time::Duration;
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::own_thread::on_own_thread;
-use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::service::{service_with_upstream, TestService};
+use change_streamer_test_support::upstream::txn;
 use serde_json::{json, Value};
 
 fn w(n: u64) -> String {
@@ -21,19 +21,6 @@ fn changes_url(svc: &TestService, id: &str, watermark: u64) -> String {
         w(100),
         w(watermark)
     ))
-}
-
-async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream) {
-    let up = FakeUpstream::start().await;
-    let url = up.url();
-    let mut args = vec!["--upstream", url.as_str()];
-    args.extend_from_slice(extra);
-    let svc = TestService::start(&args).await;
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
-        .await;
-    (svc, up)
 }
 
 /// Reads and acks until the commit of `last`; returns the commit watermarks in order, checking

@@ -8,7 +8,26 @@ use change_streamer_actors::clock::Clock;
 use clap::Parser;
 use serde_json::Value;
 
+use crate::upstream::{txn, FakeUpstream};
 use crate::wait::{POLL, STATUS_LIMIT};
+
+/// The service with `extra` flags on a fake change source whose initial sync (watermark 100,
+/// one row) it has stored: the replicaVersion is 100.
+pub async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream) {
+    let up = FakeUpstream::start().await;
+    let url = up.url();
+    let mut args = vec!["--upstream", url.as_str()];
+    args.extend_from_slice(extra);
+    let svc = TestService::start(&args).await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    let rv = change_streamer_actors::watermark::Watermark::from_u64(100).to_string();
+    svc.wait_status("initial sync", |s| {
+        s["replicaVersion"] == serde_json::json!(rv)
+    })
+    .await;
+    (svc, up)
+}
 
 /// The service on 127.0.0.1:0 with `args`, a temporary data dir unless one is given.
 pub struct TestService {
