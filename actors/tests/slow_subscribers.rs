@@ -126,6 +126,22 @@ async fn a_lagging_subscriber_that_leaves_before_the_grace_is_not_counted_as_evi
 }
 
 /// Transactions `from..=to`, each with `rows(n)` inserts.
+/// Subscriber 1 starts reading and acking: it gets the rest from the change log, then goes live,
+/// up to the commit of `last`.
+async fn reads_again_up_to(s: &Setup, last: u64) {
+    s.sessions[1].send(SetStalled(false)).await.unwrap();
+    until("the slow subscriber to catch up", || {
+        let (session, streamer) = (s.sessions[1].clone(), s.streamer.clone());
+        async move {
+            session.send(AckNow).await.unwrap();
+            let st = streamer.send(GetStreamerState).await.unwrap();
+            st.subscribers[1].phase == Phase::Live
+                && session.send(Commits).await.unwrap().last() == Some(&w(last))
+        }
+    })
+    .await;
+}
+
 /// A data message whose payload is about `bytes` long.
 fn sized_data(i: u64, bytes: usize) -> UpstreamMessage {
     UpstreamMessage::Data {
@@ -207,17 +223,7 @@ async fn a_subscriber_that_never_reads_holds_at_most_the_limit_and_later_gets_ev
     let (healthy, _) = s.sessions[0].send(Received).await.unwrap();
     assert_whole_transactions(&healthy, 101, 400);
     // The slow one starts reading: it receives the rest from the change log, then live.
-    s.sessions[1].send(SetStalled(false)).await.unwrap();
-    until("the slow subscriber to catch up", || {
-        let (session, streamer) = (s.sessions[1].clone(), s.streamer.clone());
-        async move {
-            session.send(AckNow).await.unwrap();
-            let st = streamer.send(GetStreamerState).await.unwrap();
-            st.subscribers[1].phase == Phase::Live
-                && session.send(Commits).await.unwrap().last() == Some(&w(400))
-        }
-    })
-    .await;
+    reads_again_up_to(&s, 400).await;
     s.streamer
         .send(UpstreamBatch(txns(401, 402, rows)))
         .await
@@ -308,17 +314,7 @@ async fn holds_at_most_the_byte_bound(
         async move { session.send(Commits).await.unwrap().last() == Some(&w(last)) }
     })
     .await;
-    s.sessions[1].send(SetStalled(false)).await.unwrap();
-    until("the slow subscriber to catch up", || {
-        let (session, streamer) = (s.sessions[1].clone(), s.streamer.clone());
-        async move {
-            session.send(AckNow).await.unwrap();
-            let st = streamer.send(GetStreamerState).await.unwrap();
-            st.subscribers[1].phase == Phase::Live
-                && session.send(Commits).await.unwrap().last() == Some(&w(last))
-        }
-    })
-    .await;
+    reads_again_up_to(&s, last).await;
     for session in &s.sessions {
         let (got, _) = session.send(Received).await.unwrap();
         assert_whole_transactions(&got, 101, last);
