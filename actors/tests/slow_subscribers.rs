@@ -314,7 +314,7 @@ async fn holds_at_most_the_byte_bound(
         async move { session.send(Commits).await.unwrap().last() == Some(&w(last)) }
     })
     .await;
-    reads_again_up_to(&s, last).await;
+    reads_again_up_to(s, last).await;
     for session in &s.sessions {
         let (got, _) = session.send(Received).await.unwrap();
         assert_whole_transactions(&got, 101, last);
