@@ -4,12 +4,14 @@
 //! actors. A request that is bad (unsupported version, missing or invalid parameter) is still
 //! upgraded, then closed with 1002 and a reason, because websocket clients only see close
 //! frames; a request to these paths without an upgrade gets a plain 400. Everything else but
-//! `/healthz`, `/metrics` and `/status` is 404.
+//! `/healthz`, `/readyz`, `/metrics` and `/status` is 404.
 
 pub mod changes;
 pub mod metrics;
 pub mod query;
+pub mod readyz;
 pub mod snapshot;
+pub mod standby_status;
 pub mod status;
 
 use std::collections::HashMap;
@@ -22,6 +24,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::cleanup::CleanupActor;
+use change_streamer_actors::instance::recorder::InstanceRecorder;
+use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::MonitorActor;
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
@@ -47,6 +51,10 @@ pub struct AppState {
     pub backup: Option<BackupActors>,
     /// A guard for every websocket session; the stop waits until all are dropped.
     pub guards: Guards,
+    /// This instance's id (PROTOCOL.md §14.1).
+    pub instance: InstanceId,
+    /// Its record in the shared change DB; `None` on SQLite.
+    pub recorder: Option<Addr<InstanceRecorder>>,
 }
 
 #[derive(Clone)]
@@ -67,6 +75,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(changes::changes),
     )
     .route("/healthz", web::get().to(status::healthz))
+    .route("/readyz", web::get().to(readyz::readyz))
     .route("/metrics", web::get().to(metrics::metrics))
     .route("/status", web::get().to(status::status))
     .default_service(web::to(not_found));
