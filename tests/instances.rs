@@ -19,10 +19,16 @@ use takeover_support::*;
 
 const START: Duration = Duration::from_secs(20);
 
+/// An owner on `db`, and its address.
+fn owner(db: &TestDb, up: &FakeUpstream) -> (Instance, String) {
+    let a = Instance::start(db, &up.url());
+    let (addr, _) = a.listening_within(START).expect("the first instance owns");
+    (a, addr)
+}
+
 /// An owner and a standby on `db`: their addresses.
 fn owner_and_standby(db: &TestDb, up: &FakeUpstream) -> (Instance, String, Instance, String) {
-    let a = Instance::start(db, &up.url());
-    let (a_addr, _) = a.listening_within(START).expect("the first instance owns");
+    let (a, a_addr) = owner(db, up);
     let b = Instance::start(db, &up.url());
     let b_addr = b.standby.recv_timeout(START).expect("the second stands by");
     (a, a_addr, b, b_addr)
@@ -60,8 +66,7 @@ async fn the_owners_instances_list_every_instance_on_the_change_db() {
 async fn the_owners_record_counts_its_connected_subscribers() {
     let db = TestDb::create("instances_subscribers").await;
     let up = FakeUpstream::start().await;
-    let a = Instance::start(&db, &up.url());
-    let (addr, _) = a.listening_within(START).expect("the instance owns");
+    let (_a, addr) = owner(&db, &up);
     up.wait_connections(1).await;
     up.send(txn(100, 2));
     wait_until("the first commit acked", START, || !acked(&up).is_empty()).await;
@@ -110,8 +115,7 @@ async fn a_standby_killed_with_kill_9_leaves_the_owners_instances_once_gone() {
 async fn readyz_on_an_owner_is_not_initialised_until_its_first_transaction_then_ready() {
     let db = TestDb::create("instances_readyz_owner").await;
     let up = FakeUpstream::start().await;
-    let a = Instance::start(&db, &up.url());
-    let (addr, _) = a.listening_within(START).expect("the instance owns");
+    let (_a, addr) = owner(&db, &up);
     assert_eq!(
         get(&addr, "/readyz").await,
         (503, "not initialised\n".to_string())

@@ -55,7 +55,7 @@ impl InstanceDb {
     pub async fn connect(url: &str) -> Result<InstanceDb, ChangeLogError> {
         let config: Config = url.parse()?;
         let client = connect(&config).await?;
-        client.batch_execute(INSTANCES_SCHEMA).await?;
+        schema::create_missing(&client, INSTANCES_SCHEMA).await?;
         Ok(InstanceDb {
             client: Arc::new(client),
             location: redacted(&config),

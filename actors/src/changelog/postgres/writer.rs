@@ -62,7 +62,7 @@ impl PgWriter {
         clock: Clock,
         owner: watch::Sender<bool>,
     ) -> Result<PgWriter, ChangeLogError> {
-        client.batch_execute(schema::SCHEMA).await?;
+        schema::create_missing(&client, schema::SCHEMA).await?;
         let (stats, segments) = schema::read_stats(&client).await?;
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         Ok(PgWriter {
