@@ -6,7 +6,8 @@
 //! serves with (told by [`Serve`], forgotten at [`StandBy`]) for their subscribers and
 //! reservations, writes its record through its own unfenced connection ([`InstanceDb`]),
 //! then deletes the records it finds gone. One refresh runs at a time: a slow change DB
-//! makes refreshes late, never pile up. A lost connection is made anew at the next refresh.
+//! makes refreshes late, never pile up; a [`Serve`] or [`StandBy`] during one refreshes again
+//! as soon as it ends. A lost connection is made anew at the next refresh.
 //! The role it records is the change log's own view ([`ChangeLog::is_owner`]), so a deposed
 //! owner records itself a standby from its first refresh after the fence failed, before the
 //! service has finished stepping down. [`Stop`] deletes the record: a stopped instance is gone
@@ -70,6 +71,9 @@ pub struct InstanceRecorder {
     db: Option<InstanceDb>,
     holders: Option<Holders>,
     refreshing: bool,
+    /// What it serves with changed during a refresh: refresh again as soon as it ends.
+    again: bool,
+    stopping: bool,
     reachable: Option<bool>,
 }
 
@@ -83,6 +87,8 @@ impl InstanceRecorder {
             db: None,
             holders: None,
             refreshing: false,
+            again: false,
+            stopping: false,
             reachable: None,
         }
     }
@@ -100,7 +106,11 @@ impl InstanceRecorder {
     }
 
     fn refresh(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            return;
+        }
         if self.refreshing {
+            self.again = true;
             return;
         }
         self.refreshing = true;
@@ -118,8 +128,11 @@ impl InstanceRecorder {
             let gone = db.sweep_gone().await.unwrap_or_default();
             Ok((db, refreshed, gone))
         };
-        ctx.spawn(work.into_actor(self).map(|done, act, _| {
+        ctx.spawn(work.into_actor(self).map(|done, act, ctx| {
             act.refreshing = false;
+            if std::mem::take(&mut act.again) {
+                act.refresh(ctx);
+            }
             let first = act.reachable.is_none();
             match done {
                 Ok((db, refreshed, gone)) => {
@@ -234,6 +247,9 @@ impl Handler<IsReachable> for InstanceRecorder {
 impl Handler<Stop> for InstanceRecorder {
     type Result = ResponseActFuture<Self, ()>;
     fn handle(&mut self, _: Stop, _: &mut Context<Self>) -> Self::Result {
+        // No refresh starts from here on (one in flight may still write: its record then
+        // ends with this connection's session, which is gone once the actor is).
+        self.stopping = true;
         let db = self.db.clone().filter(|db| !db.is_closed());
         let id = self.id.clone();
         Box::pin(
