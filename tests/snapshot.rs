@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::own_thread::on_own_thread;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
