@@ -39,6 +39,9 @@ use log::{error, info, warn};
 use serde_json::json;
 
 use crate::config::Config;
+use crate::edge::{no_delay, Edge};
+use crate::http::access::{guard, Access};
+use crate::http::metrics::auth_failures_text;
 use crate::http::{open_websocket, refuse, status::healthz, Opening};
 use crate::server::{listen, Listening, Service, StartError};
 use crate::shutdown::StopMode;
@@ -74,10 +77,13 @@ pub async fn run(
         return Ok(());
     };
     let config = Arc::new(config);
+    let edge = Edge::load(&config)?;
     // Kept for the whole run; each server (standby or owner) listens on a duplicate of it.
     let listener = listen(&config.host, config.port)?;
+    edge.access
+        .log_mode(&listener.addr.to_string(), config.allow_unauthenticated);
     tokio::pin!(stop);
-    let mut standby = Standby::start(&listener);
+    let mut standby = Standby::start(&listener, &edge);
     let mut first_try_after = Duration::ZERO;
     loop {
         let opened = tokio::select! {
@@ -99,6 +105,7 @@ pub async fn run(
             log.clone(),
             listener.duplicate()?,
             clock.clone(),
+            edge.clone(),
         );
         let service = match serving.await {
             Ok(service) => service,
@@ -106,7 +113,7 @@ pub async fn run(
             // command): stand by again.
             Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
                 warn!("deposed while starting: standing by again");
-                standby = Standby::start(&listener);
+                standby = Standby::start(&listener, &edge);
                 first_try_after = config.takeover_interval();
                 continue;
             }
@@ -125,7 +132,7 @@ pub async fn run(
         );
         drop(log);
         service.stop(StopMode::HandOver).await;
-        standby = Standby::start(&listener);
+        standby = Standby::start(&listener, &edge);
         // The other standbys' turn first: this one tries again after one takeover interval.
         first_try_after = config.takeover_interval();
     }
@@ -146,8 +153,9 @@ pub(crate) async fn own_change_db(
     config: &Config,
     url: &str,
     listener: &Listening,
+    edge: &Edge,
 ) -> Result<ChangeLog, ChangeLogError> {
-    let standby = Standby::start(listener);
+    let standby = Standby::start(listener, edge);
     let opened = open(config, url).await;
     standby.stop(StopMode::HandOver).await;
     opened
@@ -159,13 +167,20 @@ struct Standby(Option<ServerHandle>);
 impl Standby {
     /// Starts answering as a standby on a copy of `listener` (the socket stays bound and
     /// listening when this server stops).
-    fn start(listener: &Listening) -> Standby {
+    fn start(listener: &Listening, edge: &Edge) -> Standby {
+        let access = edge.access.clone();
         let server = listener.duplicate().and_then(|l| {
-            HttpServer::new(|| App::new().configure(standby_routes))
-                .workers(1)
-                .disable_signals()
-                .shutdown_timeout(1)
-                .listen(l.listener)
+            let server = HttpServer::new(move || {
+                App::new()
+                    .wrap_fn(guard(&access))
+                    .app_data(web::Data::new(access.clone()))
+                    .configure(standby_routes)
+            })
+            .on_connect(no_delay)
+            .workers(1)
+            .disable_signals()
+            .shutdown_timeout(1);
+            edge.listen(server, l.listener)
                 .map_err(|source| StartError::Bind {
                     addr: listener.addr.to_string(),
                     source,
@@ -223,10 +238,10 @@ async fn standby_status() -> HttpResponse {
     HttpResponse::Ok().json(json!({ "role": Role::Standby }))
 }
 
-async fn standby_metrics() -> HttpResponse {
+async fn standby_metrics(access: web::Data<Arc<Access>>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(standby_gauge())
+        .body(standby_gauge() + &auth_failures_text(&access.failures()))
 }
 
 /// The same checks as the owner's endpoints (a 1002 for a bad version stays a 1002), then
