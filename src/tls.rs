@@ -124,11 +124,13 @@ pub fn upstream_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsE
             "the system has no trusted roots to verify a wss:// change source; name some here",
         ));
     }
-    let config = ClientConfig::builder_with_provider(provider())
+    let mut config = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(VERSIONS)
         .map_err(|e| TlsError::new("upstream-ca-file", e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+    // A websocket handshake is HTTP/1.1.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 

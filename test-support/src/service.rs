@@ -8,6 +8,7 @@ use change_streamer_actors::clock::Clock;
 use clap::Parser;
 use serde_json::Value;
 
+use crate::access::Credentials;
 use crate::upstream::{txn, FakeUpstream};
 use crate::wait::{POLL, STATUS_LIMIT};
 
@@ -33,6 +34,9 @@ pub async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream
 pub struct TestService {
     pub service: Option<Service>,
     pub dir: tempfile::TempDir,
+    /// What [`get`](Self::get), [`status`](Self::status) and [`ws`](Self::ws) present: the
+    /// `--secret` it was started with, if any; a TLS test sets the roots it trusts.
+    pub credentials: Credentials,
 }
 
 impl TestService {
@@ -60,6 +64,7 @@ impl TestService {
         TestService {
             service: Some(service),
             dir,
+            credentials: Credentials::for_args(args),
         }
     }
 
@@ -71,12 +76,19 @@ impl TestService {
     }
 
     pub fn ws(&self, path: &str) -> String {
-        format!("ws://{}{}", self.base(), path)
+        format!("{}://{}{}", self.credentials.ws(), self.base(), path)
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = crate::client::http_client()
-            .get(format!("http://{}{}", self.base(), path))
+        let mut resp = self
+            .credentials
+            .client()
+            .get(format!(
+                "{}://{}{}",
+                self.credentials.http(),
+                self.base(),
+                path
+            ))
             .send()
             .await
             .expect("http get");

@@ -50,7 +50,8 @@ pub struct UpstreamConfig {
     pub max_backoff: Duration,
     /// Sent as `Authorization: Bearer <secret>` on every handshake.
     pub secret: Option<Secret>,
-    /// The roots a `wss://` change source is verified against; `None`: awc's own (webpki).
+    /// The roots a `wss://` change source is verified against (its ALPN must offer http/1.1
+    /// only); `None`: awc's own (webpki).
     pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
@@ -199,12 +200,15 @@ async fn connect(
     ),
     awc::error::WsClientError,
 > {
-    let client = awc::Client::builder().max_http_version(awc::http::Version::HTTP_11);
+    // With TLS, the roots and the ALPN (http/1.1 only) are the given configuration's: the
+    // builder's `max_http_version` would replace it with awc's own.
     let client = match &cfg.tls {
-        Some(tls) => client
+        Some(tls) => awc::Client::builder()
             .connector(awc::Connector::new().rustls_0_23(tls.clone()))
             .finish(),
-        None => client.finish(),
+        None => awc::Client::builder()
+            .max_http_version(awc::http::Version::HTTP_11)
+            .finish(),
     };
     let mut request = client.ws(url).max_frame_size(MAX_FRAME);
     if let Some(secret) = &cfg.secret {
