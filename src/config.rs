@@ -527,6 +527,18 @@ mod tests {
     }
 
     #[test]
+    fn the_debug_of_the_configuration_redacts_the_secret() {
+        let secret = "debug-secret-0123456789";
+        let c = parse(&["--secret", secret]).unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains(secret) && shown.contains("redacted"),
+            "{shown}"
+        );
+        assert!(c.secret().unwrap().is_some());
+    }
+
+    #[test]
     fn accepts_short_floors_and_negative_padding() {
         let c = parse(&[
             "--min-cleanup-delay-ms",
