@@ -5,12 +5,9 @@
 
 use std::time::Duration;
 
-use change_streamer::{Config, Service};
-use change_streamer_actors::clock::Clock;
 use change_streamer_test_support::access::{Credentials, TEST_SECRET};
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::service::TestService;
-use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -176,33 +173,19 @@ async fn auth_failures_are_counted_by_reason() {
     svc.stop().await;
 }
 
-/// The start with `args` fails; its message.
-async fn start_error(args: &[&str]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().to_string_lossy().to_string();
-    let mut all = vec!["change-streamer", "--port", "0", "--host", "127.0.0.1"];
-    all.extend_from_slice(&["--data-dir", &data]);
-    all.extend_from_slice(args);
-    let config = Config::try_parse_from(all).expect("flags parse");
-    match Service::start(config, Clock::System).await {
-        Ok(_) => panic!("{args:?} started"),
-        Err(e) => e.to_string(),
-    }
-}
-
 #[actix_rt::test]
 async fn too_short_or_long_secret_is_a_start_error() {
     let short = "fifteen-bytes!!";
-    let e = start_error(&["--secret", short]).await;
+    let e = TestService::start_error(&["--secret", short]).await;
     assert!(e.contains("--secret") && e.contains("16 to 4096"), "{e}");
     assert!(!e.contains(short), "{e}");
     let long = "x".repeat(4097);
-    let e = start_error(&["--secret", &long]).await;
+    let e = TestService::start_error(&["--secret", &long]).await;
     assert!(e.contains("--secret") && !e.contains(&long), "{e}");
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("secret");
     std::fs::write(&file, format!("{short}\n")).unwrap();
-    let e = start_error(&["--secret-file", file.to_str().unwrap()]).await;
+    let e = TestService::start_error(&["--secret-file", file.to_str().unwrap()]).await;
     assert!(e.contains("--secret-file") && !e.contains(short), "{e}");
 }
 
@@ -211,7 +194,7 @@ async fn both_secret_flags_are_a_start_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("secret");
     std::fs::write(&file, TEST_SECRET).unwrap();
-    let e = start_error(&[
+    let e = TestService::start_error(&[
         "--secret-file",
         file.to_str().unwrap(),
         "--secret",

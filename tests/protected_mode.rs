@@ -9,10 +9,8 @@
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use change_streamer::{Config, Service};
-use change_streamer_actors::clock::Clock;
 use change_streamer_test_support::access::TEST_SECRET;
-use clap::Parser;
+use change_streamer_test_support::service::TestService;
 
 /// A namespace with one end of a veth pair at `.2`, the other end here at `.1`.
 struct Namespace {
@@ -116,25 +114,13 @@ impl Drop for Namespace {
     }
 }
 
-/// The service on the namespace's host address, with `args`.
-async fn service_on(ns: &Namespace, args: &[&str]) -> (Service, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().to_string_lossy().to_string();
-    let mut all = vec!["change-streamer", "--port", "0", "--host", &ns.host];
-    all.extend_from_slice(&["--data-dir", &data]);
-    all.extend_from_slice(args);
-    let config = Config::try_parse_from(all).expect("flags");
-    let service = Service::start(config, Clock::System).await.expect("start");
-    (service, dir)
-}
-
 const CHANGES: &str = "/replication/v6/changes?id=s1&mode=serving&replicaVersion=00&watermark=00";
 
 #[actix_rt::test]
 async fn protected_mode_refuses_a_peer_not_on_loopback() {
     let ns = Namespace::new();
-    let (svc, _dir) = service_on(&ns, &[]).await;
-    let port = svc.addr().port();
+    let svc = TestService::start_on(&ns.host, &[]).await;
+    let port = svc.service.as_ref().unwrap().addr().port();
     // The namespace reaches the service: the open endpoints answer it.
     assert_eq!(ns.request(port, "/healthz", &[]).await.0, 200);
     assert_eq!(ns.request(port, "/metrics", &[]).await.0, 200);
@@ -158,8 +144,8 @@ async fn protected_mode_refuses_a_peer_not_on_loopback() {
 #[actix_rt::test]
 async fn allow_unauthenticated_serves_a_peer_not_on_loopback() {
     let ns = Namespace::new();
-    let (svc, _dir) = service_on(&ns, &["--allow-unauthenticated"]).await;
-    let port = svc.addr().port();
+    let svc = TestService::start_on(&ns.host, &["--allow-unauthenticated"]).await;
+    let port = svc.service.as_ref().unwrap().addr().port();
     assert_eq!(ns.request(port, "/status", &[]).await.0, 200);
     assert_eq!(ns.get(port, CHANGES, &[]).await.0, 400);
     svc.stop().await;
@@ -168,8 +154,8 @@ async fn allow_unauthenticated_serves_a_peer_not_on_loopback() {
 #[actix_rt::test]
 async fn with_a_secret_a_peer_not_on_loopback_needs_it() {
     let ns = Namespace::new();
-    let (svc, _dir) = service_on(&ns, &["--secret", TEST_SECRET]).await;
-    let port = svc.addr().port();
+    let svc = TestService::start_on(&ns.host, &["--secret", TEST_SECRET]).await;
+    let port = svc.service.as_ref().unwrap().addr().port();
     assert_eq!(ns.request(port, "/status", &[]).await.0, 401);
     let bearer = vec![format!("Authorization: Bearer {TEST_SECRET}")];
     assert_eq!(ns.request(port, "/status", &bearer).await.0, 200);

@@ -6,13 +6,10 @@
 
 use std::time::Duration;
 
-use change_streamer::{Config, Service};
-use change_streamer_actors::clock::Clock;
 use change_streamer_test_support::access::{Credentials, TestCert, TEST_SECRET};
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::upstream::{txn, FakeUpstream, UpstreamOptions};
-use clap::Parser;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -125,41 +122,29 @@ async fn next_change(sub: &mut WsClient) -> serde_json::Value {
     }
 }
 
-/// The start with `args` fails; its message.
-async fn start_error(args: &[&str]) -> String {
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().to_string_lossy().to_string();
-    let mut all = vec!["change-streamer", "--port", "0", "--host", "127.0.0.1"];
-    all.extend_from_slice(&["--data-dir", &data]);
-    all.extend_from_slice(args);
-    let config = Config::try_parse_from(all).expect("flags parse");
-    match Service::start(config, Clock::System).await {
-        Ok(_) => panic!("{args:?} started"),
-        Err(e) => e.to_string(),
-    }
-}
-
 #[actix_rt::test]
 async fn tls_flags_are_checked_at_start() {
     let cert = TestCert::localhost();
     let other = TestCert::localhost();
     let (c, k) = (cert.cert.to_str().unwrap(), cert.key.to_str().unwrap());
-    let e = start_error(&["--tls-cert", c]).await;
+    let e = TestService::start_error(&["--tls-cert", c]).await;
     assert!(e.starts_with("--tls-key: missing"), "{e}");
-    let e = start_error(&["--tls-key", k]).await;
+    let e = TestService::start_error(&["--tls-key", k]).await;
     assert!(e.starts_with("--tls-cert: missing"), "{e}");
-    let e = start_error(&["--tls-cert", "/nonexistent/cert.pem", "--tls-key", k]).await;
+    let e =
+        TestService::start_error(&["--tls-cert", "/nonexistent/cert.pem", "--tls-key", k]).await;
     assert!(e.starts_with("--tls-cert: cannot read"), "{e}");
-    let e = start_error(&["--tls-cert", k, "--tls-key", k]).await;
+    let e = TestService::start_error(&["--tls-cert", k, "--tls-key", k]).await;
     assert!(e.starts_with("--tls-cert:"), "{e}");
-    let e = start_error(&["--tls-cert", c, "--tls-key", c]).await;
+    let e = TestService::start_error(&["--tls-cert", c, "--tls-key", c]).await;
     assert!(e.starts_with("--tls-key:"), "{e}");
-    let e = start_error(&["--tls-cert", c, "--tls-key", other.key.to_str().unwrap()]).await;
+    let e = TestService::start_error(&["--tls-cert", c, "--tls-key", other.key.to_str().unwrap()])
+        .await;
     assert!(
         e.starts_with("--tls-key: does not go with --tls-cert"),
         "{e}"
     );
-    let e = start_error(&["--upstream-ca-file", k]).await;
+    let e = TestService::start_error(&["--upstream-ca-file", k]).await;
     assert!(e.starts_with("--upstream-ca-file:"), "{e}");
 }
 
