@@ -90,11 +90,10 @@ fn start_errors_do_not_show_the_secret() {
 #[actix_rt::test]
 async fn logs_status_and_metrics_never_show_a_secret() {
     let cert = TestCert::localhost();
-    let up = FakeUpstream::start_with(UpstreamOptions {
-        secret: Some(UPSTREAM_SECRET.into()),
-        refuse_first: 1,
-        tls: Some(cert.server_config()),
-    })
+    let up = FakeUpstream::start_with(UpstreamOptions::guarded(
+        UPSTREAM_SECRET,
+        cert.server_config(),
+    ))
     .await;
     let dir = tempfile::tempdir().unwrap();
     let secret_file = dir.path().join("secret");

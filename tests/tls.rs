@@ -22,6 +22,27 @@ async fn tls_service(cert: &TestCert, args: &[&str]) -> TestService {
     svc
 }
 
+/// A service over TLS fed by a fake change source, initialised, and one subscriber over
+/// `wss://` from its replica version.
+async fn subscribed_over_tls(cert: &TestCert) -> (TestService, FakeUpstream, WsClient) {
+    let up = FakeUpstream::start().await;
+    let svc = tls_service(cert, &["--upstream", &up.url()]).await;
+    up.wait_connections(1).await;
+    up.send(txn(1, 1));
+    let st = svc
+        .wait_status("the initial sync stored", |s| {
+            !s["replicaVersion"].is_null()
+        })
+        .await;
+    let rv = st["replicaVersion"].as_str().unwrap().to_string();
+    let url = svc.ws(&format!(
+        "/replication/v6/changes?id=s1&mode=serving&replicaVersion={rv}&watermark={rv}"
+    ));
+    assert!(url.starts_with("wss://"), "{url}");
+    let sub = WsClient::connect_with(&url, &svc.credentials).await;
+    (svc, up, sub)
+}
+
 /// Writes a plain-HTTP request on a raw connection to the TLS port; what comes back before
 /// the service closes it.
 async fn plain_http(base: &str) -> Vec<u8> {
@@ -38,25 +59,9 @@ async fn plain_http(base: &str) -> Vec<u8> {
 #[actix_rt::test]
 async fn tls_serves_https_and_wss() {
     let cert = TestCert::localhost();
-    let up = FakeUpstream::start().await;
-    let svc = tls_service(&cert, &["--upstream", &up.url()]).await;
+    let (svc, up, mut sub) = subscribed_over_tls(&cert).await;
     assert_eq!(svc.get("/healthz").await, (200, "ok".to_string()));
     assert_eq!(svc.get("/status").await.0, 200);
-    up.wait_connections(1).await;
-    up.send(txn(1, 1));
-    svc.wait_status("the initial sync stored", |s| {
-        !s["replicaVersion"].is_null()
-    })
-    .await;
-    let rv = svc.status().await["replicaVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let url = svc.ws(&format!(
-        "/replication/v6/changes?id=s1&mode=serving&replicaVersion={rv}&watermark={rv}"
-    ));
-    assert!(url.starts_with("wss://"), "{url}");
-    let mut sub = WsClient::connect_with(&url, &svc.credentials).await;
     up.send(txn(2, 1));
     assert_eq!(next_change(&mut sub).await[0], "begin");
     svc.stop().await;
@@ -65,25 +70,7 @@ async fn tls_serves_https_and_wss() {
 #[actix_rt::test]
 async fn plain_http_or_a_failed_handshake_closes_only_that_connection() {
     let cert = TestCert::localhost();
-    let up = FakeUpstream::start().await;
-    let svc = tls_service(&cert, &["--upstream", &up.url()]).await;
-    up.wait_connections(1).await;
-    up.send(txn(1, 1));
-    svc.wait_status("the initial sync stored", |s| {
-        !s["replicaVersion"].is_null()
-    })
-    .await;
-    let rv = svc.status().await["replicaVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let mut sub = WsClient::connect_with(
-        &svc.ws(&format!(
-            "/replication/v6/changes?id=s1&mode=serving&replicaVersion={rv}&watermark={rv}"
-        )),
-        &svc.credentials,
-    )
-    .await;
+    let (svc, up, mut sub) = subscribed_over_tls(&cert).await;
 
     // Plain HTTP on the TLS port: no HTTP answer, the connection is closed.
     let got = plain_http(&svc.base()).await;
@@ -151,12 +138,8 @@ async fn tls_flags_are_checked_at_start() {
 #[actix_rt::test]
 async fn upstream_over_wss_with_a_secret_after_a_401() {
     let cert = TestCert::localhost();
-    let up = FakeUpstream::start_with(UpstreamOptions {
-        secret: Some(TEST_SECRET.into()),
-        refuse_first: 1,
-        tls: Some(cert.server_config()),
-    })
-    .await;
+    let up =
+        FakeUpstream::start_with(UpstreamOptions::guarded(TEST_SECRET, cert.server_config())).await;
     assert!(up.url().starts_with("wss://127.0.0.1:"), "{}", up.url());
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("upstream-secret");

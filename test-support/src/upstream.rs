@@ -35,6 +35,18 @@ pub struct UpstreamOptions {
     pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
+impl UpstreamOptions {
+    /// `wss://` with `tls`, wanting `secret`, and refusing the first handshake whatever it
+    /// carries (so the service's retry after a 401 is seen).
+    pub fn guarded(secret: &str, tls: Arc<rustls::ServerConfig>) -> UpstreamOptions {
+        UpstreamOptions {
+            secret: Some(secret.to_string()),
+            refuse_first: 1,
+            tls: Some(tls),
+        }
+    }
+}
+
 /// The fake change source.
 #[derive(Clone)]
 pub struct FakeUpstream {
