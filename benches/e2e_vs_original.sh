@@ -47,7 +47,7 @@ fi
 
 if [[ " $SERVICES " == *" ours-tls "* ]]; then
   openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
-    -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 \
+    -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 -addext basicConstraints=critical,CA:FALSE \
     -keyout "$OUT/key.pem" -out "$OUT/cert.pem" 2>/dev/null
   openssl rand -hex 32 > "$OUT/secret"
 fi
