@@ -5,8 +5,8 @@
 //! ([`change_streamer_actors::ownership`]). [`run`] is the instance's life:
 //!
 //! 1. **Standby.** While it waits to own the change DB, a small standby server answers on the
-//!    service's own listening socket: `/healthz`, `/status` (`"role": "standby"`) and
-//!    `/metrics` (`change_streamer_owner 0`); it closes `/snapshot` and `/changes` websockets
+//!    service's own listening socket: `/healthz`, `/readyz` (503 `standby`), `/status`
+//!    (`"role": "standby"`, the change DB's state) and `/metrics` (`change_streamer_owner 0`); it closes `/snapshot` and `/changes` websockets
 //!    with 1011 `standby: not the owner`. The engine tries to take ownership every
 //!    `--takeover-interval-ms`.
 //! 2. **Owner.** Once it owns the change DB the standby server stops and the service starts
@@ -19,6 +19,9 @@
 //!    reading upstream, halts the actors that write, closes every session with 1011
 //!    `standby: not the owner` and stops its HTTP server; after one takeover interval (the other
 //!    standbys' turn first) it is a standby again, at 1.
+//!
+//! Throughout, the instance keeps its record in the change DB under one id
+//! ([`InstanceRecorder`], PROTOCOL.md §14.1); a graceful stop deletes it.
 //!
 //! SIGINT or SIGTERM ends any phase gracefully ([`StopMode::Graceful`]): the owner stops as
 //! [`Service::stop`] says, a standby stops answering and exits.
@@ -33,15 +36,17 @@ use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use actix_web_actors::ws;
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions};
 use change_streamer_actors::clock::Clock;
-use change_streamer_actors::ownership::Role;
+use change_streamer_actors::instance::recorder::{self, InstanceRecorder};
+use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::session_end::SessionEnd;
 use log::{error, info, warn};
-use serde_json::json;
 
 use crate::config::Config;
 use crate::edge::{no_delay, Edge};
 use crate::http::access::{guard, Access};
 use crate::http::metrics::auth_failures_text;
+use crate::http::readyz::standby_readyz;
+use crate::http::standby_status::{standby_status, StandbyState};
 use crate::http::{open_websocket, refuse, status::healthz, Opening};
 use crate::server::{listen, Listening, Service, StartError};
 use crate::shutdown::StopMode;
@@ -82,8 +87,16 @@ pub async fn run(
     let listener = listen(&config.host, config.port)?;
     edge.access
         .log_mode(&listener.addr.to_string(), config.allow_unauthenticated);
+    // One id and one record for the whole run, whatever the phase (PROTOCOL.md §14.1).
+    let instance = InstanceId::new(listener.addr, &clock);
+    let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();
+    let standing = StandbyState {
+        config: config.clone(),
+        instance: instance.clone(),
+        recorder: recorder.clone(),
+    };
     tokio::pin!(stop);
-    let mut standby = Standby::start(&listener, &edge);
+    let mut standby = Standby::start(&listener, &edge, &standing);
     let mut first_try_after = Duration::ZERO;
     loop {
         let opened = tokio::select! {
@@ -94,6 +107,7 @@ pub async fn run(
             () = &mut stop => {
                 info!("stopping the standby");
                 standby.stop(StopMode::Graceful).await;
+                let _ = recorder.send(recorder::Stop).await;
                 info!("stopped");
                 return Ok(());
             }
@@ -106,6 +120,8 @@ pub async fn run(
             listener.duplicate()?,
             clock.clone(),
             edge.clone(),
+            instance.clone(),
+            Some(recorder.clone()),
         );
         let service = match serving.await {
             Ok(service) => service,
@@ -113,7 +129,7 @@ pub async fn run(
             // command): stand by again.
             Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
                 warn!("deposed while starting: standing by again");
-                standby = Standby::start(&listener, &edge);
+                standby = Standby::start(&listener, &edge, &standing);
                 first_try_after = config.takeover_interval();
                 continue;
             }
@@ -123,6 +139,7 @@ pub async fn run(
             () = log.deposed() => {}
             () = &mut stop => {
                 service.stop(StopMode::Graceful).await;
+                let _ = recorder.send(recorder::Stop).await;
                 return Ok(());
             }
         }
@@ -132,7 +149,7 @@ pub async fn run(
         );
         drop(log);
         service.stop(StopMode::HandOver).await;
-        standby = Standby::start(&listener, &edge);
+        standby = Standby::start(&listener, &edge, &standing);
         // The other standbys' turn first: this one tries again after one takeover interval.
         first_try_after = config.takeover_interval();
     }
@@ -155,7 +172,7 @@ pub(crate) async fn own_change_db(
     listener: &Listening,
     edge: &Edge,
 ) -> Result<ChangeLog, ChangeLogError> {
-    let standby = Standby::start(listener, edge);
+    let standby = Standby::start(listener, edge, None);
     let opened = open(config, url).await;
     standby.stop(StopMode::HandOver).await;
     opened
@@ -166,15 +183,24 @@ struct Standby(Option<ServerHandle>);
 
 impl Standby {
     /// Starts answering as a standby on a copy of `listener` (the socket stays bound and
-    /// listening when this server stops).
-    fn start(listener: &Listening, edge: &Edge) -> Standby {
+    /// listening when this server stops), behind the access rule of `edge`, with `/status` and
+    /// `/readyz` from `state`.
+    fn start<'a>(
+        listener: &Listening,
+        edge: &Edge,
+        state: impl Into<Option<&'a StandbyState>>,
+    ) -> Standby {
         let access = edge.access.clone();
+        let state = state.into().cloned().map(web::Data::new);
         let server = listener.duplicate().and_then(|l| {
             let server = HttpServer::new(move || {
-                App::new()
+                let app = App::new()
                     .wrap_fn(guard(&access))
-                    .app_data(web::Data::new(access.clone()))
-                    .configure(standby_routes)
+                    .app_data(web::Data::new(access.clone()));
+                match &state {
+                    Some(state) => app.app_data(state.clone()).configure(standby_routes),
+                    None => app.configure(standby_routes),
+                }
             })
             .on_connect(no_delay)
             .workers(1)
@@ -225,6 +251,7 @@ fn standby_routes(cfg: &mut web::ServiceConfig) {
         web::get().to(refuse_session),
     )
     .route("/healthz", web::get().to(healthz))
+    .route("/readyz", web::get().to(standby_readyz))
     .route("/status", web::get().to(standby_status))
     .route("/metrics", web::get().to(standby_metrics))
     .default_service(web::to(|| async {
@@ -232,10 +259,6 @@ fn standby_routes(cfg: &mut web::ServiceConfig) {
             .content_type("text/plain")
             .body("not found\n")
     }));
-}
-
-async fn standby_status() -> HttpResponse {
-    HttpResponse::Ok().json(json!({ "role": Role::Standby }))
 }
 
 async fn standby_metrics(access: web::Data<Arc<Access>>) -> HttpResponse {

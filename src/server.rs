@@ -31,6 +31,8 @@ use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, SEGMENT_ROWS};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
+use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
+use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
@@ -116,17 +118,21 @@ impl Service {
                 (log, listener)
             }
         };
-        Service::serve(config, log, listener, clock, edge).await
+        let instance = InstanceId::new(listener.addr, &clock);
+        Service::serve(config, log, listener, clock, edge, instance, None).await
     }
 
     /// Starts everything on an opened change log (owned, if it is a shared one), serving on
-    /// `listener`.
+    /// `listener` as instance `instance`; `recorder` keeps its record in a shared change DB
+    /// and is told what it serves with.
     pub(crate) async fn serve(
         config: Arc<Config>,
         log: ChangeLog,
         listener: Listening,
         clock: Clock,
         edge: Edge,
+        instance: InstanceId,
+        recorder: Option<Addr<InstanceRecorder>>,
     ) -> Result<Service, StartError> {
         let stats = log.stats().await?;
         let safety = log.load_state().await?;
@@ -222,7 +228,16 @@ impl Service {
             backup,
             guards: drain.guards(),
             access: edge.access.clone(),
+            instance,
+            recorder,
         };
+        if let Some(r) = &state.recorder {
+            r.do_send(Serve(Holders {
+                log: log.clone(),
+                streamer: streamer.clone(),
+                reservations: state.backup.as_ref().map(|b| b.reservations.clone()),
+            }));
+        }
         let app_state = web::Data::new(state.clone());
         let access = edge.access.clone();
         let server = HttpServer::new(move || {
@@ -308,8 +323,13 @@ impl Service {
             purger,
             log,
             backup,
+            recorder,
             ..
         } = state;
+        // From here on this instance holds no subscriber or reservation.
+        if let Some(r) = &recorder {
+            r.do_send(StandBy);
+        }
         // No new connections from here on; no more changes from upstream.
         server.pause().await;
         if let Some(u) = upstream {

@@ -89,6 +89,18 @@ pub struct PendingWatermark {
     pub backed_up_at_ms: i64,
 }
 
+impl PendingWatermark {
+    /// A watermark backed up at `backed_up_at_ms` (unix ms).
+    pub fn new(watermark: Watermark, replica: String, backed_up_at_ms: i64) -> PendingWatermark {
+        PendingWatermark {
+            watermark,
+            replica,
+            backed_up_at: format_rfc3339_ms(backed_up_at_ms),
+            backed_up_at_ms,
+        }
+    }
+}
+
 /// A snapshot of the actor's state.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -270,11 +282,8 @@ impl CleanupActor {
             pending_watermarks: self
                 .watermarks
                 .iter()
-                .map(|(w, r)| PendingWatermark {
-                    watermark: w.clone(),
-                    replica: r.replica.clone(),
-                    backed_up_at: format_rfc3339_ms(r.backed_up_at_ms),
-                    backed_up_at_ms: r.backed_up_at_ms,
+                .map(|(w, r)| {
+                    PendingWatermark::new(w.clone(), r.replica.clone(), r.backed_up_at_ms)
                 })
                 .collect(),
             cleanups_scheduled_total: self.scheduled_total,

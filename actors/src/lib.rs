@@ -9,11 +9,13 @@
 //! know of a websocket session: its number and why it ends; [`secret`] a shared secret
 //! that is never printed. Each actor owns its state; they
 //! talk by the typed messages defined beside them, and each stops on its own `Stop` message.
+//! [`instance`] is this instance among those sharing a change DB: its id and its record there.
 //! Time comes from an injected [`clock::Clock`] or, for timers, the runtime's (pausable) clock.
 
 pub mod changelog;
 pub mod cleanup;
 pub mod clock;
+pub mod instance;
 pub mod litestream;
 pub mod monitor;
 pub mod ownership;

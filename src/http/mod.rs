@@ -4,14 +4,16 @@
 //! actors. A request that is bad (unsupported version, missing or invalid parameter) is still
 //! upgraded, then closed with 1002 and a reason, because websocket clients only see close
 //! frames; a request to these paths without an upgrade gets a plain 400. Everything else but
-//! `/healthz`, `/metrics` and `/status` is 404. Before any of it, [`access`] decides whether the
-//! request is served at all.
+//! `/healthz`, `/readyz`, `/metrics` and `/status` is 404. Before any of it, [`access`] decides
+//! whether the request is served at all.
 
 pub mod access;
 pub mod changes;
 pub mod metrics;
 pub mod query;
+pub mod readyz;
 pub mod snapshot;
+pub mod standby_status;
 pub mod status;
 
 use std::collections::HashMap;
@@ -24,6 +26,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use actix_web_actors::ws;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::cleanup::CleanupActor;
+use change_streamer_actors::instance::recorder::InstanceRecorder;
+use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::MonitorActor;
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
@@ -51,6 +55,10 @@ pub struct AppState {
     pub guards: Guards,
     /// The access rule every request passed first, with its refusal counts (for `/metrics`).
     pub access: Arc<access::Access>,
+    /// This instance's id (PROTOCOL.md §14.1).
+    pub instance: InstanceId,
+    /// Its record in the shared change DB; `None` on SQLite.
+    pub recorder: Option<Addr<InstanceRecorder>>,
 }
 
 #[derive(Clone)]
@@ -71,6 +79,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(changes::changes),
     )
     .route("/healthz", web::get().to(status::healthz))
+    .route("/readyz", web::get().to(readyz::readyz))
     .route("/metrics", web::get().to(metrics::metrics))
     .route("/status", web::get().to(status::status))
     .default_service(web::to(not_found));

@@ -5,6 +5,7 @@
 use actix_web::{web, HttpResponse};
 use change_streamer_actors::changelog::LogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
+use change_streamer_actors::instance::recorder::ListInstances;
 use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::{GetPurgeState, PurgeState};
@@ -79,10 +80,32 @@ pub(super) fn unavailable(e: Unavailable) -> HttpResponse {
 }
 
 pub async fn status(state: web::Data<AppState>) -> HttpResponse {
-    match observe(&state).await {
-        Ok(o) => HttpResponse::Ok().json(status_json(&state, &o)),
+    let (observed, instances) =
+        futures_util::future::join(observe(&state), instances(&state)).await;
+    match observed {
+        Ok(o) => {
+            let mut json = status_json(&state, &o);
+            if let Some(list) = instances {
+                json["instances"] = list;
+            }
+            HttpResponse::Ok().json(json)
+        }
         Err(e) => unavailable(e),
     }
+}
+
+/// The instances not gone (PROTOCOL.md §14.1), on a shared change DB only; `null` while the
+/// change DB cannot be read.
+async fn instances(state: &AppState) -> Option<serde_json::Value> {
+    let recorder = state.recorder.as_ref()?;
+    Some(match recorder.send(ListInstances).await {
+        Ok(Ok(list)) => json!(list),
+        Ok(Err(e)) => {
+            log::warn!("/status: reading the instance records failed: {e}");
+            serde_json::Value::Null
+        }
+        Err(_) => serde_json::Value::Null,
+    })
 }
 
 pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
@@ -90,6 +113,7 @@ pub fn status_json(state: &AppState, o: &Observation) -> serde_json::Value {
     let c = o.cleanup.as_ref();
     json!({
         "role": if state.log.is_owner() { Role::Owner } else { Role::Standby },
+        "instance": state.instance,
         "replicaVersion": o.log.replica_version,
         "changeLog": {
             "minWatermark": o.log.min_watermark,

@@ -30,7 +30,7 @@ use std::time::Instant;
 use tokio::sync::{oneshot, watch};
 
 use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand};
-pub use self::postgres::PgOptions;
+pub use self::postgres::{ChangeDbView, InstanceDb, PgOptions};
 pub use self::safety::{RecordedWatermark, SafetyState, StateChange, StoredReservation};
 pub use self::sqlite::DB_FILE;
 use self::types::Reply;

@@ -13,10 +13,13 @@
 //! [`ChangeLogError::NotOwner`] and never writes again.
 //!
 //! Files: [`connection`] (reaching the change DB), [`schema`] (tables and partitions),
-//! [`state`] (the safety state's statements), [`writer`], [`reader`].
+//! [`state`] (the safety state's statements), [`writer`], [`reader`], and [`records`]: the
+//! instance records (PROTOCOL.md §14.1), kept by every instance on a connection of its own,
+//! apart from the writer and its fence.
 
 mod connection;
 mod reader;
+mod records;
 mod schema;
 mod state;
 mod writer;
@@ -34,6 +37,7 @@ use super::{catalogue, commands, safety, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
 use self::connection::{connect, redacted, runtime, with_causes};
+pub use self::records::{ChangeDbView, InstanceDb};
 use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
 use crate::clock::Clock;

@@ -20,13 +20,34 @@
 
 use tokio_postgres::GenericClient;
 
-use super::catalogue::Segment;
-use super::types::ChangeLogError;
+use super::catalogue::{refresh_range, Segment};
+use super::types::{ChangeLogError, LogStats};
 use crate::watermark::Watermark;
 
-/// Creates every table that is missing.
+/// Runs `tables` (the `CREATE … IF NOT EXISTS` of [`SCHEMA`] or [`INSTANCES_SCHEMA`]), and the
+/// creation of the schema itself, in one transaction under the transaction advisory lock
+/// 0x6373_0002 ("cs" + 2): the owner and the standbys' record connections create what is
+/// missing at the same moment at a first start, and two concurrent `CREATE … IF NOT EXISTS` of
+/// one name can both miss it and one then fails; the lock makes the second wait and then see
+/// the first's. (Its notices that a table already exists are not logged.)
+pub(super) async fn create_missing(
+    c: &impl GenericClient,
+    tables: &str,
+) -> Result<(), ChangeLogError> {
+    c.batch_execute(&format!(
+        "BEGIN;
+         SET LOCAL client_min_messages = warning;
+         SELECT pg_advisory_xact_lock(1668481026);
+         CREATE SCHEMA IF NOT EXISTS change_streamer;
+         {tables}
+         COMMIT;"
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Every table of the change log and the safety state (see [`create_missing`]).
 pub(super) const SCHEMA: &str = r#"
-    CREATE SCHEMA IF NOT EXISTS change_streamer;
     CREATE TABLE IF NOT EXISTS change_streamer.segments (
         id BIGINT PRIMARY KEY,
         min_watermark TEXT COLLATE "C" NOT NULL,
@@ -65,6 +86,49 @@ pub(super) const SCHEMA: &str = r#"
         task_id TEXT PRIMARY KEY,
         started_ms BIGINT NOT NULL
     );"#;
+
+/// Creates the instance records' tables if missing (PROTOCOL.md §14.1). Run by every instance
+/// on its own record connection (`records.rs`), standbys included, so not part of [`SCHEMA`],
+/// which only the owner runs. `refreshed_at` is the change DB's clock, so the age of a record
+/// never depends on two machines' clocks agreeing; `backend_pid` is the record connection's
+/// session, which PostgreSQL shows ended once the instance dies. A subscriber row is one
+/// connected subscriber and the watermark it acked (what the owner's purge will read).
+pub(super) const INSTANCES_SCHEMA: &str = r#"
+    CREATE TABLE IF NOT EXISTS change_streamer.instances (
+        id TEXT PRIMARY KEY,
+        role TEXT NOT NULL,
+        backend_pid INTEGER NOT NULL,
+        refreshed_at TIMESTAMPTZ NOT NULL,
+        reservations INTEGER NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS change_streamer.instance_subscribers (
+        instance TEXT NOT NULL REFERENCES change_streamer.instances (id) ON DELETE CASCADE,
+        subscriber TEXT NOT NULL,
+        acked TEXT COLLATE "C" NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS instance_subscribers_instance
+        ON change_streamer.instance_subscribers (instance);"#;
+
+/// The replicaVersion and the catalogue's range and row count, as read from the tables (the
+/// owner's writer at start, a standby's `/status`).
+pub(super) async fn read_stats(
+    c: &impl GenericClient,
+) -> Result<(LogStats, Vec<Segment>), ChangeLogError> {
+    let rv: Option<String> = c
+        .query_one(
+            "SELECT replica_version FROM change_streamer.replication_state WHERE id = 0",
+            &[],
+        )
+        .await?
+        .get(0);
+    let segments = load_segments(c).await?;
+    let mut stats = LogStats {
+        replica_version: rv.map(parse_watermark).transpose()?,
+        ..LogStats::default()
+    };
+    refresh_range(&mut stats, &segments);
+    Ok((stats, segments))
+}
 
 pub(super) fn partition(id: i64) -> String {
     format!("change_streamer.change_log_{id}")

@@ -62,21 +62,9 @@ impl PgWriter {
         clock: Clock,
         owner: watch::Sender<bool>,
     ) -> Result<PgWriter, ChangeLogError> {
-        client.batch_execute(schema::SCHEMA).await?;
-        let rv: Option<String> = client
-            .query_one(
-                "SELECT replica_version FROM change_streamer.replication_state WHERE id = 0",
-                &[],
-            )
-            .await?
-            .get(0);
-        let segments = schema::load_segments(&client).await?;
+        schema::create_missing(&client, schema::SCHEMA).await?;
+        let (stats, segments) = schema::read_stats(&client).await?;
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
-        let mut stats = LogStats {
-            replica_version: rv.map(parse_watermark).transpose()?,
-            ..LogStats::default()
-        };
-        catalogue::refresh_range(&mut stats, &segments);
         Ok(PgWriter {
             client,
             stats,

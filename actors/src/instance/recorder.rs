@@ -1,0 +1,268 @@
+//! The InstanceRecorder: keeps this instance's record in the shared change DB fresh
+//! (PROTOCOL.md §14.1), and answers what it reads there: the instances not gone, and, for a
+//! standby's `/status`, the change DB's state.
+//!
+//! Every [`REFRESH_EVERY`] (a timer on the runtime's clock) it asks the actors this instance
+//! serves with (told by [`Serve`], forgotten at [`StandBy`]) for their subscribers and
+//! reservations, writes its record through its own unfenced connection ([`InstanceDb`]),
+//! then deletes the records it finds gone. One refresh runs at a time: a slow change DB
+//! makes refreshes late, never pile up; a [`Serve`] or [`StandBy`] during one refreshes again
+//! as soon as it ends. A lost connection is made anew at the next refresh.
+//! The role it records is the change log's own view ([`ChangeLog::is_owner`]), so a deposed
+//! owner records itself a standby from its first refresh after the fence failed, before the
+//! service has finished stepping down. [`Stop`] deletes the record: a stopped instance is gone
+//! at once rather than 10 s later.
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use log::{info, warn};
+
+use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, REFRESH_EVERY};
+use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceDb};
+use crate::ownership::Role;
+use crate::reservation::{ListReservations, ReservationActor};
+use crate::streamer::{GetStreamerState, Streamer};
+
+/// The actors whose subscribers and reservations this instance records, while it serves.
+#[derive(Clone)]
+pub struct Holders {
+    pub log: ChangeLog,
+    pub streamer: Addr<Streamer>,
+    /// Present when the backup monitor is enabled.
+    pub reservations: Option<Addr<ReservationActor>>,
+}
+
+/// The instance serves with these actors: record their subscribers and reservations.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Serve(pub Holders);
+
+/// The instance stands by: it holds no subscriber or reservation.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StandBy;
+
+/// The instances not gone, this one included.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<InstanceSeen>, ChangeLogError>")]
+pub struct ListInstances;
+
+/// The change log's range and the safety state as stored in the change DB.
+#[derive(Message)]
+#[rtype(result = "Result<ChangeDbView, ChangeLogError>")]
+pub struct GetChangeDbView;
+
+/// Whether the last refresh reached the change DB: `None` before the first one ended.
+#[derive(Message)]
+#[rtype(result = "Option<bool>")]
+pub struct IsReachable;
+
+/// Deletes this instance's record and stops.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Stop;
+
+/// See the module documentation.
+pub struct InstanceRecorder {
+    id: InstanceId,
+    url: String,
+    every: Duration,
+    db: Option<InstanceDb>,
+    holders: Option<Holders>,
+    refreshing: bool,
+    /// What it serves with changed during a refresh: refresh again as soon as it ends.
+    again: bool,
+    stopping: bool,
+    reachable: Option<bool>,
+}
+
+impl InstanceRecorder {
+    /// The recorder of instance `id` on the change DB at `url`.
+    pub fn new(id: InstanceId, url: impl Into<String>) -> InstanceRecorder {
+        InstanceRecorder {
+            id,
+            url: url.into(),
+            every: REFRESH_EVERY,
+            db: None,
+            holders: None,
+            refreshing: false,
+            again: false,
+            stopping: false,
+            reachable: None,
+        }
+    }
+
+    /// The connection, made anew if there is none or it ended.
+    fn connection(&self) -> impl std::future::Future<Output = Result<InstanceDb, ChangeLogError>> {
+        let db = self.db.clone().filter(|db| !db.is_closed());
+        let url = self.url.clone();
+        async move {
+            match db {
+                Some(db) => Ok(db),
+                None => InstanceDb::connect(&url).await,
+            }
+        }
+    }
+
+    fn refresh(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            return;
+        }
+        if self.refreshing {
+            self.again = true;
+            return;
+        }
+        self.refreshing = true;
+        let connection = self.connection();
+        let holders = self.holders.clone();
+        let id = self.id.clone();
+        let work = async move {
+            let db = connection.await.map_err(|e| (None, e))?;
+            let record = record(id, holders).await;
+            let refreshed = db.refresh(&record).await;
+            let refreshed = match refreshed {
+                Ok(r) => r,
+                Err(e) => return Err((Some(db), e)),
+            };
+            let gone = db.sweep_gone().await.unwrap_or_default();
+            Ok((db, refreshed, gone))
+        };
+        ctx.spawn(work.into_actor(self).map(|done, act, ctx| {
+            act.refreshing = false;
+            if std::mem::take(&mut act.again) {
+                act.refresh(ctx);
+            }
+            let first = act.reachable.is_none();
+            match done {
+                Ok((db, refreshed, gone)) => {
+                    if refreshed == Refreshed::New && !first {
+                        warn!(
+                            "instance {}: its record had lapsed; the other instances may have treated it as gone",
+                            act.id
+                        );
+                    } else if first || act.reachable == Some(false) {
+                        info!("instance {} recorded in change DB {}", act.id, db.location());
+                    }
+                    for g in gone {
+                        info!("instance {g} is gone: its record was deleted");
+                    }
+                    act.db = Some(db);
+                    act.reachable = Some(true);
+                }
+                Err((db, e)) => {
+                    if act.reachable != Some(false) {
+                        warn!("instance {}: refreshing its record failed: {e}", act.id);
+                    }
+                    act.db = db;
+                    act.reachable = Some(false);
+                }
+            }
+        }));
+    }
+}
+
+/// What this instance holds now, asked of the actors it serves with.
+async fn record(id: InstanceId, holders: Option<Holders>) -> InstanceRecord {
+    let Some(h) = holders else {
+        return InstanceRecord {
+            id,
+            role: Role::Standby,
+            subscribers: Vec::new(),
+            reservations: 0,
+        };
+    };
+    let role = if h.log.is_owner() {
+        Role::Owner
+    } else {
+        Role::Standby
+    };
+    let subscribers = match h.streamer.send(GetStreamerState).await {
+        Ok(s) => s.subscribers.into_iter().map(|s| (s.id, s.acked)).collect(),
+        Err(_) => Vec::new(), // stopped: it holds nobody
+    };
+    let reservations = match &h.reservations {
+        Some(r) => match r.send(ListReservations).await {
+            Ok(list) => list.iter().filter(|r| !r.orphaned).count() as u32,
+            Err(_) => 0,
+        },
+        None => 0,
+    };
+    InstanceRecord {
+        id,
+        role,
+        subscribers,
+        reservations,
+    }
+}
+
+impl Actor for InstanceRecorder {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.refresh(ctx);
+        ctx.run_interval(self.every, |act, ctx| act.refresh(ctx));
+    }
+}
+
+impl Handler<Serve> for InstanceRecorder {
+    type Result = ();
+    fn handle(&mut self, msg: Serve, ctx: &mut Context<Self>) {
+        self.holders = Some(msg.0);
+        self.refresh(ctx);
+    }
+}
+
+impl Handler<StandBy> for InstanceRecorder {
+    type Result = ();
+    fn handle(&mut self, _: StandBy, ctx: &mut Context<Self>) {
+        self.holders = None;
+        self.refresh(ctx);
+    }
+}
+
+impl Handler<ListInstances> for InstanceRecorder {
+    type Result = ResponseFuture<Result<Vec<InstanceSeen>, ChangeLogError>>;
+    fn handle(&mut self, _: ListInstances, _: &mut Context<Self>) -> Self::Result {
+        let connection = self.connection();
+        Box::pin(async move { connection.await?.instances().await })
+    }
+}
+
+impl Handler<GetChangeDbView> for InstanceRecorder {
+    type Result = ResponseFuture<Result<ChangeDbView, ChangeLogError>>;
+    fn handle(&mut self, _: GetChangeDbView, _: &mut Context<Self>) -> Self::Result {
+        let connection = self.connection();
+        Box::pin(async move { connection.await?.view().await })
+    }
+}
+
+impl Handler<IsReachable> for InstanceRecorder {
+    type Result = Option<bool>;
+    fn handle(&mut self, _: IsReachable, _: &mut Context<Self>) -> Option<bool> {
+        self.reachable
+    }
+}
+
+impl Handler<Stop> for InstanceRecorder {
+    type Result = ResponseActFuture<Self, ()>;
+    fn handle(&mut self, _: Stop, _: &mut Context<Self>) -> Self::Result {
+        // No refresh starts from here on (one in flight may still write: its record then
+        // ends with this connection's session, which is gone once the actor is).
+        self.stopping = true;
+        let db = self.db.clone().filter(|db| !db.is_closed());
+        let id = self.id.clone();
+        Box::pin(
+            async move {
+                if let Some(db) = db {
+                    match db.remove(&id).await {
+                        Ok(()) => info!("instance {id}: record deleted"),
+                        Err(e) => warn!("instance {id}: deleting its record failed: {e}"),
+                    }
+                }
+            }
+            .into_actor(self)
+            .map(|(), _, ctx| ctx.stop()),
+        )
+    }
+}
