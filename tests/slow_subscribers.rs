@@ -60,19 +60,25 @@ fn subscriber<'a>(st: &'a Value, id: &str) -> &'a Value {
         .unwrap_or(&Value::Null)
 }
 
+/// Answering pings is not acking (PROTOCOL.md §5, §10.1): a subscriber that goes on answering the
+/// server's pings for several ping intervals while it lags is still evicted, with 1013, once the
+/// grace is over. The interval (1 s) is one a busy machine's round trips fit in, so liveness
+/// keeps every client here connected; the grace spans five of them, and the silent client counts
+/// the pings it answered while it lagged, so the test sees that liveness was judging it all along.
 #[actix_rt::test]
 async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
     let (svc, up) = service_with_upstream(&[
         "--slow-subscriber-grace-ms",
-        "300",
+        "5000",
         "--flow-control-consensus-padding-seconds",
         "0.05",
         "--ping-interval-ms",
-        "50",
+        "1000",
     ])
     .await;
-    // Each client reads from the moment it connects, on a thread of its own: at a 50 ms ping
-    // interval one that waits for the test's thread would be dropped by liveness.
+    // Each client reads from the moment it connects, on a thread of its own, as another
+    // process would: on the test's thread it would answer only when the in-process streamer
+    // and the test let it.
     let mut healthy = Vec::new();
     for id in ["a", "b"] {
         let url = changes_url(&svc, id, 100);
@@ -81,15 +87,24 @@ async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
             read_txns(&mut c, 110).await
         }));
     }
-    // The silent one reads (and so answers pings) but never acks.
+    // The silent one reads (and so answers pings) but never acks. It returns its close and the
+    // pings it answered from its first transaction on (while it lagged).
     let url = changes_url(&svc, "silent", 100);
     let silent = on_own_thread(move || async move {
         let mut c = WsClient::connect(&url).await;
+        let mut lagging_since = None;
         loop {
-            match c.next(Duration::from_secs(10)).await {
-                Some(Seen::Msg { .. }) => {}
-                Some(Seen::Closed { code, reason }) => return (code, reason),
-                None => panic!("not evicted"),
+            match c.next(Duration::from_secs(60)).await {
+                Some(Seen::Msg { msg, .. }) => {
+                    if msg[0] == "begin" && lagging_since.is_none() {
+                        lagging_since = Some(c.pings_answered);
+                    }
+                }
+                Some(Seen::Closed { code, reason }) => {
+                    let pings = c.pings_answered - lagging_since.unwrap_or(c.pings_answered);
+                    return (code, reason, pings);
+                }
+                None => panic!("not evicted within a minute"),
             }
         }
     });
@@ -108,6 +123,11 @@ async fn a_subscriber_that_answers_pings_but_never_acks_is_evicted_with_1013() {
     }
     let closed = silent.await.expect("the silent client's thread");
     assert_eq!(closed.0, 1013, "{closed:?}");
+    assert!(
+        closed.2 >= 2,
+        "answered {} pings while lagging; the grace spans five intervals",
+        closed.2
+    );
     assert!(
         closed.1.starts_with("too slow: lagging ") && closed.1.contains(" ms on watermark "),
         "{closed:?}"
@@ -197,11 +217,17 @@ async fn a_subscriber_that_stops_reading_holds_at_most_the_limit_and_later_gets_
     svc.stop().await;
 }
 
+/// Regression (see BENCHMARKS.md, "Liveness under load"): an acking subscriber stays connected
+/// through a catch-up that spans many ping intervals. The session's socket is full for most of
+/// it; a periodic timer would then fire its missed ticks back to back, and the second would find
+/// nothing heard since the first and drop a client that was acking all along. The interval
+/// (500 ms) is one a busy machine's round trips fit in; the catch-up (200,000 changes) is large
+/// enough to span several of them, which the client checks by the pings it answered.
 #[actix_rt::test]
-async fn an_acking_subscriber_survives_a_large_catch_up_with_a_short_ping_interval() {
-    let (svc, up) = service_with_upstream(&["--ping-interval-ms", "50"]).await;
-    // 100,000 changes stored before it subscribes.
-    let last = 1100;
+async fn an_acking_subscriber_survives_a_large_catch_up_spanning_many_ping_intervals() {
+    let (svc, up) = service_with_upstream(&["--ping-interval-ms", "500"]).await;
+    // 200,000 changes stored before it subscribes.
+    let last = 2100;
     for chunk in (101..=last).collect::<Vec<u64>>().chunks(50) {
         up.send(chunk.iter().flat_map(|&n| txn(n, 98)).collect());
     }
@@ -209,15 +235,20 @@ async fn an_acking_subscriber_survives_a_large_catch_up_with_a_short_ping_interv
         s["changeLog"]["maxWatermark"] == json!(w(last))
     })
     .await;
-    // On a thread of its own: on the test's thread the client would wait for the streamer's
-    // turns (it runs there), silent for longer than the ping interval on a busy machine.
+    // On a thread of its own, as another process would: on the test's thread the client would
+    // wait for the streamer's turns (it runs there).
     let url = changes_url(&svc, "r", 100);
-    let got = on_own_thread(move || async move {
+    let (got, pings) = on_own_thread(move || async move {
         let mut c = WsClient::connect(&url).await;
-        read_txns(&mut c, last).await
+        let got = read_txns(&mut c, last).await;
+        (got, c.pings_answered)
     })
     .await
     .expect("the client's thread");
     assert_eq!(got, (101..=last).collect::<Vec<_>>());
+    assert!(
+        pings >= 2,
+        "the catch-up spanned {pings} pings, too few to prove anything"
+    );
     svc.stop().await;
 }

@@ -25,9 +25,17 @@ pub fn http_client() -> awc::Client {
     awc::Client::builder().disable_timeout().finish()
 }
 
+/// How long [`WsClient::msg`] and [`WsClient::closed`] wait before they fail the test: a safety
+/// net against a test that would hang, never what a test waits for (it waits for the message
+/// itself), so generous enough for a machine whose cores are both busy.
+const SAFETY_NET: Duration = Duration::from_secs(60);
+
 pub struct WsClient {
     framed: Framed<BoxedSocket, Codec>,
     pub closed: Option<(u16, String)>,
+    /// How many of the server's pings this client has answered (PROTOCOL.md §5): lets a test
+    /// check that liveness really ran while it waited for something else.
+    pub pings_answered: u64,
 }
 
 impl WsClient {
@@ -47,6 +55,7 @@ impl WsClient {
         WsClient {
             framed,
             closed: None,
+            pings_answered: 0,
         }
     }
 
@@ -87,6 +96,7 @@ impl WsClient {
                 }
                 Frame::Ping(p) => {
                     let _ = self.framed.send(Message::Pong(p)).await;
+                    self.pings_answered += 1;
                 }
                 Frame::Close(r) => {
                     let (code, reason) = r
@@ -101,17 +111,17 @@ impl WsClient {
         }
     }
 
-    /// The next message (panics on close or timeout).
+    /// The next message (panics on close, or after the [`SAFETY_NET`]).
     pub async fn msg(&mut self) -> (u64, Value) {
-        match self.next(Duration::from_secs(10)).await {
+        match self.next(SAFETY_NET).await {
             Some(Seen::Msg { id, msg }) => (id, msg),
             other => panic!("expected a message, got {other:?}"),
         }
     }
 
-    /// Waits for the close (panics on a message or timeout).
+    /// Waits for the close (panics on a message, or after the [`SAFETY_NET`]).
     pub async fn closed(&mut self) -> (u16, String) {
-        match self.next(Duration::from_secs(10)).await {
+        match self.next(SAFETY_NET).await {
             Some(Seen::Closed { code, reason }) => (code, reason),
             other => panic!("expected a close, got {other:?}"),
         }
