@@ -12,6 +12,11 @@
 #   RUNS=3 SUBS="8 64" RATE=2000 RATE_SUBS="8 64" WARM_S=3 MEAS_S=10 WINDOW=256 SERVICES="ours zero"
 #   FRAMINGS="per-frame batched"
 #
+# SERVICES may also name ours-tls: our binary serving its subscribers over TLS (wss://, a
+# self-signed P-256 certificate made here with openssl); then ours and ours-tls both run with a
+# secret (--secret-file; the load generator presents it) and the ratios TLS / plain are printed:
+#   SERVICES="ours ours-tls" RUNS=3 SUBS="8 64" RATE=0 benches/e2e_vs_original.sh
+#
 # zero: installed once by ../shared/peer/whole-service/setup.sh into $ZW_DIR (a temporary copy,
 # default /tmp/cs-e2e-zero; ~3 min the first time); needs PostgreSQL at 127.0.0.1:5432 (user
 # postgres, trust), where it (re)creates the databases cs_e2e_change and cs_e2e_cvr.
@@ -40,21 +45,36 @@ if [[ " $SERVICES " == *" zero "* && ! -d $ZW_DIR/node_modules/@rocicorp/zero ]]
   "$PEER/setup.sh" "$ZW_DIR" >&2
 fi
 
+if [[ " $SERVICES " == *" ours-tls "* ]]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 \
+    -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 -addext basicConstraints=critical,CA:FALSE \
+    -keyout "$OUT/key.pem" -out "$OUT/cert.pem" 2>/dev/null
+  openssl rand -hex 32 > "$OUT/secret"
+fi
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # run SERVICE SUBS RATE TAG [FRAMING]: one measured run; appends the JSON line to
 # $OUT/results.jsonl
 run() {
   local svc=$1 subs=$2 rate=$3 tag=$4 framing=${5:-per-frame} up sp dir pid lg rc=0 batched=()
+  local scheme=ws access=() served=()
   up=$(free_port); sp=$(free_port); dir=$OUT/$tag; mkdir -p "$dir"
   [[ $framing == batched ]] && batched=(--batched)
-  "$LOADGEN" --label "$svc" "${batched[@]}" --listen 127.0.0.1:"$up" --service ws://127.0.0.1:"$sp" \
+  if [[ -f $OUT/secret && $svc != zero ]]; then
+    access=(--secret "$(cat "$OUT/secret")" --ca-file "$OUT/cert.pem")
+    served=(--secret-file "$OUT/secret")
+  fi
+  if [[ $svc == ours-tls ]]; then
+    scheme=wss; served+=(--tls-cert "$OUT/cert.pem" --tls-key "$OUT/key.pem")
+  fi
+  "$LOADGEN" --label "$svc" "${batched[@]}" --listen 127.0.0.1:"$up" --service "$scheme://127.0.0.1:$sp" "${access[@]}" \
     --service-pid-file "$dir/pid" --subs "$subs" --rate "$rate" --window "$WINDOW" \
     --warm-s "$WARM_S" --meas-s "$MEAS_S" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
   lg=$!
-  if [[ $svc == ours ]]; then
+  if [[ $svc == ours* ]]; then
     RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "$sp" --data-dir "$dir/data" \
-      --upstream ws://127.0.0.1:"$up"/changes > "$dir/service.log" 2>&1 &
+      "${served[@]}" --upstream ws://127.0.0.1:"$up"/changes > "$dir/service.log" 2>&1 &
   else
     ZERO_UPSTREAM_DB=ws://127.0.0.1:$up/changes ZERO_CHANGE_STREAMER_PORT=$sp ZERO_PORT=$(free_port) \
       ZW_CHANGE_DBNAME=cs_e2e_change ZW_CVR_DBNAME=cs_e2e_cvr ZERO_REPLICA_FILE=$dir/replica.db \
@@ -109,4 +129,10 @@ for (mode, subs, svc), rs in sorted(cases.items()):
     if not svc.startswith("ours") or not z: continue
     print(f"  {mode:8} {subs:3} subs {svc:12}: deliveries/s {med(rs,'deliveriesPerS')/med(z,'deliveriesPerS'):.1f}x, "
           f"deliveries per service CPU-second {med(rs,'deliveriesPerServiceCpuS')/med(z,'deliveriesPerServiceCpuS'):.1f}x")
+tls = [(k, rs) for k, rs in sorted(cases.items()) if k[2] == "ours-tls" and (k[0], k[1], "ours") in cases]
+if tls: print("ratios ours-tls / ours (TLS / plain, both with a secret):")
+for (mode, subs, _), rs in tls:
+    p = cases[(mode, subs, "ours")]
+    print(f"  {mode:8} {subs:3} subs: deliveries/s {med(rs,'deliveriesPerS')/med(p,'deliveriesPerS'):.2f}x, "
+          f"service CPU per delivery {med(rs,'serviceCpuUsPerDelivery')/med(p,'serviceCpuUsPerDelivery'):.2f}x")
 PY

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use change_streamer_actors::secret::{Secret, SecretError};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
@@ -180,6 +181,77 @@ pub struct Config {
     #[arg(long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
+
+    /// File whose content (one trailing newline stripped) is the shared secret that clients
+    /// must present as `Authorization: Bearer <secret>` on /replication/* and /status; 16 to
+    /// 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_SECRET_FILE")]
+    pub secret_file: Option<PathBuf>,
+
+    /// The shared secret itself (as --secret-file); prefer the file or the variable: a flag
+    /// shows in `ps`.
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_SECRET", hide_env_values = true,
+          allow_hyphen_values = true, value_name = "SECRET", value_parser = parse_secret)]
+    pub secret: Option<SecretArg>,
+
+    /// Without a secret, serve /replication/* and /status to clients that are not on loopback
+    /// too (otherwise they get 403).
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_ALLOW_UNAUTHENTICATED")]
+    pub allow_unauthenticated: bool,
+
+    /// PEM certificate chain: with --tls-key, every endpoint is served over TLS 1.2+ on
+    /// --port (HTTPS, wss://).
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+
+    /// File whose content (one trailing newline stripped) is sent to the change source as
+    /// `Authorization: Bearer <secret>`.
+    #[arg(long, env = "ZERO_UPSTREAM_SECRET_FILE")]
+    pub upstream_secret_file: Option<PathBuf>,
+
+    /// Extra PEM root certificate(s) trusted for a wss:// --upstream, beside the system's.
+    #[arg(long, env = "ZERO_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
+}
+
+/// The value of `--secret`, checked only after parsing: a value clap refuses is printed in its
+/// message, and this one must never be.
+#[derive(Clone, Debug)]
+pub struct SecretArg(Result<Secret, SecretError>);
+
+fn parse_secret(s: &str) -> Result<SecretArg, String> {
+    Ok(SecretArg(Secret::new(s)))
+}
+
+/// A secret flag whose value cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFlagError {
+    #[error("--secret and --secret-file are both set: give one")]
+    Both,
+    #[error("--{flag}: {source}")]
+    Bad {
+        flag: &'static str,
+        source: SecretError,
+    },
+}
+
+impl SecretFlagError {
+    /// The ids of the flags it is about.
+    pub fn flags(&self) -> &'static [&'static str] {
+        match self {
+            SecretFlagError::Both => &["secret", "secret_file"],
+            SecretFlagError::Bad { flag: "secret", .. } => &["secret"],
+            SecretFlagError::Bad {
+                flag: "secret-file",
+                ..
+            } => &["secret_file"],
+            SecretFlagError::Bad { .. } => &["upstream_secret_file"],
+        }
+    }
 }
 
 impl Config {
@@ -218,6 +290,30 @@ impl Config {
     pub fn padding(&self) -> Option<Duration> {
         let seconds = self.flow_control_consensus_padding_seconds;
         (seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    }
+    /// The secret clients must present (`--secret-file` or `--secret`), checked; `None` in
+    /// protected or open mode.
+    pub fn secret(&self) -> Result<Option<Secret>, SecretFlagError> {
+        let bad = |flag| move |source| SecretFlagError::Bad { flag, source };
+        match (&self.secret, &self.secret_file) {
+            (Some(_), Some(_)) => Err(SecretFlagError::Both),
+            (Some(SecretArg(s)), None) => s.clone().map(Some).map_err(bad("secret")),
+            (None, Some(path)) => Secret::from_file(path)
+                .map(Some)
+                .map_err(bad("secret-file")),
+            (None, None) => Ok(None),
+        }
+    }
+    /// The secret sent to the change source (`--upstream-secret-file`), checked.
+    pub fn upstream_secret(&self) -> Result<Option<Secret>, SecretFlagError> {
+        self.upstream_secret_file
+            .as_deref()
+            .map(Secret::from_file)
+            .transpose()
+            .map_err(|source| SecretFlagError::Bad {
+                flag: "upstream-secret-file",
+                source,
+            })
     }
     /// The cleanup delay the service starts with.
     pub fn starting_cleanup_delay(&self) -> Duration {
@@ -428,6 +524,18 @@ mod tests {
             let e = parse(args).unwrap_err().to_string();
             assert!(e.contains(flag), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_debug_of_the_configuration_redacts_the_secret() {
+        let secret = "debug-secret-0123456789";
+        let c = parse(&["--secret", secret]).unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains(secret) && shown.contains("redacted"),
+            "{shown}"
+        );
+        assert!(c.secret().unwrap().is_some());
     }
 
     #[test]

@@ -42,6 +42,9 @@ use change_streamer_actors::session_end::SessionEnd;
 use log::{error, info, warn};
 
 use crate::config::Config;
+use crate::edge::{no_delay, Edge};
+use crate::http::access::{guard, Access};
+use crate::http::metrics::auth_failures_text;
 use crate::http::readyz::standby_readyz;
 use crate::http::standby_status::{standby_status, StandbyState};
 use crate::http::{open_websocket, refuse, status::healthz, Opening};
@@ -79,8 +82,11 @@ pub async fn run(
         return Ok(());
     };
     let config = Arc::new(config);
+    let edge = Edge::load(&config)?;
     // Kept for the whole run; each server (standby or owner) listens on a duplicate of it.
     let listener = listen(&config.host, config.port)?;
+    edge.access
+        .log_mode(&listener.addr.to_string(), config.allow_unauthenticated);
     // One id and one record for the whole run, whatever the phase (PROTOCOL.md §14.1).
     let instance = InstanceId::new(listener.addr, &clock);
     let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();
@@ -90,7 +96,7 @@ pub async fn run(
         recorder: recorder.clone(),
     };
     tokio::pin!(stop);
-    let mut standby = Standby::start(&listener, &standing);
+    let mut standby = Standby::start(&listener, &edge, &standing);
     let mut first_try_after = Duration::ZERO;
     loop {
         let opened = tokio::select! {
@@ -113,6 +119,7 @@ pub async fn run(
             log.clone(),
             listener.duplicate()?,
             clock.clone(),
+            edge.clone(),
             instance.clone(),
             Some(recorder.clone()),
         );
@@ -122,7 +129,7 @@ pub async fn run(
             // command): stand by again.
             Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
                 warn!("deposed while starting: standing by again");
-                standby = Standby::start(&listener, &standing);
+                standby = Standby::start(&listener, &edge, &standing);
                 first_try_after = config.takeover_interval();
                 continue;
             }
@@ -142,7 +149,7 @@ pub async fn run(
         );
         drop(log);
         service.stop(StopMode::HandOver).await;
-        standby = Standby::start(&listener, &standing);
+        standby = Standby::start(&listener, &edge, &standing);
         // The other standbys' turn first: this one tries again after one takeover interval.
         first_try_after = config.takeover_interval();
     }
@@ -163,8 +170,9 @@ pub(crate) async fn own_change_db(
     config: &Config,
     url: &str,
     listener: &Listening,
+    edge: &Edge,
 ) -> Result<ChangeLog, ChangeLogError> {
-    let standby = Standby::start(listener, None);
+    let standby = Standby::start(listener, edge, None);
     let opened = open(config, url).await;
     standby.stop(StopMode::HandOver).await;
     opened
@@ -175,25 +183,34 @@ struct Standby(Option<ServerHandle>);
 
 impl Standby {
     /// Starts answering as a standby on a copy of `listener` (the socket stays bound and
-    /// listening when this server stops), with `/status` and `/readyz` from `state`.
-    fn start<'a>(listener: &Listening, state: impl Into<Option<&'a StandbyState>>) -> Standby {
+    /// listening when this server stops), behind the access rule of `edge`, with `/status` and
+    /// `/readyz` from `state`.
+    fn start<'a>(
+        listener: &Listening,
+        edge: &Edge,
+        state: impl Into<Option<&'a StandbyState>>,
+    ) -> Standby {
+        let access = edge.access.clone();
         let state = state.into().cloned().map(web::Data::new);
         let server = listener.duplicate().and_then(|l| {
-            HttpServer::new(move || {
-                let app = App::new();
+            let server = HttpServer::new(move || {
+                let app = App::new()
+                    .wrap_fn(guard(&access))
+                    .app_data(web::Data::new(access.clone()));
                 match &state {
                     Some(state) => app.app_data(state.clone()).configure(standby_routes),
                     None => app.configure(standby_routes),
                 }
             })
+            .on_connect(no_delay)
             .workers(1)
             .disable_signals()
-            .shutdown_timeout(1)
-            .listen(l.listener)
-            .map_err(|source| StartError::Bind {
-                addr: listener.addr.to_string(),
-                source,
-            })
+            .shutdown_timeout(1);
+            edge.listen(server, l.listener)
+                .map_err(|source| StartError::Bind {
+                    addr: listener.addr.to_string(),
+                    source,
+                })
         });
         match server {
             Ok(server) => {
@@ -244,10 +261,10 @@ fn standby_routes(cfg: &mut web::ServiceConfig) {
     }));
 }
 
-async fn standby_metrics() -> HttpResponse {
+async fn standby_metrics(access: web::Data<Arc<Access>>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4")
-        .body(standby_gauge())
+        .body(standby_gauge() + &auth_failures_text(&access.failures()))
 }
 
 /// The same checks as the owner's endpoints (a 1002 for a bad version stays a 1002), then

@@ -43,10 +43,13 @@ use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource}
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
 use log::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, SecretFlagError};
+use crate::edge::{no_delay, Edge};
+use crate::http::access::guard;
 use crate::http::{limit_header_size, routes, AppState, BackupActors};
 use crate::ownership::{own_change_db, STANDBY_REASON};
 use crate::shutdown::{Drain, StopMode};
+use crate::tls::TlsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -61,6 +64,10 @@ pub enum StartError {
     },
     #[error("--litestream-vfs: {0}")]
     LitestreamVfs(VfsError),
+    #[error(transparent)]
+    Secret(#[from] SecretFlagError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 impl StartError {
@@ -71,6 +78,12 @@ impl StartError {
             StartError::ChangeDb(_) => &["change_db"],
             StartError::Bind { .. } => &["host", "port"],
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
+            StartError::Secret(e) => e.flags(),
+            StartError::Tls(e) => match e.flag_id() {
+                "tls_cert" => &["tls_cert"],
+                "tls_key" => &["tls_key"],
+                _ => &["upstream_ca_file"],
+            },
         }
     }
 }
@@ -89,6 +102,7 @@ impl Service {
     /// reads (the system clock in production).
     pub async fn start(config: Config, clock: Clock) -> Result<Service, StartError> {
         let config = Arc::new(config);
+        let edge = Edge::load(&config)?;
         // Bind before any actor starts, so that a refused address stops nothing but this. On a
         // shared change DB, bind first: a standby answers there until it owns it (PROTOCOL.md §14).
         let (log, listener) = match &config.change_db {
@@ -98,14 +112,14 @@ impl Service {
             }
             Some(url) => {
                 let listener = listen(&config.host, config.port)?;
-                let log = own_change_db(&config, url, &listener)
+                let log = own_change_db(&config, url, &listener, &edge)
                     .await
                     .map_err(StartError::ChangeDb)?;
                 (log, listener)
             }
         };
         let instance = InstanceId::new(listener.addr, &clock);
-        Service::serve(config, log, listener, clock, instance, None).await
+        Service::serve(config, log, listener, clock, edge, instance, None).await
     }
 
     /// Starts everything on an opened change log (owned, if it is a shared one), serving on
@@ -116,6 +130,7 @@ impl Service {
         log: ChangeLog,
         listener: Listening,
         clock: Clock,
+        edge: Edge,
         instance: InstanceId,
         recorder: Option<Addr<InstanceRecorder>>,
     ) -> Result<Service, StartError> {
@@ -212,6 +227,7 @@ impl Service {
             log: log.clone(),
             backup,
             guards: drain.guards(),
+            access: edge.access.clone(),
             instance,
             recorder,
         };
@@ -223,38 +239,44 @@ impl Service {
             }));
         }
         let app_state = web::Data::new(state.clone());
+        let access = edge.access.clone();
         let server = HttpServer::new(move || {
             App::new()
                 .wrap_fn(limit_header_size)
+                // The last one wrapped runs first: the access rule before anything else.
+                .wrap_fn(guard(&access))
                 .app_data(app_state.clone())
                 .configure(routes)
         })
-        // Replication frames are small and latency matters: no Nagle delay.
-        .on_connect(|conn, _| {
-            if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
-                let _ = tcp.set_nodelay(true);
-            }
-        })
+        .on_connect(no_delay)
         .workers(2)
         .shutdown_timeout(5)
-        .disable_signals()
-        .listen(listener.listener)
-        .map_err(|source| StartError::Bind {
-            addr: listener.name.clone(),
-            source,
-        })?;
+        .disable_signals();
+        let server = edge
+            .listen(server, listener.listener)
+            .map_err(|source| StartError::Bind {
+                addr: listener.name.clone(),
+                source,
+            })?;
         let addr = listener.addr;
         let server = server.run();
         let handle = server.handle();
         actix_rt::spawn(server);
         info!(
-            "change-streamer listening on {addr} (change log {})",
+            "change-streamer listening on {addr} ({}, change log {})",
+            edge.scheme(),
             log.location()
         );
+        edge.access
+            .log_mode(&addr.to_string(), config.allow_unauthenticated);
 
         let upstream = config.upstream.as_ref().map(|url| {
             upstream::start(
-                UpstreamConfig::new(url.clone()),
+                UpstreamConfig {
+                    secret: edge.upstream_secret.clone(),
+                    tls: edge.upstream_tls.clone(),
+                    ..UpstreamConfig::new(url.clone())
+                },
                 log.clone(),
                 streamer.clone(),
             )

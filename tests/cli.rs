@@ -58,6 +58,16 @@ fn help_lists_every_flag_with_its_environment_variable() {
         ),
         ("--litestream-vfs", "ZERO_LITESTREAM_VFS"),
         ("--backup-watermark-query", "ZERO_BACKUP_WATERMARK_QUERY"),
+        ("--secret-file", "ZERO_CHANGE_STREAMER_SECRET_FILE"),
+        ("--secret", "ZERO_CHANGE_STREAMER_SECRET"),
+        (
+            "--allow-unauthenticated",
+            "ZERO_CHANGE_STREAMER_ALLOW_UNAUTHENTICATED",
+        ),
+        ("--tls-cert", "ZERO_CHANGE_STREAMER_TLS_CERT"),
+        ("--tls-key", "ZERO_CHANGE_STREAMER_TLS_KEY"),
+        ("--upstream-secret-file", "ZERO_UPSTREAM_SECRET_FILE"),
+        ("--upstream-ca-file", "ZERO_UPSTREAM_CA_FILE"),
         ("--change-db", "ZERO_CHANGE_DB"),
         ("--takeover-interval-ms", "ZERO_TAKEOVER_INTERVAL_MS"),
     ] {

@@ -14,6 +14,11 @@ use change_streamer_test_support::example_bin;
 fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
     let (stdout, s) = run_demo(&["--seconds", "15"]);
     assert!(stdout.contains("warming up ["), "{stdout}");
+    // Every client of the demo presents the secret generated for the run, and the legend says so.
+    assert!(
+        stdout.contains("asks every client for a secret generated for this run"),
+        "{stdout}"
+    );
     let num = |k: &str| s[k].as_f64().unwrap_or(0.0);
     assert!(num("transactionsStored") > 500.0, "{s}");
     assert!(num("cleanupsScheduled") >= 1.0, "{s}");
@@ -42,6 +47,10 @@ async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
         "10",
     ]);
     assert!(stdout.contains("kill -9 of "), "{stdout}");
+    assert!(
+        stdout.contains("ask every client for a secret generated for this run"),
+        "{stdout}"
+    );
     let takeovers = s["takeoverMs"].as_array().expect("takeoverMs");
     assert_eq!(takeovers.len(), 1, "{stdout}");
     // --takeover-interval-ms (200) + 1 s after PostgreSQL noticed; it notices a killed

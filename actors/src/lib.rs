@@ -6,7 +6,8 @@
 //! side: [`upstream`] reads the change source, [`streamer`] stores each transaction in the
 //! [`changelog`] and broadcasts it to subscribers with consensus flow control, and purges the
 //! log when the [`purger`] finds a scheduled cleanup safe. [`session_end`] is what both sides
-//! know of a websocket session: its number and why it ends. Each actor owns its state; they
+//! know of a websocket session: its number and why it ends; [`secret`] a shared secret
+//! that is never printed. Each actor owns its state; they
 //! talk by the typed messages defined beside them, and each stops on its own `Stop` message.
 //! [`instance`] is this instance among those sharing a change DB: its id and its record there.
 //! Time comes from an injected [`clock::Clock`] or, for timers, the runtime's (pausable) clock.
@@ -20,6 +21,7 @@ pub mod monitor;
 pub mod ownership;
 pub mod purger;
 pub mod reservation;
+pub mod secret;
 pub mod session_end;
 pub mod streamer;
 pub mod upstream;

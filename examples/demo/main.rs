@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::vfs_reader;
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::access::Credentials;
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
@@ -133,14 +134,16 @@ impl Restore {
 /// A restoring replica: reserve, restore for `restore`, subscribe with initial=true, follow.
 async fn replica(
     base: String,
+    credentials: Credentials,
     name: String,
     restore: Duration,
     backed_up: Restore,
     stall_after: Option<Duration>,
 ) {
-    let mut res = WsClient::connect(&format!(
-        "ws://{base}/replication/v6/snapshot?taskID={name}"
-    ))
+    let mut res = WsClient::connect_with(
+        &format!("ws://{base}/replication/v6/snapshot?taskID={name}"),
+        &credentials,
+    )
     .await;
     let (id, status) = res.msg().await;
     res.ack(id).await;
@@ -157,7 +160,7 @@ async fn replica(
     let url = format!(
         "ws://{base}/replication/v6/changes?id={name}&taskID={name}&mode=serving&replicaVersion={replica_version}&watermark={from}&initial=true"
     );
-    let sub = WsClient::connect(&url).await;
+    let sub = WsClient::connect_with(&url, &credentials).await;
     let _ = res.next(Duration::from_secs(2)).await; // the reservation's close
     follow(sub, None, stall_after).await;
 }
@@ -194,9 +197,26 @@ fn metric(text: &str, name: &str) -> u64 {
         .map_or(0, |v| v.round() as u64)
 }
 
+/// A secret for this run: 32 hex digits from the kernel's random source.
+pub fn demo_secret() -> String {
+    let mut bytes = [0u8; 16];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if let Err(e) = read {
+        eprintln!("demo: cannot read /dev/urandom ({e}); using the time as the secret's seed");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        bytes = now.as_nanos().to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// What the view's words and numbers mean, printed once at start.
 const LEGEND: &str = "\
 legend:
+  access: the service asks every client for a secret generated for this run (--secret; it is
+    never shown); without one, it would serve loopback clients only
   watermarks (e.g. 3lgdk) are the upstream's commit positions as LexiVersions: base-36 strings
     that sort in commit order; the log spans min..max of them
   reservations [task ms]: replicas restoring a snapshot; while any is open (paused) nothing the
@@ -330,7 +350,11 @@ async fn run(seconds: Option<u64>) {
             lite.url(),
         ),
     };
+    // The service asks for a secret, as a production one should: made here, for this run.
+    let secret = demo_secret();
     let svc = TestService::start(&[
+        "--secret",
+        &secret,
         "--upstream",
         &up_url,
         "--litestream-backup-url",
@@ -375,7 +399,8 @@ async fn run(seconds: Option<u64>) {
     let mut _replication = None;
     let restore = match &real {
         Some(l) => {
-            let replica = BackupReplica::start(
+            let replica = BackupReplica::start_with(
+                &svc.credentials,
                 &base,
                 "backup",
                 &rv,
@@ -395,9 +420,9 @@ async fn run(seconds: Option<u64>) {
             }
         }
         None => {
-            let backup = WsClient::connect(&format!(
+            let backup = WsClient::connect_with(&format!(
                 "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
-            ))
+            ), &svc.credentials)
             .await;
             actix_rt::spawn(follow(backup, Some(applied.clone()), None));
             actix_rt::spawn(litestream_reports(
@@ -412,6 +437,7 @@ async fn run(seconds: Option<u64>) {
         let restore_for = Duration::from_millis(2000 + 1000 * i as u64);
         actix_rt::spawn(replica(
             base.clone(),
+            svc.credentials.clone(),
             format!("r{}", i + 1),
             restore_for,
             restore.clone(),
@@ -420,6 +446,7 @@ async fn run(seconds: Option<u64>) {
     }
     actix_rt::spawn(replica(
         base.clone(),
+        svc.credentials.clone(),
         "stalled".into(),
         Duration::from_millis(1500),
         restore,

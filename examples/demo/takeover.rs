@@ -88,6 +88,8 @@ fn start_instance(i: usize, db: &str, up: &str, said: &mpsc::Sender<Said>) -> In
         .arg("--data-dir")
         .arg(dir.path())
         .env("RUST_LOG", "info")
+        // In the environment, not on the command line, where `ps` would show it.
+        .env("ZERO_CHANGE_STREAMER_SECRET", secret())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -199,7 +201,12 @@ async fn subscriber(
         );
         // A killed instance's port refuses, a standby handing over may drop the connection:
         // try again, on the other one.
-        let Ok((_, mut c)) = awc::Client::new().ws(&url).connect().await else {
+        let Ok((_, mut c)) = awc::Client::new()
+            .ws(&url)
+            .header("authorization", format!("Bearer {}", secret()))
+            .connect()
+            .await
+        else {
             actix_rt::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
@@ -288,6 +295,7 @@ async fn next(c: &mut Framed<BoxedSocket, Codec>) -> Got {
 async fn role(addr: &str) -> Option<Value> {
     let mut resp = awc::Client::new()
         .get(format!("http://{addr}/status"))
+        .insert_header(("authorization", format!("Bearer {}", secret())))
         .timeout(Duration::from_secs(1))
         .send()
         .await
@@ -295,9 +303,16 @@ async fn role(addr: &str) -> Option<Value> {
     resp.json::<Value>().limit(1 << 20).await.ok()
 }
 
+/// The secret both instances ask for, generated for this run (as in the single-instance demo).
+fn secret() -> &'static str {
+    static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SECRET.get_or_init(crate::demo_secret)
+}
+
 /// The demo's legend in this mode.
 pub const LEGEND: &str = "\
 legend (two instances on one PostgreSQL change DB):
+  access: both instances ask every client for a secret generated for this run (never shown)
   A and B are two change-streamer processes sharing the change DB; exactly one is the OWNER
     (it holds a PostgreSQL advisory lock on its writer connection, reads upstream, stores and
     serves); the other is a STANDBY (answers /status and /metrics, closes sessions with 1011

@@ -21,7 +21,7 @@ use clap::Parser;
 use tokio::net::TcpListener;
 
 use crate::report::{Report, Snapshot};
-use crate::shared::Shared;
+use crate::shared::{ServiceAccess, Shared};
 use crate::subscriber::Framing;
 use crate::upstream::{Pace, SourceConfig};
 
@@ -31,9 +31,15 @@ struct Args {
     /// Address the change source listens on; the service's `--upstream` points here.
     #[arg(long, default_value = "127.0.0.1:7001")]
     listen: String,
-    /// Base URL of the service's websocket endpoints.
+    /// Base URL of the service's websocket endpoints (`ws://` or `wss://`).
     #[arg(long, default_value = "ws://127.0.0.1:4849")]
     service: String,
+    /// Secret the subscribers present (`Authorization: Bearer …`), as the service's --secret.
+    #[arg(long)]
+    secret: Option<String>,
+    /// PEM certificate(s) the subscribers trust for a `wss://` --service.
+    #[arg(long)]
+    ca_file: Option<String>,
     /// File holding the service's PID (read once it exists); its process tree's CPU is measured.
     #[arg(long)]
     service_pid_file: String,
@@ -139,10 +145,20 @@ async fn run(args: Args) -> i32 {
     } else {
         Framing::PerFrame
     };
+    let tls = match args.ca_file.as_deref().map(ServiceAccess::trusting) {
+        Some(Err(e)) => fail(&e),
+        Some(Ok(tls)) => Some(tls),
+        None => None,
+    };
+    let access = Rc::new(ServiceAccess {
+        secret: args.secret.clone(),
+        tls,
+    });
     for k in 0..args.subs {
         let name = format!("lg-{}-{k}", std::process::id());
         tokio::task::spawn_local(subscriber::run(
             shared.clone(),
+            access.clone(),
             args.service.clone(),
             name,
             args.changes,
@@ -154,6 +170,7 @@ async fn run(args: Args) -> i32 {
         let name = format!("lg-{}-never-{k}", std::process::id());
         tokio::task::spawn_local(subscriber::hold(
             shared.clone(),
+            access.clone(),
             args.service.clone(),
             name,
             deadline,

@@ -103,3 +103,34 @@ impl Shared {
         }
     }
 }
+
+/// How the subscribers reach the service: the secret they present (`--secret`) and, for a
+/// `wss://` `--service`, the roots they trust (`--ca-file`).
+pub struct ServiceAccess {
+    pub secret: Option<String>,
+    pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+}
+
+impl ServiceAccess {
+    /// The TLS configuration trusting the PEM certificates of `ca_file`.
+    pub fn trusting(ca_file: &str) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+        use rustls::pki_types::pem::PemObject;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca_file)
+            .map_err(|e| format!("--ca-file {ca_file}: {e}"))?
+        {
+            let cert = cert.map_err(|e| format!("--ca-file {ca_file}: {e}"))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("--ca-file {ca_file}: {e}"))?;
+        }
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        Ok(std::sync::Arc::new(config))
+    }
+}

@@ -16,10 +16,11 @@ use futures_util::{FutureExt, SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
-use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::shared::Shared;
+use crate::shared::{ServiceAccess, Shared};
 use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -59,13 +60,14 @@ struct Check {
 /// reports ready, then reads until the run stops.
 pub async fn run(
     shared: Rc<Shared>,
+    access: Rc<ServiceAccess>,
     base: String,
     name: String,
     changes: usize,
     framing: Framing,
     deadline: Instant,
 ) {
-    let Some(mut ws) = subscribe(&shared, &base, &name, framing, deadline).await else {
+    let Some(mut ws) = subscribe(&shared, &access, &base, &name, framing, deadline).await else {
         return;
     };
     let mut check = Check {
@@ -124,6 +126,7 @@ pub async fn run(
 /// subscriber ready once it has its `status`.
 async fn subscribe(
     shared: &Shared,
+    access: &ServiceAccess,
     base: &str,
     name: &str,
     framing: Framing,
@@ -139,7 +142,7 @@ async fn subscribe(
         "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={rv}&initial=false{batched}"
     );
     let ws = loop {
-        match connect(&url).await {
+        match connect(&url, access).await {
             Ok(ws) => break ws,
             Err(e) if Instant::now() < deadline => {
                 log_retry(name, &e);
@@ -158,8 +161,15 @@ async fn subscribe(
 
 /// A subscriber that never reads: subscribes, acks its `status`, then holds the socket open
 /// unread until the run stops (the memory case of PROTOCOL.md §10.2).
-pub async fn hold(shared: Rc<Shared>, base: String, name: String, deadline: Instant) {
-    let Some(ws) = subscribe(&shared, &base, &name, Framing::PerFrame, deadline).await else {
+pub async fn hold(
+    shared: Rc<Shared>,
+    access: Rc<ServiceAccess>,
+    base: String,
+    name: String,
+    deadline: Instant,
+) {
+    let Some(ws) = subscribe(&shared, &access, &base, &name, Framing::PerFrame, deadline).await
+    else {
         return;
     };
     while !shared.stop.get() {
@@ -265,18 +275,32 @@ fn log_retry(name: &str, e: &str) {
     }
 }
 
-/// Opens the socket (TCP_NODELAY) and reads the first message, which must be `status`.
-async fn connect(url: &str) -> Result<Ws, String> {
+/// Opens the socket (TCP_NODELAY; TLS for `wss://`, presenting the secret when there is one)
+/// and reads the first message, which must be `status`.
+async fn connect(url: &str, access: &ServiceAccess) -> Result<Ws, String> {
     let addr = url
         .trim_start_matches("ws://")
+        .trim_start_matches("wss://")
         .split('/')
         .next()
         .unwrap_or_default();
     let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
     tcp.set_nodelay(true).map_err(|e| e.to_string())?;
-    let (mut ws, _) = tokio_tungstenite::client_async(url, MaybeTlsStream::Plain(tcp))
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut request = url.into_client_request().map_err(|e| e.to_string())?;
+    if let Some(secret) = &access.secret {
+        let value = format!("Bearer {secret}")
+            .parse()
+            .map_err(|_| "the secret cannot be a header value".to_string())?;
+        request.headers_mut().insert("authorization", value);
+    }
+    let connector = match &access.tls {
+        Some(tls) if url.starts_with("wss://") => Connector::Rustls(tls.clone()),
+        _ => Connector::Plain,
+    };
+    let (mut ws, _) =
+        tokio_tungstenite::client_async_tls_with_config(request, tcp, None, Some(connector))
+            .await
+            .map_err(|e| e.to_string())?;
     match ws.next().await {
         Some(Ok(Message::Text(t))) => {
             let f: Frame = serde_json::from_str(t.as_str()).map_err(|e| format!("{e}: {t}"))?;

@@ -12,6 +12,7 @@ use change_streamer_actors::streamer::{Mode, SubscriberInfo};
 use prometheus::core::Collector;
 use prometheus::{Counter, CounterVec, Encoder, Gauge, GaugeVec, Opts, Registry, TextEncoder};
 
+use super::access::{AuthFailures, Refusal};
 use super::status::{observe, unavailable, Observation};
 use super::AppState;
 
@@ -30,6 +31,23 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     }
 }
 
+const AUTH_FAILURES_HELP: &str =
+    "Requests refused by the access rule (PROTOCOL.md §15), by reason.";
+
+/// `change_streamer_auth_failures_total` alone (a standby's `/metrics`).
+pub fn auth_failures_text(failures: &AuthFailures) -> String {
+    let m = Scrape::default();
+    let rendered = m
+        .counters(
+            "change_streamer_auth_failures_total",
+            AUTH_FAILURES_HELP,
+            &["reason"],
+            Refusal::ALL.map(|r| ([r.reason()], failures.get(r) as f64)),
+        )
+        .and_then(|()| m.render());
+    rendered.unwrap_or_default()
+}
+
 /// Every metric of one scrape, built from `o`.
 pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<String> {
     let m = Scrape::default();
@@ -41,6 +59,13 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         "change_streamer_owner",
         crate::ownership::OWNER_GAUGE_HELP,
         f64::from(u8::from(state.log.is_owner())),
+    )?;
+    let failures = state.access.failures();
+    m.counters(
+        "change_streamer_auth_failures_total",
+        AUTH_FAILURES_HELP,
+        &["reason"],
+        Refusal::ALL.map(|r| ([r.reason()], failures.get(r) as f64)),
     )?;
     m.gauge(
         "change_streamer_reservations",

@@ -4,8 +4,10 @@
 //! actors. A request that is bad (unsupported version, missing or invalid parameter) is still
 //! upgraded, then closed with 1002 and a reason, because websocket clients only see close
 //! frames; a request to these paths without an upgrade gets a plain 400. Everything else but
-//! `/healthz`, `/readyz`, `/metrics` and `/status` is 404.
+//! `/healthz`, `/readyz`, `/metrics` and `/status` is 404. Before any of it, [`access`] decides
+//! whether the request is served at all.
 
+pub mod access;
 pub mod changes;
 pub mod metrics;
 pub mod query;
@@ -51,6 +53,8 @@ pub struct AppState {
     pub backup: Option<BackupActors>,
     /// A guard for every websocket session; the stop waits until all are dropped.
     pub guards: Guards,
+    /// The access rule every request passed first, with its refusal counts (for `/metrics`).
+    pub access: Arc<access::Access>,
     /// This instance's id (PROTOCOL.md §14.1).
     pub instance: InstanceId,
     /// Its record in the shared change DB; `None` on SQLite.

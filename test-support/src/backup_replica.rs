@@ -16,6 +16,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use rusqlite::{params, Connection};
 use serde_json::Value;
 
+use crate::access::Credentials;
 use crate::client::{Seen, WsClient};
 
 /// The SQL the replica's file is made of.
@@ -54,6 +55,26 @@ impl BackupReplica {
         watermark: &str,
         db: &Path,
     ) -> BackupReplica {
+        Self::start_with(
+            &Credentials::default(),
+            base,
+            id,
+            replica_version,
+            watermark,
+            db,
+        )
+        .await
+    }
+
+    /// [`start`](Self::start) on a service that asks for `credentials`.
+    pub async fn start_with(
+        credentials: &Credentials,
+        base: &str,
+        id: &str,
+        replica_version: &str,
+        watermark: &str,
+        db: &Path,
+    ) -> BackupReplica {
         let conn = Connection::open(db).expect("open the backup replica's file");
         conn.execute_batch(SCHEMA)
             .expect("create the replica's tables");
@@ -64,9 +85,13 @@ impl BackupReplica {
             params![watermark, now_ms()],
         )
         .expect("write replicationState");
-        let client = WsClient::connect(&format!(
-            "ws://{base}/replication/v6/changes?id={id}&mode=backup&replicaVersion={replica_version}&watermark={watermark}"
-        ))
+        let client = WsClient::connect_with(
+            &format!(
+                "{}://{base}/replication/v6/changes?id={id}&mode=backup&replicaVersion={replica_version}&watermark={watermark}",
+                credentials.ws()
+            ),
+            credentials,
+        )
         .await;
         let progress = Rc::new(RefCell::new(Progress::default()));
         actix_rt::spawn(follow(client, conn, progress.clone()));

@@ -9,6 +9,8 @@ use awc::BoxedSocket;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 
+use crate::access::Credentials;
+
 /// What a test sees on a socket.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Seen {
@@ -38,7 +40,13 @@ pub struct WsClient {
 
 impl WsClient {
     pub async fn connect(url: &str) -> WsClient {
-        let (_, framed) = http_client()
+        Self::connect_with(url, &Credentials::default()).await
+    }
+
+    /// [`connect`](Self::connect), presenting `credentials`' secret and trusting its roots.
+    pub async fn connect_with(url: &str, credentials: &Credentials) -> WsClient {
+        let (_, framed) = credentials
+            .client()
             .ws(url)
             .max_frame_size(64 << 20)
             .connect()

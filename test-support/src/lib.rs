@@ -1,9 +1,10 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
-//! it to replicate, a websocket client, the service in-process
+//! it to replicate, a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
 //! (feature `service`), the vendored fixtures, the peer harness, a PostgreSQL database
 //! of its own for each test, waiting on a condition, and a client's thread of its own.
 
+pub mod access;
 pub mod backup_replica;
 pub mod client;
 pub mod feed;

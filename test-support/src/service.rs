@@ -8,6 +8,7 @@ use change_streamer_actors::clock::Clock;
 use clap::Parser;
 use serde_json::Value;
 
+use crate::access::Credentials;
 use crate::upstream::{txn, FakeUpstream};
 use crate::wait::{POLL, STATUS_LIMIT};
 
@@ -33,6 +34,9 @@ pub async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream
 pub struct TestService {
     pub service: Option<Service>,
     pub dir: tempfile::TempDir,
+    /// What [`get`](Self::get), [`status`](Self::status) and [`ws`](Self::ws) present: the
+    /// `--secret` it was started with, if any; a TLS test sets the roots it trusts.
+    pub credentials: Credentials,
 }
 
 impl TestService {
@@ -42,11 +46,38 @@ impl TestService {
     }
 
     pub async fn start_in(dir: tempfile::TempDir, args: &[&str]) -> TestService {
+        Self::launch(dir, "127.0.0.1", args)
+            .await
+            .unwrap_or_else(|e| panic!("start service: {e}"))
+    }
+
+    /// The service on `host` (an address the test made, say), port 0.
+    pub async fn start_on(host: &str, args: &[&str]) -> TestService {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Self::launch(dir, host, args)
+            .await
+            .unwrap_or_else(|e| panic!("start service: {e}"))
+    }
+
+    /// The message of the start error that `args` cause (panics if the service starts).
+    pub async fn start_error(args: &[&str]) -> String {
+        let dir = tempfile::tempdir().expect("tempdir");
+        match Self::launch(dir, "127.0.0.1", args).await {
+            Ok(_) => panic!("{args:?} started"),
+            Err(e) => e,
+        }
+    }
+
+    async fn launch(
+        dir: tempfile::TempDir,
+        host: &str,
+        args: &[&str],
+    ) -> Result<TestService, String> {
         let data = dir.path().to_string_lossy().to_string();
         let mut all = vec![
             "change-streamer",
             "--host",
-            "127.0.0.1",
+            host,
             "--port",
             "0",
             "--data-dir",
@@ -56,27 +87,33 @@ impl TestService {
         let config = Config::try_parse_from(all).expect("config");
         let service = Service::start(config, Clock::System)
             .await
-            .expect("start service");
-        TestService {
+            .map_err(|e| e.to_string())?;
+        Ok(TestService {
             service: Some(service),
             dir,
-        }
+            credentials: Credentials::for_args(args),
+        })
     }
 
+    /// `host:port` it listens on.
     pub fn base(&self) -> String {
-        format!(
-            "127.0.0.1:{}",
-            self.service.as_ref().expect("running").addr().port()
-        )
+        self.service.as_ref().expect("running").addr().to_string()
     }
 
     pub fn ws(&self, path: &str) -> String {
-        format!("ws://{}{}", self.base(), path)
+        format!("{}://{}{}", self.credentials.ws(), self.base(), path)
     }
 
     pub async fn get(&self, path: &str) -> (u16, String) {
-        let mut resp = crate::client::http_client()
-            .get(format!("http://{}{}", self.base(), path))
+        let mut resp = self
+            .credentials
+            .client()
+            .get(format!(
+                "{}://{}{}",
+                self.credentials.http(),
+                self.base(),
+                path
+            ))
             .send()
             .await
             .expect("http get");

@@ -1,6 +1,8 @@
 //! A stand-in for the custom change source: a websocket server on an ephemeral loopback port
 //! that records each connection's query and the acks it receives, and sends whatever frames
-//! the test gives it. It serves one connection at a time (the service keeps one).
+//! the test gives it. It serves one connection at a time (the service keeps one). Started with
+//! [`UpstreamOptions`] it demands a bearer secret, refuses the first handshakes with 401, or
+//! speaks TLS (PROTOCOL.md §4, §15).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -18,6 +20,31 @@ struct State {
     queries: Vec<String>,
     acks: Vec<String>,
     conn: Option<Addr<Conn>>,
+    options: UpstreamOptions,
+    refused: usize,
+}
+
+/// How the fake change source answers handshakes; the default takes every one over plain ws.
+#[derive(Clone, Default)]
+pub struct UpstreamOptions {
+    /// Answer 401 to a handshake without `Authorization: Bearer <secret>`.
+    pub secret: Option<String>,
+    /// Answer 401 to this many handshakes first, whatever they carry.
+    pub refuse_first: usize,
+    /// Serve `wss://` with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+impl UpstreamOptions {
+    /// `wss://` with `tls`, wanting `secret`, and refusing the first handshake whatever it
+    /// carries (so the service's retry after a 401 is seen).
+    pub fn guarded(secret: &str, tls: Arc<rustls::ServerConfig>) -> UpstreamOptions {
+        UpstreamOptions {
+            secret: Some(secret.to_string()),
+            refuse_first: 1,
+            tls: Some(tls),
+        }
+    }
 }
 
 /// The fake change source.
@@ -70,6 +97,24 @@ async fn connect(
     state: web::Data<Arc<Mutex<State>>>,
 ) -> Result<HttpResponse, actix_web::Error> {
     let state = state.get_ref().clone();
+    {
+        let mut s = state.lock().unwrap();
+        let presented = req
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        let wrong = s
+            .options
+            .secret
+            .as_ref()
+            .is_some_and(|secret| presented != Some(&format!("Bearer {secret}")));
+        if s.refused < s.options.refuse_first || wrong {
+            s.refused += 1;
+            return Ok(HttpResponse::Unauthorized()
+                .insert_header(("www-authenticate", "Bearer"))
+                .finish());
+        }
+    }
     let (addr, resp) = ws::WsResponseBuilder::new(
         Conn {
             state: state.clone(),
@@ -86,7 +131,16 @@ async fn connect(
 
 impl FakeUpstream {
     pub async fn start() -> FakeUpstream {
-        let state = Arc::new(Mutex::new(State::default()));
+        Self::start_with(UpstreamOptions::default()).await
+    }
+
+    /// The fake change source answering handshakes as `options` says.
+    pub async fn start_with(options: UpstreamOptions) -> FakeUpstream {
+        let tls = options.tls.clone();
+        let state = Arc::new(Mutex::new(State {
+            options,
+            ..State::default()
+        }));
         let data = web::Data::new(state.clone());
         let server = HttpServer::new(move || {
             App::new()
@@ -99,8 +153,11 @@ impl FakeUpstream {
             }
         })
         .workers(1)
-        .disable_signals()
-        .bind("127.0.0.1:0")
+        .disable_signals();
+        let server = match tls {
+            Some(tls) => server.bind_rustls_0_23("127.0.0.1:0", (*tls).clone()),
+            None => server.bind("127.0.0.1:0"),
+        }
         .expect("bind fake upstream");
         let addr = server.addrs()[0];
         let server = server.run();
@@ -114,7 +171,13 @@ impl FakeUpstream {
     }
 
     pub fn url(&self) -> String {
-        format!("ws://{}/changes", self.addr)
+        let tls = self.state.lock().unwrap().options.tls.is_some();
+        format!("{}://{}/changes", if tls { "wss" } else { "ws" }, self.addr)
+    }
+
+    /// Handshakes answered with 401 so far.
+    pub fn refused(&self) -> usize {
+        self.state.lock().unwrap().refused
     }
 
     /// Query strings of the connections made so far.

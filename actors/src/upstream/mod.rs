@@ -10,10 +10,16 @@
 //! Any end of the connection, a protocol violation or an unreadable frame is logged; the task
 //! tells the streamer (which rolls back a transaction in progress) and reconnects with capped
 //! exponential backoff. Nothing of a broken transaction is ever stored.
+//!
+//! A `wss://` change source is verified against the roots in [`UpstreamConfig::tls`]; with a
+//! [`UpstreamConfig::secret`] every handshake carries `Authorization: Bearer <secret>`. A
+//! handshake the change source refuses (401, 403) is logged, without the secret, and retried
+//! with the same backoff as any failed connection (PROTOCOL.md §4, §15).
 
 pub mod protocol;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -26,6 +32,7 @@ use log::{info, warn};
 use tokio::sync::oneshot;
 
 use crate::changelog::{ChangeLog, ChangeLogError};
+use crate::secret::Secret;
 use crate::streamer::{Streamer, UpstreamBatch, UpstreamEvent};
 use protocol::{parse_frame, UpstreamMessage};
 
@@ -41,6 +48,11 @@ pub struct UpstreamConfig {
     pub url: String,
     pub first_backoff: Duration,
     pub max_backoff: Duration,
+    /// Sent as `Authorization: Bearer <secret>` on every handshake.
+    pub secret: Option<Secret>,
+    /// The roots a `wss://` change source is verified against (its ALPN must offer http/1.1
+    /// only); `None`: awc's own (webpki).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl UpstreamConfig {
@@ -49,6 +61,8 @@ impl UpstreamConfig {
             url: url.into(),
             first_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(10),
+            secret: None,
+            tls: None,
         }
     }
 }
@@ -94,6 +108,8 @@ enum ConnectionEnd {
     Closed(String),
     #[error("websocket error: {0}")]
     Ws(String),
+    #[error("the change source refused the handshake with {0} (is --upstream-secret-file the secret it expects?)")]
+    Refused(awc::http::StatusCode),
     #[error("protocol violation: {0}")]
     Violation(String),
     #[error("{0}")]
@@ -135,13 +151,14 @@ async fn run(
         };
         let url = resume_url(&cfg.url, &state);
         info!("connecting to change source {url}");
-        let client = awc::Client::builder()
-            .max_http_version(awc::http::Version::HTTP_11)
-            .finish();
-        let connect = client.ws(url.as_str()).max_frame_size(MAX_FRAME).connect();
         let end = tokio::select! {
             _ = &mut stop => ConnectionEnd::Stopped,
-            res = connect => match res {
+            res = connect(&cfg, &url) => match res {
+                Err(awc::error::WsClientError::InvalidResponseStatus(code))
+                    if code == awc::http::StatusCode::UNAUTHORIZED || code == awc::http::StatusCode::FORBIDDEN =>
+                {
+                    ConnectionEnd::Refused(code)
+                }
                 Err(e) => ConnectionEnd::Ws(format!("connecting: {e}")),
                 Ok((_, framed)) => {
                     info!("connected to change source (resuming after watermark={:?})", state.max_watermark.as_ref().map(|w| w.to_string()));
@@ -169,6 +186,35 @@ async fn run(
         }
         backoff = (backoff * 2).min(cfg.max_backoff);
     }
+}
+
+/// One websocket handshake with the change source at `url`, over `cfg`'s TLS roots and with
+/// its secret. (An error of awc names the URL and the status, never a header.)
+async fn connect(
+    cfg: &UpstreamConfig,
+    url: &str,
+) -> Result<
+    (
+        awc::ClientResponse,
+        actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
+    ),
+    awc::error::WsClientError,
+> {
+    // With TLS, the roots and the ALPN (http/1.1 only) are the given configuration's: the
+    // builder's `max_http_version` would replace it with awc's own.
+    let client = match &cfg.tls {
+        Some(tls) => awc::Client::builder()
+            .connector(awc::Connector::new().rustls_0_23(tls.clone()))
+            .finish(),
+        None => awc::Client::builder()
+            .max_http_version(awc::http::Version::HTTP_11)
+            .finish(),
+    };
+    let mut request = client.ws(url).max_frame_size(MAX_FRAME);
+    if let Some(secret) = &cfg.secret {
+        request = request.header(awc::http::header::AUTHORIZATION, secret.bearer_header());
+    }
+    request.connect().await
 }
 
 type AckFuture =
