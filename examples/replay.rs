@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::LogRange;
-use change_streamer_actors::cleanup::{CleanupActor, ScheduleCleanup};
+use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOutcome, Stop};
 use change_streamer_actors::reservation;
@@ -33,184 +33,18 @@ use change_streamer_actors::reservation::{
     EndBySubscription, Release, ReservationActor, ReservationEvent, Reserve,
 };
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
-use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use serde_json::{json, Value};
-use tokio::sync::oneshot;
 
-/// One output line, with what orders it within a step.
-struct Event {
-    res: u64,
-    seq: usize,
-    line: String,
-}
+#[path = "replay/output.rs"]
+mod output;
+#[path = "replay/recorders.rs"]
+mod recorders;
 
-#[derive(Default)]
-struct Output {
-    step: i64,
-    at: i64,
-    seq: usize,
-    events: Vec<Event>,
-}
-
-type Out = Rc<RefCell<Output>>;
-
-/// Appends an event; `fields` are (name, JSON text), written in this order after
-/// `event`, `step` and `at`, as the peer writes them.
-fn emit(out: &Out, res: u64, event: &str, fields: &[(&str, String)]) {
-    let mut o = out.borrow_mut();
-    let mut line = format!(
-        "{{\"event\":{},\"step\":{},\"at\":{}",
-        json!(event),
-        o.step,
-        o.at
-    );
-    for (k, v) in fields {
-        line.push_str(&format!(",{}:{v}", json!(k)));
-    }
-    line.push('}');
-    let seq = o.seq;
-    o.seq += 1;
-    o.events.push(Event { res, seq, line });
-}
-
-fn flush(out: &Out) {
-    let mut o = out.borrow_mut();
-    let mut events = std::mem::take(&mut o.events);
-    events.sort_by_key(|e| (e.res, e.seq));
-    for e in events {
-        println!("{}", e.line);
-    }
-}
-
-/// The purge side: records each scheduled cleanup.
-struct CleanupRecorder(Out);
-impl Actor for CleanupRecorder {
-    type Context = Context<Self>;
-}
-impl Handler<ScheduleCleanup> for CleanupRecorder {
-    type Result = ();
-    fn handle(&mut self, m: ScheduleCleanup, _: &mut Context<Self>) {
-        emit(
-            &self.0,
-            0,
-            "cleanup",
-            &[("watermark", json!(m.watermark.as_str()).to_string())],
-        );
-    }
-}
-
-/// A reservation's websocket client: records the status and the end.
-struct SessionRecorder {
-    out: Out,
-    task: String,
-    res: u64,
-    closed: bool,
-}
-impl SessionRecorder {
-    fn closed(&mut self, error: Value) {
-        if !self.closed {
-            self.closed = true;
-            let fields = [
-                ("taskID", json!(self.task).to_string()),
-                ("res", self.res.to_string()),
-                ("error", error.to_string()),
-            ];
-            emit(&self.out, self.res, "closed", &fields);
-        }
-    }
-}
-impl Actor for SessionRecorder {
-    type Context = Context<Self>;
-}
-impl Handler<ReservationEvent> for SessionRecorder {
-    type Result = ();
-    fn handle(&mut self, ev: ReservationEvent, _: &mut Context<Self>) {
-        if self.closed {
-            return;
-        }
-        match ev {
-            ReservationEvent::Status(s) => {
-                let fields = [
-                    ("taskID", json!(self.task).to_string()),
-                    ("res", self.res.to_string()),
-                    ("msg", s.to_message()),
-                ];
-                emit(&self.out, self.res, "status", &fields);
-            }
-            ReservationEvent::Failed(e) => self.closed(json!(e.to_string())),
-            ReservationEvent::Closed(_) => self.closed(Value::Null),
-        }
-    }
-}
-/// The client dropped the connection.
-#[derive(Message)]
-#[rtype(result = "()")]
-struct Cancel;
-impl Handler<Cancel> for SessionRecorder {
-    type Result = ();
-    fn handle(&mut self, _: Cancel, _: &mut Context<Self>) {
-        self.closed(Value::Null);
-    }
-}
-
-/// How the fake change log answers the next status request.
-#[derive(Default, Clone)]
-struct Plan {
-    state: Option<LogRange>,
-    /// Answer as a change log that stored nothing yet (the scenario names an error).
-    uninitialized: bool,
-    defer_for: Option<u64>,
-}
-
-struct FakeChangeLog {
-    default: LogRange,
-    next: Plan,
-    deferred: HashMap<u64, oneshot::Sender<()>>,
-}
-impl Actor for FakeChangeLog {
-    type Context = Context<Self>;
-}
-#[derive(Message)]
-#[rtype(result = "()")]
-struct SetPlan(Plan);
-impl Handler<SetPlan> for FakeChangeLog {
-    type Result = ();
-    fn handle(&mut self, p: SetPlan, _: &mut Context<Self>) {
-        self.next = p.0;
-    }
-}
-#[derive(Message)]
-#[rtype(result = "bool")]
-struct ReleaseStatus(u64);
-impl Handler<ReleaseStatus> for FakeChangeLog {
-    type Result = bool;
-    fn handle(&mut self, r: ReleaseStatus, _: &mut Context<Self>) -> bool {
-        self.deferred.remove(&r.0).map(|tx| tx.send(())).is_some()
-    }
-}
-impl Handler<GetSnapshotBase> for FakeChangeLog {
-    type Result = ResponseFuture<Result<LogRange, SnapshotBaseError>>;
-    fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
-        let plan = std::mem::take(&mut self.next);
-        let answer = if plan.uninitialized {
-            Err(SnapshotBaseError::NotInitialized)
-        } else {
-            Ok(plan.state.unwrap_or_else(|| self.default.clone()))
-        };
-        match plan.defer_for {
-            None => Box::pin(async move { answer }),
-            Some(res) => {
-                let (tx, rx) = oneshot::channel();
-                self.deferred.insert(res, tx);
-                Box::pin(async move {
-                    let _ = rx.await;
-                    answer
-                })
-            }
-        }
-    }
-}
+use output::{flush, Out, Output};
+use recorders::{
+    Cancel, CleanupRecorder, FakeChangeLog, Plan, ReleaseStatus, SessionRecorder, SetPlan,
+};
 
 fn parse_time(v: &Value) -> Option<i64> {
     match v {

@@ -7,10 +7,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use change_streamer_actors::secret::{Secret, SecretError};
+use change_streamer_actors::secret::Secret;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
+use values::{
+    parse_http_url, parse_non_empty, parse_padding, parse_postgres_url, parse_secret, parse_ws_url,
+};
+pub use values::{SecretArg, SecretFlagError};
+
+mod values;
 
 /// Streams an upstream database's change log to replicas over websockets, and purges the log
 /// only once litestream has backed it up, no replica is restoring an older backup, and every
@@ -218,42 +224,6 @@ pub struct Config {
     pub upstream_ca_file: Option<PathBuf>,
 }
 
-/// The value of `--secret`, checked only after parsing: a value clap refuses is printed in its
-/// message, and this one must never be.
-#[derive(Clone, Debug)]
-pub struct SecretArg(Result<Secret, SecretError>);
-
-fn parse_secret(s: &str) -> Result<SecretArg, String> {
-    Ok(SecretArg(Secret::new(s)))
-}
-
-/// A secret flag whose value cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SecretFlagError {
-    #[error("--secret and --secret-file are both set: give one")]
-    Both,
-    #[error("--{flag}: {source}")]
-    Bad {
-        flag: &'static str,
-        source: SecretError,
-    },
-}
-
-impl SecretFlagError {
-    /// The ids of the flags it is about.
-    pub fn flags(&self) -> &'static [&'static str] {
-        match self {
-            SecretFlagError::Both => &["secret", "secret_file"],
-            SecretFlagError::Bad { flag: "secret", .. } => &["secret"],
-            SecretFlagError::Bad {
-                flag: "secret-file",
-                ..
-            } => &["secret_file"],
-            SecretFlagError::Bad { .. } => &["upstream_secret_file"],
-        }
-    }
-}
-
 impl Config {
     pub fn backup_check_interval(&self) -> Duration {
         Duration::from_millis(self.backup_check_interval_ms)
@@ -407,151 +377,5 @@ pub fn env_sources(matches: &ArgMatches, ids: &[&str]) -> String {
     }
 }
 
-fn parse_url(s: &str, schemes: &[&str]) -> Result<String, String> {
-    let u = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
-    if !schemes.contains(&u.scheme()) {
-        return Err(format!(
-            "scheme must be one of {}, not {}://",
-            schemes.join("://, ") + "://",
-            u.scheme()
-        ));
-    }
-    if u.host_str().is_none_or(str::is_empty) {
-        return Err("the URL has no host".into());
-    }
-    Ok(s.to_string())
-}
-
-fn parse_ws_url(s: &str) -> Result<String, String> {
-    parse_url(s, &["ws", "wss"])
-}
-
-fn parse_http_url(s: &str) -> Result<String, String> {
-    parse_url(s, &["http", "https"])
-}
-
-fn parse_postgres_url(s: &str) -> Result<String, String> {
-    parse_url(s, &["postgres", "postgresql"])
-}
-
-fn parse_non_empty(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() {
-        Err("must not be empty".into())
-    } else {
-        Ok(s.to_string())
-    }
-}
-
-fn parse_padding(s: &str) -> Result<f64, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a decimal number of seconds"))?;
-    if !v.is_finite() || v.abs() > 1e9 {
-        return Err(format!("{s:?} is not a finite number of seconds"));
-    }
-    Ok(v)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
-        Config::try_parse_from(std::iter::once("change-streamer").chain(args.iter().copied()))
-    }
-
-    #[test]
-    fn defaults_follow_the_spec() {
-        let c = parse(&[]).unwrap();
-        assert_eq!(c.port, 4849);
-        assert_eq!(c.host, "0.0.0.0");
-        assert_eq!(c.litestream_metrics_url, "http://localhost:4850/metrics");
-        assert_eq!(c.backup_check_interval_ms, 60_000);
-        assert_eq!(c.starting_cleanup_delay(), Duration::from_secs(30));
-        assert_eq!(c.purge_delay_ms, 30_000);
-        assert_eq!(c.change_log_retention_ms, 60_000);
-        assert_eq!(c.max_reservation_ms, 0);
-        assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
-        assert_eq!(c.padding(), Some(Duration::from_secs(1)));
-        assert_eq!(c.ping_interval_ms, 30_000);
-        assert_eq!(c.slow_subscriber_grace_ms, 30_000);
-        assert_eq!(c.max_subscriber_queue_changes, 20_000);
-        assert_eq!(c.max_subscriber_queue_bytes, 16 << 20);
-        assert_eq!(c.max_queued_bytes, 256 << 20);
-        assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
-        assert_eq!((c.change_db, c.takeover_interval_ms), (None, 1_000));
-        let c = parse(&["--change-db", "postgres://u@db:5432/zero"]).unwrap();
-        assert_eq!(c.change_db.as_deref(), Some("postgres://u@db:5432/zero"));
-    }
-
-    #[test]
-    fn bad_values_name_their_flag() {
-        for (args, flag) in [
-            (&["--port", "x"][..], "--port"),
-            (&["--upstream", "http://x"][..], "--upstream"),
-            (
-                &["--litestream-metrics-url", "ws://x/metrics"][..],
-                "--litestream-metrics-url",
-            ),
-            (
-                &["--backup-check-interval-ms", "0"][..],
-                "--backup-check-interval-ms",
-            ),
-            (
-                &["--min-cleanup-delay-ms", "-5"][..],
-                "--min-cleanup-delay-ms",
-            ),
-            (
-                &["--flow-control-consensus-padding-seconds", "NaN"][..],
-                "--flow-control-consensus-padding-seconds",
-            ),
-            (&["--ping-interval-ms", "soon"][..], "--ping-interval-ms"),
-            (
-                &["--change-log-retention-ms", "-1"][..],
-                "--change-log-retention-ms",
-            ),
-            (&["--max-reservation-ms", "1.5"][..], "--max-reservation-ms"),
-            (
-                &["--slow-subscriber-grace-ms", "-1"][..],
-                "--slow-subscriber-grace-ms",
-            ),
-            (
-                &["--max-subscriber-queue-changes", "0"][..],
-                "--max-subscriber-queue-changes",
-            ),
-        ] {
-            let e = parse(args).unwrap_err().to_string();
-            assert!(e.contains(flag), "{args:?}: {e}");
-        }
-    }
-
-    #[test]
-    fn the_debug_of_the_configuration_redacts_the_secret() {
-        let secret = "debug-secret-0123456789";
-        let c = parse(&["--secret", secret]).unwrap();
-        let shown = format!("{c:?}");
-        assert!(
-            !shown.contains(secret) && shown.contains("redacted"),
-            "{shown}"
-        );
-        assert!(c.secret().unwrap().is_some());
-    }
-
-    #[test]
-    fn accepts_short_floors_and_negative_padding() {
-        let c = parse(&[
-            "--min-cleanup-delay-ms",
-            "10",
-            "--initial-cleanup-delay-ms",
-            "5",
-            "--flow-control-consensus-padding-seconds",
-            "-1",
-            "--upstream",
-            "ws://127.0.0.1:1/changes",
-        ])
-        .unwrap();
-        assert_eq!(c.starting_cleanup_delay(), Duration::from_millis(10));
-        assert_eq!(c.padding(), None);
-    }
-}
+mod tests;

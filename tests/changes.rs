@@ -1,75 +1,20 @@
 //! End to end: subscriptions on `/replication/v{N}/changes` against the real server with a fake
 //! change source (PROTOCOL.md §4, §7, §9, §10): catch-up then live with no gap and no duplicate,
-//! rollback on an upstream drop, errors type 1 and 2, the reservation ended by an initial
-//! subscription, the ack-gated purge, and a restart that keeps the change log.
+//! errors type 1 and 2, bad parameters, protocol v4's messages, the reservation ended by an
+//! initial subscription, the ack-gated purge, and the 1001 close on stop. What the upstream's
+//! side does to them (drop, violation, restart, status) is in `changes_upstream.rs`.
+
+mod changes_support;
 
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
-use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::upstream::{insert, txn, FakeUpstream};
+use change_streamer_test_support::upstream::txn;
 use change_streamer_test_support::wait::wait_until;
+use changes_support::{changes_url, read_txns, service_with_upstream, w};
 use serde_json::json;
-
-fn w(n: u64) -> String {
-    Watermark::from_u64(n).to_string()
-}
-
-fn changes_url(svc: &TestService, id: &str, watermark: u64, extra: &str) -> String {
-    svc.ws(&format!(
-        "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}{extra}",
-        w(100),
-        w(watermark)
-    ))
-}
-
-/// Reads (and acks) messages until the commit of `last`; returns the transactions' commit
-/// watermarks in order, checking each arrived whole.
-async fn read_txns(c: &mut WsClient, last: u64) -> Vec<u64> {
-    let mut txns = Vec::new();
-    let mut open: Option<String> = None;
-    loop {
-        let (id, msg) = c.msg().await;
-        c.ack(id).await;
-        match msg[0].as_str() {
-            Some("status") => {}
-            Some("begin") => {
-                assert!(open.is_none(), "begin inside a transaction: {msg}");
-                open = Some(msg[2]["commitWatermark"].as_str().unwrap().to_string());
-            }
-            Some("data") => assert!(open.is_some(), "data outside a transaction: {msg}"),
-            Some("commit") => {
-                let wm = msg[2]["watermark"].as_str().unwrap().to_string();
-                assert_eq!(
-                    open.take().as_deref(),
-                    Some(wm.as_str()),
-                    "commit without its begin"
-                );
-                let n = Watermark::parse(&wm).unwrap().to_u64().unwrap();
-                txns.push(n);
-                if n >= last {
-                    return txns;
-                }
-            }
-            Some("rollback") => {
-                open = None;
-            }
-            _ => panic!("unexpected message {msg}"),
-        }
-    }
-}
-
-async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream) {
-    let up = FakeUpstream::start().await;
-    let url = up.url();
-    let mut args = vec!["--upstream", url.as_str()];
-    args.extend_from_slice(extra);
-    let svc = TestService::start(&args).await;
-    up.wait_connections(1).await;
-    (svc, up)
-}
 
 #[actix_rt::test]
 async fn catches_up_from_the_log_then_follows_live_changes() {
@@ -172,44 +117,6 @@ async fn no_gap_and_no_duplicate_while_subscribers_join_and_leave() {
         assert_eq!(got.len(), want.len(), "subscriber from {from} to {until}");
         assert_eq!(got, want, "subscriber from {from} to {until}");
     }
-    svc.stop().await;
-}
-
-#[actix_rt::test]
-async fn rolls_back_a_transaction_interrupted_by_an_upstream_drop() {
-    let (svc, up) = service_with_upstream(&[]).await;
-    up.send(txn(100, 1));
-    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
-        .await;
-    let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
-    let (id, _) = c.msg().await; // status
-    c.ack(id).await;
-    let mut partial = txn(101, 3);
-    partial.pop(); // no commit
-    up.send(partial);
-    let (id, begin) = c.msg().await;
-    assert_eq!(begin[0], "begin");
-    c.ack(id).await;
-    for _ in 0..3 {
-        let (id, _) = c.msg().await;
-        c.ack(id).await;
-    }
-    up.drop_connection();
-    let (id, rollback) = c.msg().await;
-    c.ack(id).await;
-    assert_eq!(rollback, json!(["rollback", {"tag": "rollback"}]));
-    // Nothing of it was stored; the service reconnects resuming after 100 and gets 101 again.
-    up.wait_connections(2).await;
-    assert_eq!(
-        up.queries()[1],
-        format!("lastWatermark={}&replicaVersion={}", w(100), w(100))
-    );
-    assert_eq!(
-        svc.status().await["changeLog"]["maxWatermark"],
-        json!(w(100))
-    );
-    up.send(txn(101, 2));
-    assert_eq!(read_txns(&mut c, 101).await, vec![101]);
     svc.stop().await;
 }
 
@@ -400,58 +307,6 @@ async fn purge_waits_for_a_lagging_subscriber_and_keeps_the_newest_transaction()
 }
 
 #[actix_rt::test]
-async fn restart_keeps_the_change_log_and_resumes_upstream() {
-    let (svc, up) = service_with_upstream(&[]).await;
-    up.send(txn(100, 1));
-    up.send(txn(101, 4));
-    svc.wait_status("stored", |s| {
-        s["changeLog"]["maxWatermark"] == json!(w(101))
-    })
-    .await;
-    let dir = svc.stop().await;
-    up.drop_connection();
-    let url = up.url();
-    let svc = TestService::start_in(dir, &["--upstream", &url]).await;
-    up.wait_connections(2).await;
-    assert_eq!(up.queries()[0], "");
-    assert_eq!(
-        up.queries()[1],
-        format!("lastWatermark={}&replicaVersion={}", w(101), w(100))
-    );
-    let st = svc.status().await;
-    assert_eq!(st["replicaVersion"], json!(w(100)));
-    assert_eq!(st["changeLog"]["rows"], 9);
-    let mut c = WsClient::connect(&changes_url(&svc, "r", 100, "")).await;
-    assert_eq!(read_txns(&mut c, 101).await, vec![101]);
-    // A replayed transaction is skipped and acked again.
-    up.send(txn(101, 4));
-    up.send(txn(102, 1));
-    assert_eq!(read_txns(&mut c, 102).await, vec![102]);
-    svc.stop().await;
-}
-
-#[actix_rt::test]
-async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
-    let (svc, up) = service_with_upstream(&[]).await;
-    up.send(txn(100, 1));
-    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
-        .await;
-    up.send(vec![format!(r#"["data",{}]"#, insert(1))]);
-    up.wait_connections(2).await;
-    let mut bad = txn(101, 1);
-    bad[2] = format!(
-        r#"["commit",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
-        w(999)
-    );
-    up.send(bad);
-    up.wait_connections(3).await;
-    let st = svc.status().await;
-    assert_eq!(st["changeLog"]["maxWatermark"], json!(w(100)));
-    assert_eq!(st["changeLog"]["rows"], 3);
-    svc.stop().await;
-}
-
-#[actix_rt::test]
 async fn protocol_v4_does_not_receive_update_table_metadata() {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
@@ -505,45 +360,4 @@ async fn service_stop_closes_subscriptions_with_1001() {
     let stopping = actix_rt::spawn(async move { svc.stop().await });
     assert_eq!(c.closed().await.0, 1001);
     let _ = stopping.await;
-}
-
-#[actix_rt::test]
-async fn upstream_status_is_echoed_after_durability_and_reset_required_is_shown() {
-    let (svc, up) = service_with_upstream(&[]).await;
-    let mut frames = txn(100, 1);
-    frames.push(format!(r#"["status",{{}},{{"watermark":"{}"}}]"#, w(100)));
-    frames.push(format!(
-        r#"["status",{{"ack":false}},{{"watermark":"{}"}}]"#,
-        w(100)
-    ));
-    frames.push(
-        r#"["control",{"tag":"reset-required","message":"replication slot lost"}]"#.to_string(),
-    );
-    up.send(frames);
-    let st = svc
-        .wait_status("reset shown", |s| {
-            s["upstream"]["resetRequired"] == json!(true)
-        })
-        .await;
-    assert_eq!(st["upstream"]["resetMessage"], "replication slot lost");
-    let echo = format!(r#"["status",{{"ack":true}},{{"watermark":"{}"}}]"#, w(100));
-    wait_until("two acks upstream", Duration::from_secs(5), || {
-        up.acks().len() >= 2
-    })
-    .await;
-    actix_rt::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(
-        up.acks(),
-        vec![
-            format!(
-                r#"["status",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
-                w(100)
-            ),
-            echo
-        ],
-        "the commit's ack, then the echo; no echo for ack:false"
-    );
-    // Not stored, not forwarded: the acks say the commit is durable, so /status shows it now.
-    assert_eq!(svc.status().await["changeLog"]["rows"], 3);
-    svc.stop().await;
 }

@@ -30,172 +30,28 @@
 //! Once a second it prints a compact view of the service, taken only from the service's own
 //! `/status` and `/metrics`; on Ctrl-C (or after `--seconds`) a summary line, then it stops
 //! everything cleanly.
-
 use std::cell::RefCell;
 use std::io::{IsTerminal, Write};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::vfs_reader;
-use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::access::Credentials;
-use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
-use change_streamer_test_support::client::{Seen, WsClient};
-use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::litestream::{Answer, FakeLitestream};
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, Litestream};
-use change_streamer_test_support::upstream::{self, FakeUpstream};
-use serde_json::Value;
+use change_streamer_test_support::stock_litestream;
+use change_streamer_test_support::upstream::FakeUpstream;
 
 mod args;
 mod takeover;
+mod view;
+mod world;
+
+use view::{commits, departure, metric, n, view, LEGEND};
+use world::{follow, litestream_reports, replica, write_transactions, Applied, Restore};
 
 const REPLICAS: usize = 3;
-
-/// The last watermark the backup replica applied (what litestream "backs up").
-type Applied = Rc<RefCell<Option<String>>>;
-
-/// Pushes transactions forever at about `per_second`.
-async fn write_transactions(up: FakeUpstream, per_second: u64) {
-    let mut n = 1_000_000u64;
-    let mut tick = actix_rt::time::interval(Duration::from_millis(50));
-    loop {
-        tick.tick().await;
-        let frames: Vec<String> = (0..per_second / 20)
-            .flat_map(|_| {
-                n += 1;
-                upstream::txn(n, 1 + n % 5)
-            })
-            .collect();
-        up.send(frames);
-    }
-}
-
-/// Follows the stream, acking each message, and records the last commit applied.
-async fn follow(mut c: WsClient, applied: Option<Applied>, stall_after: Option<Duration>) {
-    let start = Instant::now();
-    loop {
-        if stall_after.is_some_and(|d| start.elapsed() > d) {
-            // Stops reading (and so answering pings) but keeps the socket open.
-            std::future::pending::<()>().await;
-        }
-        match c.next(Duration::from_secs(60)).await {
-            Some(Seen::Msg { id, msg }) => {
-                if msg[0] == "commit" {
-                    if let Some(a) = &applied {
-                        *a.borrow_mut() = msg[2]["watermark"].as_str().map(str::to_string);
-                    }
-                }
-                c.ack(id).await;
-            }
-            Some(Seen::Closed { .. }) | None => return,
-        }
-    }
-}
-
-/// Where a restoring replica's backup comes from.
-#[derive(Clone)]
-enum Restore {
-    /// The stand-in: the watermark last reported as backed up.
-    Reported(Applied),
-    /// Real litestream: `litestream restore` of the `file://` replica, then its stateVersion.
-    Real {
-        litestream: Litestream,
-        url: String,
-        dir: std::path::PathBuf,
-    },
-}
-
-impl Restore {
-    /// The watermark a restore starts from, `None` when there is no backup.
-    async fn watermark(&self, name: &str) -> Option<String> {
-        match self {
-            Restore::Reported(backed_up) => backed_up.borrow().clone(),
-            Restore::Real {
-                litestream,
-                url,
-                dir,
-            } => {
-                let (litestream, url) = (litestream.clone(), url.clone());
-                let out = dir.join(format!("{name}.db"));
-                // A blocking command: off the runtime, which also runs the service's actors.
-                tokio::task::spawn_blocking(move || {
-                    litestream.restore(&url, &out).ok()?;
-                    Some(read_replica(&out).0)
-                })
-                .await
-                .ok()
-                .flatten()
-            }
-        }
-    }
-}
-
-/// A restoring replica: reserve, restore for `restore`, subscribe with initial=true, follow.
-async fn replica(
-    base: String,
-    credentials: Credentials,
-    name: String,
-    restore: Duration,
-    backed_up: Restore,
-    stall_after: Option<Duration>,
-) {
-    let mut res = WsClient::connect_with(
-        &format!("ws://{base}/replication/v6/snapshot?taskID={name}"),
-        &credentials,
-    )
-    .await;
-    let (id, status) = res.msg().await;
-    res.ack(id).await;
-    let replica_version = status[1]["replicaVersion"]
-        .as_str()
-        .unwrap_or("00")
-        .to_string();
-    // "Restore": keep the reservation open (answering pings) for a while.
-    let _ = res.next(restore).await;
-    let from = backed_up
-        .watermark(&name)
-        .await
-        .unwrap_or(replica_version.clone());
-    let url = format!(
-        "ws://{base}/replication/v6/changes?id={name}&taskID={name}&mode=serving&replicaVersion={replica_version}&watermark={from}&initial=true"
-    );
-    let sub = WsClient::connect_with(&url, &credentials).await;
-    let _ = res.next(Duration::from_secs(2)).await; // the reservation's close
-    follow(sub, None, stall_after).await;
-}
-
-/// Reports the backup replica's applied watermark as backed up, every second.
-async fn litestream_reports(lite: FakeLitestream, applied: Applied, backed_up: Applied) {
-    let mut tick = actix_rt::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let Some(w) = applied.borrow().clone() else {
-            continue;
-        };
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        lite.set_body(render_page(
-            "/data/replica.db",
-            &[(Some(&w), "s3", format!("{:.3}", now.as_secs_f64()))],
-        ));
-        *backed_up.borrow_mut() = Some(w);
-    }
-}
-
-fn n(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
-/// A count from the `/metrics` text (the text format writes every value as a float).
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map_or(0, |v| v.round() as u64)
-}
 
 /// A secret for this run: 32 hex digits from the kernel's random source.
 pub fn demo_secret() -> String {
@@ -211,116 +67,6 @@ pub fn demo_secret() -> String {
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
-
-/// What the view's words and numbers mean, printed once at start.
-const LEGEND: &str = "\
-legend:
-  access: the service asks every client for a secret generated for this run (--secret; it is
-    never shown); without one, it would serve loopback clients only
-  watermarks (e.g. 3lgdk) are the upstream's commit positions as LexiVersions: base-36 strings
-    that sort in commit order; the log spans min..max of them
-  reservations [task ms]: replicas restoring a snapshot; while any is open (paused) nothing the
-    backup may still need is purged
-  cleanup delay: how long after litestream reports a watermark backed up before its cleanup
-  cleanups scheduled / purge queue: cleanups made from litestream's reports / those waiting for
-    their purge check (--purge-delay-ms); rows purged: change-log rows deleted by them
-  flow control: sends that wait for acks; released by all (every subscriber acked) or by
-    consensus (a majority acked and the others had --flow-control-consensus-padding-seconds)
-  replicas: backup follows the stream and is what litestream backs up; r1..r3 reserve, restore,
-    then subscribe; stalled stops reading after 4 s and is dropped once it misses a ping
-";
-
-fn commits(st: &Value) -> u64 {
-    let w = |k: &str| {
-        st["changeLog"][k]
-            .as_str()
-            .and_then(|s| Watermark::parse(s).ok())
-            .and_then(|w| w.to_u64())
-    };
-    match (
-        w("maxWatermark"),
-        st["replicaVersion"]
-            .as_str()
-            .and_then(|s| Watermark::parse(s).ok())
-            .and_then(|w| w.to_u64()),
-    ) {
-        (Some(max), Some(rv)) => max - rv + 1,
-        _ => 0,
-    }
-}
-
-/// The line printed when subscriber `id` is no longer connected.
-fn departure(t: u64, id: &str, consensus: u64) -> String {
-    if id == "stalled" {
-        format!("t={t:>3}s  stalled dropped: it stopped reading, so it answered no ping within the 3 s --ping-interval-ms (until then flow control released {consensus} sends by consensus without it)")
-    } else {
-        format!("t={t:>3}s  {id} is no longer subscribed")
-    }
-}
-
-fn view(t: u64, st: &Value, metrics: &str) -> String {
-    let mut out = String::new();
-    let subs = st["subscribers"].as_array().cloned().unwrap_or_default();
-    out.push_str(&format!(
-        "t={t:>3}s  stored {} txns ({} rows now, log {}..{})  upstream {}\n",
-        commits(st),
-        n(&st["changeLog"]["rows"]),
-        st["changeLog"]["minWatermark"].as_str().unwrap_or("-"),
-        st["changeLog"]["maxWatermark"].as_str().unwrap_or("-"),
-        if st["upstream"]["connected"] == true {
-            "connected"
-        } else {
-            "DOWN"
-        },
-    ));
-    let reservations: Vec<String> = st["reservations"]
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .map(|r| {
-                    format!(
-                        "{} {}ms",
-                        r["taskID"].as_str().unwrap_or("?"),
-                        n(&r["heldMs"])
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    out.push_str(&format!(
-        "        reservations [{}]  cleanup delay {:.1}s{}  cleanups scheduled {}  purge queue {}  rows purged {}\n",
-        reservations.join(", "),
-        n(&st["backup"]["cleanupDelayMs"]) as f64 / 1000.0,
-        if st["backup"]["paused"] == true { " (paused)" } else { "" },
-        metric(metrics, "change_streamer_cleanups_scheduled_total"),
-        st["purge"]["scheduled"].as_array().map(Vec::len).unwrap_or(0),
-        n(&st["purge"]["rowsPurged"]),
-    ));
-    out.push_str(&format!(
-        "        flow control: {} tracked sends, released by all {} / by consensus {}\n",
-        n(&st["flowControl"]["trackedSends"]),
-        metric(
-            metrics,
-            "change_streamer_flow_control_releases_total{mode=\"all\"}"
-        ),
-        metric(
-            metrics,
-            "change_streamer_flow_control_releases_total{mode=\"consensus\"}"
-        ),
-    ));
-    for s in subs {
-        out.push_str(&format!(
-            "        {:<8} {:<7} acked {:<10} pending {:>6}  {:>8.0} msg/s\n",
-            s["id"].as_str().unwrap_or("?"),
-            s["mode"].as_str().unwrap_or("?"),
-            s["acked"].as_str().unwrap_or("-"),
-            n(&s["pending"]),
-            s["processRate"].as_f64().unwrap_or(0.0),
-        ));
-    }
-    out
-}
-
 async fn run(seconds: Option<u64>) {
     let real = stock_litestream::installed();
     let backup_dir = tempfile::tempdir().expect("tempdir");

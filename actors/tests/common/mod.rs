@@ -1,13 +1,16 @@
 //! What the actor-level tests share: the backup side's test doubles (a purge that records what
-//! it is told, a change log with a fixed answer, a reservation's session), and for the streamer
+//! it is told, a change log with a fixed answer, a reservation's session) and the backup
+//! monitor's harness, and for the streamer
 //! tests fake subscriber sessions that ack at once or
 //! never (and can be told to ack later), a streamer with an initialized change log, upstream
 //! messages, and waiting on releases and on the change log's real I/O.
 #![allow(dead_code)] // each test file uses a part
 
 pub mod fake_log;
+pub mod monitor_harness;
 pub mod recording_purge;
 pub mod reservation_session;
+pub mod vfs_harness;
 
 use std::time::Duration;
 

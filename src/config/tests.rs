@@ -1,0 +1,102 @@
+//! Unit tests of the flags: defaults, the environment, each value's checks, and the messages
+//! that name a bad flag and where its value came from.
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+    Config::try_parse_from(std::iter::once("change-streamer").chain(args.iter().copied()))
+}
+
+#[test]
+fn defaults_follow_the_spec() {
+    let c = parse(&[]).unwrap();
+    assert_eq!(c.port, 4849);
+    assert_eq!(c.host, "0.0.0.0");
+    assert_eq!(c.litestream_metrics_url, "http://localhost:4850/metrics");
+    assert_eq!(c.backup_check_interval_ms, 60_000);
+    assert_eq!(c.starting_cleanup_delay(), Duration::from_secs(30));
+    assert_eq!(c.purge_delay_ms, 30_000);
+    assert_eq!(c.change_log_retention_ms, 60_000);
+    assert_eq!(c.max_reservation_ms, 0);
+    assert_eq!(c.flow_control_consensus_padding_seconds, 1.0);
+    assert_eq!(c.padding(), Some(Duration::from_secs(1)));
+    assert_eq!(c.ping_interval_ms, 30_000);
+    assert_eq!(c.slow_subscriber_grace_ms, 30_000);
+    assert_eq!(c.max_subscriber_queue_changes, 20_000);
+    assert_eq!(c.max_subscriber_queue_bytes, 16 << 20);
+    assert_eq!(c.max_queued_bytes, 256 << 20);
+    assert!(c.upstream.is_none() && c.litestream_backup_url.is_none());
+    assert_eq!((c.change_db, c.takeover_interval_ms), (None, 1_000));
+    let c = parse(&["--change-db", "postgres://u@db:5432/zero"]).unwrap();
+    assert_eq!(c.change_db.as_deref(), Some("postgres://u@db:5432/zero"));
+}
+
+#[test]
+fn bad_values_name_their_flag() {
+    for (args, flag) in [
+        (&["--port", "x"][..], "--port"),
+        (&["--upstream", "http://x"][..], "--upstream"),
+        (
+            &["--litestream-metrics-url", "ws://x/metrics"][..],
+            "--litestream-metrics-url",
+        ),
+        (
+            &["--backup-check-interval-ms", "0"][..],
+            "--backup-check-interval-ms",
+        ),
+        (
+            &["--min-cleanup-delay-ms", "-5"][..],
+            "--min-cleanup-delay-ms",
+        ),
+        (
+            &["--flow-control-consensus-padding-seconds", "NaN"][..],
+            "--flow-control-consensus-padding-seconds",
+        ),
+        (&["--ping-interval-ms", "soon"][..], "--ping-interval-ms"),
+        (
+            &["--change-log-retention-ms", "-1"][..],
+            "--change-log-retention-ms",
+        ),
+        (&["--max-reservation-ms", "1.5"][..], "--max-reservation-ms"),
+        (
+            &["--slow-subscriber-grace-ms", "-1"][..],
+            "--slow-subscriber-grace-ms",
+        ),
+        (
+            &["--max-subscriber-queue-changes", "0"][..],
+            "--max-subscriber-queue-changes",
+        ),
+    ] {
+        let e = parse(args).unwrap_err().to_string();
+        assert!(e.contains(flag), "{args:?}: {e}");
+    }
+}
+
+#[test]
+fn the_debug_of_the_configuration_redacts_the_secret() {
+    let secret = "debug-secret-0123456789";
+    let c = parse(&["--secret", secret]).unwrap();
+    let shown = format!("{c:?}");
+    assert!(
+        !shown.contains(secret) && shown.contains("redacted"),
+        "{shown}"
+    );
+    assert!(c.secret().unwrap().is_some());
+}
+
+#[test]
+fn accepts_short_floors_and_negative_padding() {
+    let c = parse(&[
+        "--min-cleanup-delay-ms",
+        "10",
+        "--initial-cleanup-delay-ms",
+        "5",
+        "--flow-control-consensus-padding-seconds",
+        "-1",
+        "--upstream",
+        "ws://127.0.0.1:1/changes",
+    ])
+    .unwrap();
+    assert_eq!(c.starting_cleanup_delay(), Duration::from_millis(10));
+    assert_eq!(c.padding(), None);
+}
