@@ -25,9 +25,10 @@ const SECRET: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789
 const CHECKS: u32 = 200_000;
 const OPENS: usize = 300;
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// (min, median, max) of the runs: the machine is shared, so the spread is reported too.
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    (v[0], v[v.len() / 2], v[v.len() - 1])
 }
 
 /// ns per check of `presented` against the secret, on `/replication/v6/changes`.
@@ -83,13 +84,14 @@ fn main() {
     let right: Vec<f64> = (0..3).map(|_| check_ns(SECRET)).collect();
     let wrong_last = format!("{}x", &SECRET[..SECRET.len() - 1]);
     let wrong: Vec<f64> = (0..3).map(|_| check_ns(&wrong_last)).collect();
-    let (right, wrong) = (median(right), median(wrong));
+    let ((r0, right, r1), (w0, wrong, w1)) = (spread(right), spread(wrong));
     println!(
         "{}",
-        json!({"bench": "access-check", "secretBytes": SECRET.len(), "rightNs": right, "wrongLastByteNs": wrong})
+        json!({"bench": "access-check", "secretBytes": SECRET.len(), "rightNs": right, "wrongLastByteNs": wrong,
+               "rightNsMinMax": [r0, r1], "wrongLastByteNsMinMax": [w0, w1]})
     );
     println!(
-        "access check with a {}-byte secret: {right:.0} ns right, {wrong:.0} ns wrong in the last byte (medians of 3 × {CHECKS})",
+        "access check with a {}-byte secret: {right:.0} ns right ({r0:.0}–{r1:.0}), {wrong:.0} ns wrong in the last byte ({w0:.0}–{w1:.0}) (medians of 3 × {CHECKS})",
         SECRET.len()
     );
 
@@ -104,13 +106,14 @@ fn main() {
             a.push(open_us(&with, &rv1).await);
             b.push(open_us(&without, &rv2).await);
         }
-        let (a, b) = (median(a), median(b));
+        let ((a0, a, a1), (b0, b, b1)) = (spread(a), spread(b));
         println!(
             "{}",
-            json!({"bench": "access-open", "opens": OPENS, "withSecretUs": a, "withoutUs": b})
+            json!({"bench": "access-open", "opens": OPENS, "withSecretUs": a, "withoutUs": b,
+                   "withSecretUsMinMax": [a0, a1], "withoutUsMinMax": [b0, b1]})
         );
         println!(
-            "subscription opened (connect, upgrade, status), one at a time: {a:.0} µs with a secret, {b:.0} µs without (medians of 3 × {OPENS}; ratio {:.2})",
+            "subscription opened (connect, upgrade, status), one at a time: {a:.0} µs with a secret ({a0:.0}–{a1:.0}), {b:.0} µs without ({b0:.0}–{b1:.0}) (medians of 3 × {OPENS}; ratio {:.2})",
             a / b
         );
         with.stop().await;
