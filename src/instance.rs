@@ -149,7 +149,7 @@ impl Instance {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(mode);
         }
-        let ended = (&mut self.ended).await.unwrap_or(Ok(()));
+        let ended = (&mut self.ended).await.unwrap_or(Err(StartError::Ended));
         self.server.stop(mode.finishes_connections()).await;
         ended
     }
@@ -168,7 +168,7 @@ pub async fn run(
         () = &mut stop => instance.stop(StopMode::Graceful).await,
         ended = &mut instance.ended => {
             instance.server.stop(true).await;
-            ended.unwrap_or(Ok(()))
+            ended.unwrap_or(Err(StartError::Ended))
         }
     }
 }
@@ -226,64 +226,59 @@ impl Life {
         };
         let standing = standing(&self.config, &self.edge, &self.instance, &recorder);
         let mut first_try_after = Duration::ZERO;
+        // A standby's serving parts live across failed attempts to own the change DB.
+        let mut serving: Option<StandbyServing> = None;
         let result = loop {
             // 1. Standby.
-            let serving = if self.config.standby_serves {
-                StandbyServing::start(&self.config, &url, &recorder).await
-            } else {
-                None
-            };
-            let (serving, handlers) = match serving {
-                Some((s, h)) => (Some(s), Some(h)),
-                None => (None, None),
-            };
+            if serving.is_none() && self.config.standby_serves {
+                if let Some((s, handlers)) =
+                    StandbyServing::start(&self.config, &url, &recorder).await
+                {
+                    serving = Some(s);
+                    self.phase.send_replace(Phase::Standby(StandbyState {
+                        serving: Some(handlers),
+                        ..standing.clone()
+                    }));
+                }
+            }
+            if serving.is_none() {
+                self.phase.send_replace(Phase::Standby(standing.clone()));
+            }
             info!(
                 "standby on {} until this instance owns the change DB ({})",
                 self.addr,
-                if handlers.is_some() {
+                if serving.is_some() {
                     "serving /changes from the change DB"
                 } else {
                     "not serving /changes"
                 }
             );
-            self.phase.send_replace(Phase::Standby(StandbyState {
-                serving: handlers,
-                ..standing.clone()
-            }));
             let opened = tokio::select! {
                 opened = async {
                     actix_rt::time::sleep(first_try_after).await;
                     open(&self.config, &url, &self.instance).await
                 } => opened,
                 mode = &mut stop => {
-                    let mode = mode.unwrap_or(StopMode::Graceful);
                     info!("stopping the standby");
-                    self.stopping(mode).await;
-                    if let Some(s) = serving {
-                        s.stop().await;
-                    }
+                    self.stopping(mode.unwrap_or(StopMode::Graceful)).await;
                     break Ok(());
                 }
             };
+            first_try_after = self.config.takeover_interval();
             let log = match opened {
                 Ok(log) => log,
-                Err(e) => break Err(StartError::ChangeDb(e)),
-            };
-            // 2. Owner.
-            let stats = match log.stats().await {
-                Ok(stats) => stats,
-                Err(ChangeLogError::NotOwner) => {
-                    warn!("deposed while starting: standing by again");
-                    if let Some(s) = serving {
-                        s.stop().await;
-                    }
-                    first_try_after = self.config.takeover_interval();
+                Err(e) => {
+                    warn!("taking over the change DB failed: {e}; standing by again");
                     continue;
                 }
-                Err(e) => break Err(StartError::ChangeDb(e)),
             };
-            let kept = match serving {
-                Some(s) => Some(s.take_over(&stats).await),
+            // 2. Owner. Still the owner (the first command)? Else the standby goes on serving.
+            if let Err(e) = log.stats().await {
+                warn!("deposed or failed while starting ({e}): standing by again");
+                continue;
+            }
+            let kept = match serving.take() {
+                Some(s) => Some(s.take_over().await),
                 None => None,
             };
             let started = Owner::start(
@@ -298,11 +293,10 @@ impl Life {
             .await;
             let owner = match started {
                 Ok(owner) => owner,
-                // Deposed before anything started (reading the state back is the first write
-                // command): stand by again.
-                Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
-                    warn!("deposed while starting: standing by again");
-                    first_try_after = self.config.takeover_interval();
+                // Deposed, or the change DB failed, before anything started (reading the state
+                // back is the first write command): stand by again.
+                Err(StartError::ChangeLog(e)) | Err(StartError::ChangeDb(e)) => {
+                    warn!("deposed or failed while starting ({e}): standing by again");
                     continue;
                 }
                 Err(e) => break Err(e),
@@ -327,8 +321,10 @@ impl Life {
             drop(log);
             owner.stop(StopMode::HandOver).await;
             // The other standbys' turn first: this one tries again after one takeover interval.
-            first_try_after = self.config.takeover_interval();
         };
+        if let Some(s) = serving {
+            s.stop().await;
+        }
         let _ = recorder.send(recorder::Stop).await;
         info!("stopped");
         result

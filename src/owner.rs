@@ -249,10 +249,6 @@ impl Owner {
             recorder,
             ..
         } = state;
-        // From here on this instance holds no subscriber or reservation.
-        if let Some(r) = &recorder {
-            r.do_send(StandBy);
-        }
         // No more changes from upstream.
         if let Some(u) = upstream {
             u.stop().await;
@@ -293,6 +289,11 @@ impl Owner {
                 "sessions still open {} s after the stop notice; stopping without them",
                 SESSION_DRAIN.as_secs()
             );
+        }
+        // Only now does this instance hold no subscriber or reservation: until its sessions
+        // were closed, its record held their floor for the next owner's purge.
+        if let Some(r) = &recorder {
+            r.do_send(StandBy);
         }
         match mode {
             StopMode::Graceful => {

@@ -5,10 +5,10 @@
 //! purge holds them back ([`InstanceRecorder`](change_streamer_actors::instance::recorder)).
 //! What the standby answers over HTTP is `http/standby.rs`.
 //!
-//! Its end is one of two: [`StandbyServing::stop`] (a graceful stop: subscribers closed with
-//! 1001), or [`StandbyServing::take_over`]: this instance became the owner, and the streamer,
-//! with every subscriber, goes on as the owner's ([`Kept`]) once the follower handed on the last
-//! commits the old owner made durable.
+//! Its end is one of two: [`StandbyServing::stop`] (a graceful stop, or an error the instance
+//! cannot go on after: subscribers closed with 1001), or [`StandbyServing::take_over`]: this
+//! instance became the owner, and the streamer, with every subscriber, goes on as the owner's
+//! ([`Kept`]).
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, LogStats};
@@ -102,7 +102,6 @@ impl StandbyServing {
             drain,
             recorder,
         } = self;
-        recorder.do_send(StandBy);
         follower.stop().await;
         let _ = streamer
             .send(streamer::Stop {
@@ -115,24 +114,22 @@ impl StandbyServing {
                 SESSION_DRAIN.as_secs()
             );
         }
+        // Only now: its subscribers were held in the record while they were served.
+        recorder.do_send(StandBy);
     }
 
-    /// This instance owns the change DB, which holds `owned` (read by the new owner's writer):
-    /// the follower hands on the commits it had not read yet, and the streamer with every
-    /// subscriber goes to the owner.
-    pub(crate) async fn take_over(self, owned: &LogStats) -> Kept {
+    /// This instance owns the change DB: the follower stops where it stands, and the
+    /// streamer with every subscriber goes to the owner, whose `Ingest` has them read the rest
+    /// from the change log.
+    pub(crate) async fn take_over(self) -> Kept {
         let StandbyServing {
             streamer,
             follower,
             drain,
             ..
         } = self;
-        if let Some(stopped) = follower.stop().await {
-            let reached = follower::finish(stopped, owned.max_watermark.clone()).await;
-            info!(
-                "taking over: the standby's subscribers have every commit up to watermark={reached:?}"
-            );
-        }
+        follower.stop().await;
+        info!("taking over: the standby's streamer and its subscribers go to the owner");
         Kept { streamer, drain }
     }
 }

@@ -24,6 +24,9 @@ pub enum StartError {
     Secret(#[from] SecretFlagError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    /// The instance's life stopped without saying why (it panicked: the log says where).
+    #[error("the instance stopped unexpectedly (see the log)")]
+    Ended,
 }
 
 impl StartError {
@@ -35,6 +38,7 @@ impl StartError {
             StartError::Bind { .. } => &["host", "port"],
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
             StartError::Secret(e) => e.flags(),
+            StartError::Ended => &[],
             StartError::Tls(e) => match e.flag_id() {
                 "tls_cert" => &["tls_cert"],
                 "tls_key" => &["tls_key"],

@@ -19,6 +19,11 @@
 //! already durable, so the owner goes on at its own pace and the standby catches up from the
 //! change DB.
 //!
+//! ### At a takeover
+//! The follower is stopped where it stands; the streamer, told to ingest (`streamer::Ingest`),
+//! has its subscribers read whatever it had not been handed yet from the change log, so the
+//! takeover waits for no read.
+//!
 //! ### A purge past the follower
 //! The owner's purge never passes a subscriber this standby records (PROTOCOL.md §14.1), and the
 //! follower is ahead of all of them. With no subscriber, the owner may purge past the follower;
@@ -26,6 +31,8 @@
 //! anything back. Both show as a follower position older than the oldest row stored: it then
 //! closes whatever subscribers the standby has (they reconnect and catch up from the change DB,
 //! or learn that their watermark is too old) and goes on from the newest commit ([`Rebase`]).
+//! Its reads find it out themselves: a standby's read fails with
+//! [`ChangeLogError::PurgedPast`] when the oldest row stored is past where it read from.
 
 use std::time::Duration;
 
@@ -33,7 +40,9 @@ use actix::prelude::*;
 use log::{error, info, warn};
 use tokio::sync::oneshot;
 
-use crate::changelog::{ChangeKind, ChangeLog, CommitNotices, LogStats, StoredChange};
+use crate::changelog::{
+    ChangeKind, ChangeLog, ChangeLogError, CommitNotices, LogStats, StoredChange,
+};
 use crate::streamer::{Rebase, Streamer, UpstreamBatch};
 use crate::upstream::protocol::UpstreamMessage;
 use crate::watermark::Watermark;
@@ -47,47 +56,20 @@ const READ_ROWS: usize = 2000;
 /// The running follower.
 pub struct FollowerHandle {
     stop: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<Stopped>>,
-}
-
-/// Where a stopped follower stood, to [`finish`] from.
-pub struct Stopped {
-    follower: Follower,
-}
-
-impl Stopped {
-    /// The last commit it handed on.
-    pub fn last_commit(&self) -> Option<&Watermark> {
-        self.follower.at.last_commit.as_ref()
-    }
+    done: Option<oneshot::Receiver<()>>,
 }
 
 impl FollowerHandle {
-    /// Stops reading and waits for the task to end; `None` if it had ended already (the
-    /// streamer stopped).
-    pub async fn stop(mut self) -> Option<Stopped> {
+    /// Stops reading and waits for the task to end. What the streamer had not been handed yet
+    /// its subscribers read from the change log (a takeover: `streamer::Ingest`).
+    pub async fn stop(mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        match self.done.take() {
-            Some(d) => d.await.ok(),
-            None => None,
+        if let Some(d) = self.done.take() {
+            let _ = d.await;
         }
     }
-}
-
-/// Hands the streamer what the change DB holds past where `stopped` stood, up to `up_to`: the
-/// last commit before this instance took over, after which nothing more is committed but by
-/// this instance. It does not wait for tracked sends' releases, so that the new owner ingests
-/// without delay. Answers the last commit handed on (short of `up_to` if reading failed).
-pub async fn finish(stopped: Stopped, up_to: Option<Watermark>) -> Option<Watermark> {
-    let mut follower = stopped.follower;
-    follower.saw(up_to);
-    follower.finishing = true;
-    // Nothing stops it: the takeover waits for it, and a failed read ends it.
-    let (_never, mut stop) = oneshot::channel();
-    let _ = follower.catch_up(&mut stop).await;
-    follower.at.last_commit
 }
 
 /// Starts following the change DB at `url` on the current actix runtime, through `log` (a
@@ -108,11 +90,9 @@ pub fn start(
             streamer,
             at: Position::after(last_commit),
             newest: None,
-            finishing: false,
         };
-        if let Some(stopped) = follower.run(stop_rx).await {
-            let _ = done_tx.send(stopped);
-        }
+        follower.run(stop_rx).await;
+        let _ = done_tx.send(());
     });
     FollowerHandle {
         stop: Some(stop_tx),
@@ -169,14 +149,11 @@ struct Follower {
     at: Position,
     /// The newest commit known to be durable in the change DB.
     newest: Option<Watermark>,
-    /// Handing on the last commits at a takeover: no waiting for a tracked send's release
-    /// (the subscribers' bounds still hold; past them, they catch up from the change log).
-    finishing: bool,
 }
 
 impl Follower {
-    /// Follows until asked to stop (answering where it stood) or the streamer is gone.
-    async fn run(mut self, mut stop: oneshot::Receiver<()>) -> Option<Stopped> {
+    /// Follows until asked to stop or the streamer is gone.
+    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
         info!(
             "following the owner's commits in change DB {} after watermark={:?}",
             self.log.location(),
@@ -187,13 +164,17 @@ impl Follower {
         let mut poll = actix_rt::time::interval(POLL_EVERY);
         loop {
             if notices.is_none() {
-                match CommitNotices::listen(&self.url).await {
+                let listened = tokio::select! {
+                    _ = &mut stop => return,
+                    listened = CommitNotices::listen(&self.url) => listened,
+                };
+                match listened {
                     Ok(n) => {
                         notices = Some(n);
                         said_unreachable = false;
                         // Notices sent before this connection listened were missed.
                         if self.check(&mut stop).await.is_err() {
-                            return self.stopped();
+                            return;
                         }
                     }
                     Err(e) if !said_unreachable => {
@@ -205,7 +186,7 @@ impl Follower {
             }
             match self.catch_up(&mut stop).await {
                 Ok(()) | Err(Pause::Retry) => {}
-                Err(Pause::End) => return self.stopped(),
+                Err(Pause::End) => return,
             }
             let notice = async {
                 match notices.as_mut() {
@@ -214,7 +195,7 @@ impl Follower {
                 }
             };
             tokio::select! {
-                _ = &mut stop => return self.stopped(),
+                _ = &mut stop => return,
                 w = notice => match w {
                     Some(w) => self.saw(Some(w)),
                     None => {
@@ -224,16 +205,11 @@ impl Follower {
                 },
                 _ = poll.tick() => {
                     if self.check(&mut stop).await.is_err() {
-                        return self.stopped();
+                        return;
                     }
                 }
             }
         }
-    }
-
-    /// Where it stands, unless the streamer is gone (nothing to finish then).
-    fn stopped(self) -> Option<Stopped> {
-        (self.streamer.connected()).then_some(Stopped { follower: self })
     }
 
     /// `w` is durable in the change DB.
@@ -301,6 +277,13 @@ impl Follower {
             };
             let rows = match rows {
                 Ok(rows) => rows,
+                Err(ChangeLogError::PurgedPast { .. }) => {
+                    // Where it stood is gone: the check rebases.
+                    return match self.check(stop).await {
+                        Ok(()) => Err(Pause::Retry),
+                        Err(()) => Err(Pause::End),
+                    };
+                }
                 Err(e) => {
                     warn!("follower: reading the change DB failed (again at the next poll): {e}");
                     return Err(Pause::Retry);
@@ -358,7 +341,7 @@ impl Follower {
                 self.at.after = (watermark, pos);
             }
             messages = reply.rest;
-            if let Some(release) = reply.release.filter(|_| !self.finishing) {
+            if let Some(release) = reply.release {
                 tokio::select! {
                     _ = &mut *stop => return Err(Pause::End),
                     _ = release => {}

@@ -207,3 +207,45 @@ async fn the_owner_announces_each_commit_group_once_it_is_durable() {
         assert!(last.is_some(), "the listening connection ended");
     }
 }
+
+#[actix_rt::test]
+async fn a_standbys_read_past_a_purge_fails_rather_than_skip_what_was_purged() {
+    let db = TestDb::create("standby_purged_past").await;
+    let log = owner(&db, &id(1)).await;
+    let standby = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    assert_eq!(
+        standby
+            .read((w(3), i64::MAX), w(10), 100)
+            .await
+            .unwrap()
+            .len(),
+        21
+    );
+    // The owner purges below 7 (its record gate bypassed: the standby's record lapsed, say).
+    log.purge(w(7)).await.unwrap();
+    match standby.read((w(3), i64::MAX), w(10), 100).await {
+        Err(ChangeLogError::PurgedPast { after, oldest }) => {
+            assert_eq!((after, oldest), (w(3), w(7)));
+        }
+        other => panic!("a read past the purge answered {other:?}"),
+    }
+    // From where the log still holds everything after, it reads.
+    assert_eq!(
+        standby
+            .read((w(7), i64::MAX), w(10), 100)
+            .await
+            .unwrap()
+            .len(),
+        9
+    );
+    // A read from the very start of the log cannot have missed anything.
+    assert_eq!(
+        standby
+            .read((w(0), -1), w(10), 100)
+            .await
+            .unwrap()
+            .first()
+            .map(|r| r.watermark.clone()),
+        Some(w(7))
+    );
+}

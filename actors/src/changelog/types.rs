@@ -40,6 +40,10 @@ pub enum ChangeLogError {
     Closed,
     #[error("change log holds an invalid watermark {0:?}")]
     Corrupt(String),
+    /// A standby's read after `after`: the owner purged past it, so what follows may not all
+    /// be there any more (PROTOCOL.md §14.1).
+    #[error("the change log was purged past watermark={after} (its oldest row is now {oldest}); what follows it may be incomplete")]
+    PurgedPast { after: Watermark, oldest: Watermark },
 }
 
 /// The kind of a stored message.

@@ -27,6 +27,12 @@ pub const REFRESH_EVERY: Duration = Duration::from_millis(500);
 /// How old a record may get before its instance is gone (PROTOCOL.md §14.1).
 pub const GONE_AFTER: Duration = Duration::from_secs(10);
 
+/// How long after the start of its last successful refresh a serving standby goes on
+/// trusting that its record holds its subscribers' floor: well within [`GONE_AFTER`], so that
+/// it gives them up before the owner can count it gone (its clock and the change DB's run at
+/// the same rate; the margin covers a refresh's own time).
+pub const LEASE: Duration = Duration::from_secs(8);
+
 /// This instance's id, stable for the life of the process: the machine's name, the port it
 /// listens on, its process id and when the id was made, so that a restart on the same port
 /// is another instance (its predecessor's record must age out, not be taken over).

@@ -22,12 +22,13 @@ use std::time::Duration;
 use actix::prelude::*;
 use log::{info, warn};
 
-use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, REFRESH_EVERY};
+use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, LEASE, REFRESH_EVERY};
 use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceDb};
 use crate::ownership::Role;
 use crate::reservation::{ListReservations, ReservationActor};
 use crate::streamer::{GetStreamerState, RecordLapsed, RecordSubscribers, Streamer};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 /// The actors whose subscribers and reservations this instance records, while it serves.
 #[derive(Clone)]
@@ -82,6 +83,11 @@ pub struct InstanceRecorder {
     reachable: Option<bool>,
     /// Asked to record now ([`RecordSubscribers`]): answered by the next refresh to start.
     waiting: Vec<oneshot::Sender<Result<(), String>>>,
+    /// When the last successful refresh started (the runtime's clock).
+    last_ok_start: Option<Instant>,
+    /// The [`LEASE`] ran out since the last successful refresh: a standby's subscribers were
+    /// given up.
+    lease_lost: bool,
 }
 
 impl InstanceRecorder {
@@ -98,6 +104,8 @@ impl InstanceRecorder {
             stopping: false,
             reachable: None,
             waiting: Vec::new(),
+            last_ok_start: None,
+            lease_lost: false,
         }
     }
 
@@ -127,6 +135,7 @@ impl InstanceRecorder {
         self.refreshing = true;
         // This refresh asks the streamer after every request waiting now was made.
         let covered = std::mem::take(&mut self.waiting);
+        let started = Instant::now();
         let connection = self.connection();
         let holders = self.holders.clone();
         let id = self.id.clone();
@@ -141,7 +150,7 @@ impl InstanceRecorder {
             let gone = db.sweep_gone().await.unwrap_or_default();
             Ok((db, refreshed, gone))
         };
-        ctx.spawn(work.into_actor(self).map(|done, act, ctx| {
+        ctx.spawn(work.into_actor(self).map(move |done, act, ctx| {
             act.refreshing = false;
             if std::mem::take(&mut act.again) {
                 act.refresh(ctx);
@@ -170,6 +179,8 @@ impl InstanceRecorder {
                     }
                     act.db = Some(db);
                     act.reachable = Some(true);
+                    act.last_ok_start = Some(started);
+                    act.lease_lost = false;
                 }
                 Err((db, e)) => {
                     if act.reachable != Some(false) {
@@ -184,6 +195,23 @@ impl InstanceRecorder {
 }
 
 impl InstanceRecorder {
+    /// A serving standby whose last successful refresh started more than [`LEASE`] ago gives
+    /// its subscribers up, before the owner can count it gone and purge past them.
+    fn check_lease(&mut self) {
+        let expired = self.last_ok_start.is_some_and(|t| t.elapsed() > LEASE);
+        if !expired || self.lease_lost {
+            return;
+        }
+        if let Some(h) = self.holders.as_ref().filter(|h| !h.log.is_owner()) {
+            warn!(
+                "instance {}: no refresh of its record succeeded for {LEASE:?}; closing the subscribers it serves",
+                self.id
+            );
+            self.lease_lost = true;
+            h.streamer.do_send(RecordLapsed);
+        }
+    }
+
     /// The record was gone for the others: the owner may have purged past what this standby's
     /// subscribers acked, so they must start over (the owner's own subscribers are its
     /// streamer's to check, never the records').
@@ -233,7 +261,10 @@ impl Actor for InstanceRecorder {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         self.refresh(ctx);
-        ctx.run_interval(self.every, |act, ctx| act.refresh(ctx));
+        ctx.run_interval(self.every, |act, ctx| {
+            act.check_lease();
+            act.refresh(ctx);
+        });
     }
 }
 
@@ -272,6 +303,10 @@ impl Handler<GetChangeDbView> for InstanceRecorder {
 impl Handler<RecordSubscribers> for InstanceRecorder {
     type Result = ResponseFuture<Result<(), String>>;
     fn handle(&mut self, _: RecordSubscribers, ctx: &mut Context<Self>) -> Self::Result {
+        // Nothing this instance serves is recorded now (it is between phases, or stopping).
+        if self.holders.is_none() {
+            return Box::pin(async { Err("this instance serves no subscriber now".into()) });
+        }
         let (tx, rx) = oneshot::channel();
         self.waiting.push(tx);
         self.refresh(ctx);

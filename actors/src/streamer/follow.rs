@@ -41,20 +41,22 @@ pub struct Rebase {
 
 /// This instance now owns the change DB: ingest from upstream and store in `log` (the owner's
 /// handle) from here on, keeping every subscriber (PROTOCOL.md §14.1, takeover keeps
-/// subscribers). `stats` is what the owned change log holds: if the streamer forwarded less
-/// (its follower could not read the last commits), its subscribers are closed rather than
-/// left with a gap.
+/// subscribers). `stats` is what the owned change log holds. Sent once the follower stopped.
+///
+/// ### Why every subscriber goes back to catch-up
+/// The follower stopped wherever it stood: some of what the old owner stored may not have
+/// been handed on, and a transaction may have been cut in the middle. Rather than make the
+/// takeover wait until it is read, each subscriber reads the rest from the change log, from
+/// the last change it was sent (its position) up to the newest stored commit, exactly as one
+/// that ran out of room does (PROTOCOL.md §10.2); what the new owner ingests reaches it after
+/// that. The upstream client resumes after that same commit, so there is no gap and no
+/// duplicate.
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct Ingest {
     pub log: ChangeLog,
     pub stats: LogStats,
 }
-
-/// The close reason of a standby's subscribers when it became the owner without having
-/// forwarded every stored commit.
-pub const BEHIND_AT_TAKEOVER_REASON: &str =
-    "standby: became the owner behind the change log; reconnect to catch up";
 
 /// This standby's record in the change DB had lapsed: for the owner it was gone, and no longer
 /// held the purge back; every subscriber is closed, as their next catch-up might have a gap.
@@ -106,25 +108,33 @@ impl Handler<Ingest> for Streamer {
     type Result = ();
     fn handle(&mut self, msg: Ingest, ctx: &mut Context<Self>) {
         let Ingest { log, stats } = msg;
-        if self.last_commit != stats.max_watermark || self.txn.is_some() {
-            warn!(
-                "taking over: forwarded up to watermark={:?}, the change log holds up to {:?}",
-                self.last_commit, stats.max_watermark
-            );
-            self.txn = None;
-            self.close_every_subscriber(ctx, BEHIND_AT_TAKEOVER_REASON);
-            self.last_commit = stats.max_watermark.clone();
-        }
+        self.follows = None;
+        self.log = log;
         if self.replica_version.is_none() {
-            self.replica_version = stats.replica_version;
+            self.replica_version = stats.replica_version.clone();
         }
+        // A transaction cut short is stored whole: its subscribers read the rest (no rollback).
+        self.txn = None;
+        if let Some(newest) = stats.max_watermark.clone() {
+            if self.last_commit.as_ref() != Some(&newest) {
+                info!(
+                    "taking over: forwarded up to watermark={:?}; subscribers read the rest up to {newest} from the change log",
+                    self.last_commit
+                );
+            }
+            self.last_commit = Some(newest);
+        }
+        for sub in self.subscribers.values_mut() {
+            sub.overflowed = true;
+        }
+        self.bound_queues(ctx);
+        self.activate_queued(ctx);
+        self.flush_all();
         info!(
-            "ingesting as the owner from watermark={:?}, keeping {} subscriber(s)",
+            "ingesting as the owner after watermark={:?}, keeping {} subscriber(s)",
             self.last_commit,
             self.subscribers.len()
         );
-        self.follows = None;
-        self.log = log;
     }
 }
 

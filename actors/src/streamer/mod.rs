@@ -61,10 +61,7 @@ use join::Catchup;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
-pub use follow::{
-    Ingest, Rebase, RecordLapsed, RecordSubscribers, BEHIND_AT_TAKEOVER_REASON, LAPSED_REASON,
-    REBASE_REASON,
-};
+pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };

@@ -9,7 +9,7 @@
 
 use futures_util::StreamExt;
 use log::{debug, warn};
-use tokio::sync::mpsc;
+use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
 use super::connection::with_causes;
@@ -17,9 +17,11 @@ use super::types::ChangeLogError;
 use super::COMMITS_CHANNEL;
 use crate::watermark::Watermark;
 
-/// The owner's commit notices, while the connection that hears them lasts.
+/// The owner's commit notices, while the connection that hears them lasts. Only the newest
+/// is kept: a follower busy elsewhere (waiting for its subscribers) misses nothing by reading
+/// up to it later, and holds no queue of notices however long it waits.
 pub struct CommitNotices {
-    notices: mpsc::UnboundedReceiver<Watermark>,
+    newest: watch::Receiver<Option<Watermark>>,
     /// Keeps the listening session open.
     _client: Client,
 }
@@ -30,14 +32,21 @@ impl CommitNotices {
     pub async fn listen(url: &str) -> Result<CommitNotices, ChangeLogError> {
         let config: Config = url.parse()?;
         let (client, mut connection) = config.connect(NoTls).await?;
-        let (tx, notices) = mpsc::unbounded_channel();
+        let (tx, newest) = watch::channel(None);
         tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(|cx| connection.poll_message(cx));
             while let Some(message) = messages.next().await {
                 match message {
                     Ok(AsyncMessage::Notification(n)) => match Watermark::parse(n.payload()) {
                         Ok(w) => {
-                            if tx.send(w).is_err() {
+                            let newer = tx.send_if_modified(|n| {
+                                let newer = n.as_ref().is_none_or(|n| w > *n);
+                                if newer {
+                                    *n = Some(w);
+                                }
+                                newer
+                            });
+                            if newer && tx.is_closed() {
                                 return; // nobody listens any more
                             }
                         }
@@ -58,18 +67,15 @@ impl CommitNotices {
             .batch_execute(&format!("LISTEN {COMMITS_CHANNEL}"))
             .await?;
         Ok(CommitNotices {
-            notices,
+            newest,
             _client: client,
         })
     }
 
-    /// The next notice; `None` once the listening connection ended.
+    /// The newest notice not yet seen (waiting for one); `None` once the listening connection
+    /// ended.
     pub async fn next(&mut self) -> Option<Watermark> {
-        self.notices.recv().await
-    }
-
-    /// The notices as a stream, ending with the connection.
-    pub fn into_stream(self) -> impl futures_util::Stream<Item = Watermark> {
-        futures_util::stream::unfold(self, |mut n| async move { n.next().await.map(|w| (w, n)) })
+        self.newest.changed().await.ok()?;
+        self.newest.borrow_and_update().clone()
     }
 }

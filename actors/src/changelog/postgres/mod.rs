@@ -164,7 +164,7 @@ fn run(engine: Engine) {
         let config = config.clone();
         thread::Builder::new()
             .name("change-log-pg-reader".into())
-            .spawn(move || reader::run(reader_rt, config, reads))
+            .spawn(move || reader::run(reader_rt, config, reads, reader::PurgeCheck::Owner))
     });
     if let Err(e) = reader {
         let _ = ready.send(Err(ChangeLogError::Start(e)));

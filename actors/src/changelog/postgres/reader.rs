@@ -14,8 +14,17 @@ use super::connection::connect;
 use super::schema::parse_watermark;
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
 
+/// Whether a reader checks that nothing it read past was purged: a standby's must (its
+/// subscribers are protected only by its record, which can lapse: PROTOCOL.md §14.1); the
+/// owner's need not (its streamer holds its own subscribers' floor in the purge's turn).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PurgeCheck {
+    Owner,
+    Standby,
+}
+
 /// Serves `rx` on its own connection to the change DB until every handle is gone.
-pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) {
+pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, check: PurgeCheck) {
     let mut client: Option<Client> = None;
     while let Ok(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
@@ -33,7 +42,9 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>) 
             },
         };
         match cmd {
-            ReadCommand::Range(query, reply) => answer(reply, rt.block_on(read_range(&c, &query))),
+            ReadCommand::Range(query, reply) => {
+                answer(reply, rt.block_on(read_range(&c, &query, check)))
+            }
             ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c))),
         }
         client = Some(c);
@@ -63,7 +74,38 @@ async fn disk_bytes(c: &Client) -> Result<u64, ChangeLogError> {
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
-async fn read_range(c: &Client, query: &RangeQuery) -> Result<Vec<StoredChange>, ChangeLogError> {
+/// The rows after `query.after` up to `query.up_to`. With [`PurgeCheck::Standby`], then the
+/// oldest watermark stored: if it is past `after`, the rows read may have a gap (a purge went
+/// past the reader), whether that purge committed before the read or just after it (the check
+/// comes second, so it errs on the side of an error). A read from the very start (`pos` < 0)
+/// cannot have missed anything.
+async fn read_range(
+    c: &Client,
+    query: &RangeQuery,
+    check: PurgeCheck,
+) -> Result<Vec<StoredChange>, ChangeLogError> {
+    let rows = read_rows(c, query).await?;
+    if check == PurgeCheck::Standby && query.after.1 >= 0 {
+        let oldest: Option<String> = c
+            .query_one(
+                "SELECT MIN(min_watermark) FROM change_streamer.segments",
+                &[],
+            )
+            .await?
+            .get(0);
+        if let Some(oldest) = oldest.map(parse_watermark).transpose()? {
+            if oldest > query.after.0 {
+                return Err(ChangeLogError::PurgedPast {
+                    after: query.after.0.clone(),
+                    oldest,
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+async fn read_rows(c: &Client, query: &RangeQuery) -> Result<Vec<StoredChange>, ChangeLogError> {
     let RangeQuery {
         after,
         up_to,

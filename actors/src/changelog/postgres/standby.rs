@@ -19,7 +19,7 @@ use tokio_postgres::{Client, Config};
 
 use super::commands::{Ends, WriteCommand};
 use super::connection::{connect, redacted, runtime};
-use super::reader;
+use super::reader::{self, PurgeCheck};
 use super::safety::SafetyState;
 use super::schema;
 use super::state;
@@ -38,7 +38,7 @@ pub(super) fn open(url: &str) -> Result<Ends, ChangeLogError> {
     let reader_config = config.clone();
     thread::Builder::new()
         .name("change-log-pg-standby-reader".into())
-        .spawn(move || reader::run(reader_rt, reader_config, rrx))?;
+        .spawn(move || reader::run(reader_rt, reader_config, rrx, PurgeCheck::Standby))?;
     let rt = runtime()?;
     thread::Builder::new()
         .name("change-log-pg-standby".into())

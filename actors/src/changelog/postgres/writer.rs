@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use log::error;
 use tokio::sync::watch;
-use tokio_postgres::{Client, Transaction as PgTransaction};
+use tokio_postgres::{Client, IsolationLevel, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
@@ -50,8 +50,17 @@ struct Rows<'a> {
 }
 
 /// Opens a transaction that may write: only if this session still owns the change DB.
+///
+/// Always READ COMMITTED, whatever the database's default: the purge's gate
+/// ([`records::purge_hold`]) relies on each statement seeing what committed before it started,
+/// after the gate's lock was granted; a REPEATABLE READ snapshot taken at the fence would miss a
+/// subscriber recorded while the purge waited for the lock.
 async fn fenced(client: &mut Client) -> Result<PgTransaction<'_>, ChangeLogError> {
-    let tx = client.transaction().await?;
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
     if !ownership::holds_lock(&tx).await? {
         return Err(ChangeLogError::NotOwner);
     }
@@ -345,7 +354,20 @@ impl PgWriter {
             return Ok(PurgeOutcome::default());
         };
         let mut segments = self.segments.clone();
+        let whole = catalogue::wholly_below(&segments, &bound);
         let tx = fenced(&mut self.client).await?;
+        if whole > 0 {
+            // Dropping a partition takes the parent's ACCESS EXCLUSIVE lock, which waits for
+            // every catch-up read at every instance. Wait for it before the gate's lock, so
+            // that no refresh (nor a joiner at a standby) waits behind that wait; and not for
+            // long: a purge can come again, a record that ages past 10 s cannot.
+            tx.batch_execute(
+                "SET LOCAL lock_timeout = '2s';
+                 LOCK TABLE change_streamer.change_log IN ACCESS EXCLUSIVE MODE;
+                 SET LOCAL lock_timeout = 0;",
+            )
+            .await?;
+        }
         if let Some(gate) = gate {
             let held = records::purge_hold(&tx, before, gate, self.instance.as_deref()).await?;
             if held.is_some() {
@@ -357,7 +379,6 @@ impl PgWriter {
             }
         }
         let mut purged = 0u64;
-        let whole = catalogue::wholly_below(&segments, &bound);
         for seg in segments.drain(..whole) {
             tx.batch_execute(&format!("DROP TABLE {}", partition(seg.id)))
                 .await?;
