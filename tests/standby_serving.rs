@@ -98,6 +98,22 @@ fn upto(from: u64, last: u64) -> Vec<u64> {
     (from..=last).collect()
 }
 
+/// Polls `GET {addr}/readyz` until it answers `want`.
+async fn readyz_until(addr: &str, want: (u16, &str)) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (code, body) = get(addr, "/readyz").await;
+        if (code, body.as_str()) == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz at {addr} answers {code} {body:?}, not {want:?}, after {LIMIT:?}"
+        );
+        actix_rt::time::sleep(POLL).await;
+    }
+}
+
 /// The entry of subscriber `id` in a `/status`.
 fn subscriber<'a>(status: &'a Value, id: &str) -> Option<&'a Value> {
     status["subscribers"]
@@ -127,7 +143,6 @@ fn report_backup_of(lite: &FakeLitestream, n: u64) {
 /// delay 20 ms, no retention), transactions 100..=104 of 2 rows stored, and a standby: the
 /// owner, its address, the standby, its address and id, the change source and litestream.
 struct PurgeSetup {
-    _db: TestDb,
     up: FakeUpstream,
     lite: FakeLitestream,
     _a: Instance,
@@ -135,6 +150,8 @@ struct PurgeSetup {
     b: Instance,
     b_addr: String,
     b_id: String,
+    /// Last: dropped once the instances are.
+    _db: TestDb,
 }
 
 async fn purge_setup(tag: &str) -> PurgeSetup {
@@ -148,7 +165,6 @@ async fn purge_setup(tag: &str) -> PurgeSetup {
     let (b, b_addr) = standby_with(&db, &up, &strs(&flags));
     let b_id = instance_id(&b_addr).await;
     PurgeSetup {
-        _db: db,
         up,
         lite,
         _a: a,
@@ -156,6 +172,7 @@ async fn purge_setup(tag: &str) -> PurgeSetup {
         b,
         b_addr,
         b_id,
+        _db: db,
     }
 }
 
@@ -197,11 +214,8 @@ async fn a_standby_serves_changes_from_the_change_db() {
     let (_b, b_addr) = standby_with(&db, &up, &[]);
     assert_eq!(role(&b_addr).await, "standby");
     assert_eq!(owner_gauge(&b_addr).await, "0");
-    assert_eq!(
-        get(&b_addr, "/readyz").await,
-        (200, "ready\n".to_string()),
-        "a serving standby following an initialised change DB is ready"
-    );
+    // A serving standby following an initialised change DB is ready.
+    readyz_until(&b_addr, (200, "ready\n")).await;
 
     // Catch-up: what the owner stored before the subscription, read from the change DB.
     let mut s = subscribe(&b_addr, "rb", 100).await;
@@ -333,8 +347,11 @@ async fn a_standby_checks_subscriptions_as_the_owner_does() {
 
     // A watermark beyond the newest stored one is served from live changes, and only what is
     // newer than it is sent.
+    // (Sent without waiting: with a 300 ms ping interval the client must keep reading.)
     let mut c = subscribe(&b_addr, "ahead", 110).await;
-    ingest(&up, 104..=111, 1).await;
+    for n in 104..=111 {
+        up.send(txn(n, 1));
+    }
     assert_eq!(read_txns(&mut c, 111).await, vec![111]);
 }
 
