@@ -188,6 +188,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
 
+    /// With --change-db, whether a standby serves /changes from the change DB (catch-up, then
+    /// the owner's commits as they are made) while it stands by; `--standby-serves=false`
+    /// closes those websockets with 1011 `standby: not the owner`. /snapshot at a standby is
+    /// closed with 1011 either way (reservations are held by the owner).
+    #[arg(long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub standby_serves: bool,
+
     /// File whose content (one trailing newline stripped) is the shared secret that clients
     /// must present as `Authorization: Bearer <secret>` on /replication/* and /status; 16 to
     /// 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).

@@ -7,6 +7,7 @@ pub mod http;
 pub mod ownership;
 pub mod server;
 pub mod shutdown;
+pub mod standby;
 pub mod tls;
 pub mod websocket;
 

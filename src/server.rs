@@ -37,7 +37,7 @@ use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig}
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{Streamer, StreamerConfig};
+use change_streamer_actors::streamer::Streamer;
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
@@ -47,8 +47,9 @@ use crate::config::{Config, SecretFlagError};
 use crate::edge::{no_delay, Edge};
 use crate::http::access::guard;
 use crate::http::{limit_header_size, routes, AppState, BackupActors};
-use crate::ownership::{own_change_db, STANDBY_REASON};
+use crate::ownership::own_change_db;
 use crate::shutdown::{Drain, StopMode};
+use crate::standby::{streamer_config, STANDBY_REASON};
 use crate::tls::TlsError;
 
 #[derive(Debug, thiserror::Error)]
@@ -142,15 +143,7 @@ impl Service {
             None => None,
         };
 
-        let streamer_cfg = StreamerConfig {
-            padding: config.padding(),
-            max_queue_changes: config.max_subscriber_queue_changes as usize,
-            max_queue_bytes: config.max_subscriber_queue_bytes as usize,
-            max_queued_bytes: config.max_queued_bytes as usize,
-            slow_grace: config.slow_subscriber_grace(),
-            ..StreamerConfig::default()
-        };
-        let streamer = Streamer::new(streamer_cfg, log.clone(), &stats).start();
+        let streamer = Streamer::new(streamer_config(&config), log.clone(), &stats).start();
         let purger = Purger::new(
             streamer.clone().recipient(),
             config.purge_delay(),

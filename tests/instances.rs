@@ -1,8 +1,8 @@
 //! End to end: instances and their records (PROTOCOL.md §14.1) and `/readyz` (§11). Real service
 //! processes on one PostgreSQL change DB: the owner's `/status` lists every instance not gone,
 //! the owner's record counts its subscribers, a standby killed with `kill -9` leaves that list once gone, a standby's `/status` shows the
-//! change DB's state; `/readyz` on an owner before and after its first transaction and on a
-//! standby; on SQLite, `/status` names the instance too.
+//! change DB's state; `/readyz` on an owner before and after its first transaction, on a
+//! serving standby before and after, and on one with `--standby-serves=false`; on SQLite, `/status` names the instance too.
 
 #[allow(dead_code)] // shared with tests/takeover.rs and tests/standby_serving.rs
 mod takeover_support;
@@ -125,10 +125,36 @@ async fn readyz_on_an_owner_is_not_initialised_until_its_first_transaction_then_
 }
 
 #[actix_rt::test]
-async fn readyz_on_a_standby_says_standby() {
+async fn readyz_on_a_serving_standby_is_ready_once_the_change_db_is_initialised() {
     let db = TestDb::create("instances_readyz_standby").await;
     let up = FakeUpstream::start().await;
     let (_a, _, _b, b_addr) = owner_and_standby(&db, &up);
+    assert_eq!(
+        get(&b_addr, "/readyz").await,
+        (503, "not initialised\n".to_string())
+    );
+    up.wait_connections(1).await;
+    up.send(txn(100, 2));
+    status_until(&b_addr, "the change DB initialised", START, |s| {
+        s["replicaVersion"].is_string()
+    })
+    .await;
+    assert_eq!(get(&b_addr, "/readyz").await, (200, "ready\n".to_string()));
+}
+
+#[actix_rt::test]
+async fn readyz_on_a_standby_that_does_not_serve_says_standby() {
+    let db = TestDb::create("instances_readyz_not_serving").await;
+    let up = FakeUpstream::start().await;
+    let (_a, _) = owner(&db, &up);
+    let b = Instance::start_with(&db, &up.url(), INTERVAL_MS, &["--standby-serves=false"]);
+    let b_addr = b.standby.recv_timeout(START).expect("the second stands by");
+    up.wait_connections(1).await;
+    up.send(txn(100, 2));
+    status_until(&b_addr, "the change DB initialised", START, |s| {
+        s["replicaVersion"].is_string()
+    })
+    .await;
     assert_eq!(
         get(&b_addr, "/readyz").await,
         (503, "standby\n".to_string())

@@ -15,6 +15,7 @@
 pub mod changelog;
 pub mod cleanup;
 pub mod clock;
+pub mod follower;
 pub mod instance;
 pub mod litestream;
 pub mod monitor;

@@ -25,6 +25,7 @@ fn options(db: &TestDb) -> PgOptions {
         takeover_interval: INTERVAL,
         segment_rows: 10,
         clock: Clock::System,
+        instance: None,
     }
 }
 
@@ -235,6 +236,7 @@ async fn owner_process() {
         takeover_interval: INTERVAL,
         segment_rows: 1000,
         clock: Clock::System,
+        instance: None,
     })
     .await
     .unwrap();

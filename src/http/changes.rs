@@ -1,13 +1,18 @@
 //! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=&wsBatched=`
-//! (PROTOCOL.md §7, §5): checks the parameters and starts a [`SubscriberSession`].
+//! (PROTOCOL.md §7, §5): checks the parameters and starts a [`SubscriberSession`], at the owner
+//! ([`changes`]) or at a serving standby ([`subscribe`], PROTOCOL.md §14.1).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
+use actix::Addr;
 use actix_web::{web, HttpRequest, HttpResponse};
-use change_streamer_actors::streamer::Mode;
+use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::streamer::{Mode, Streamer};
 use change_streamer_actors::watermark::Watermark;
 
 use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
+use crate::shutdown::Guards;
 use crate::websocket::subscriber_socket::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
@@ -59,7 +64,33 @@ pub async fn changes(
     version: web::Path<String>,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, actix_web::Error> {
-    let v = match open_websocket(&req, &version) {
+    let subscribing = Subscribing {
+        streamer: state.streamer.clone(),
+        reservations: state.backup.as_ref().map(|b| b.reservations.clone()),
+        ping_interval: state.config.ping_interval(),
+        guards: &state.guards,
+    };
+    subscribe(&req, stream, &version, subscribing)
+}
+
+/// What a subscription is served with: the owner's actors, or a serving standby's streamer
+/// (which holds no reservation).
+pub struct Subscribing<'a> {
+    pub streamer: Addr<Streamer>,
+    pub reservations: Option<Addr<ReservationActor>>,
+    pub ping_interval: Duration,
+    pub guards: &'a Guards,
+}
+
+/// Checks a subscription request and starts its [`SubscriberSession`].
+pub fn subscribe(
+    req: &HttpRequest,
+    stream: web::Payload,
+    version: &str,
+    with: Subscribing<'_>,
+) -> Result<HttpResponse, actix_web::Error> {
+    let req = req.clone();
+    let v = match open_websocket(&req, version) {
         Opening::Proceed(v) => v,
         Opening::Answer(response) => return Ok(response),
         Opening::Refuse(reason) => return refuse(&req, stream, reason),
@@ -68,13 +99,9 @@ pub async fn changes(
         Ok(p) => p,
         Err(reason) => return refuse(&req, stream, reason),
     };
-    let session = SubscriberSession::new(
-        params,
-        state.streamer.clone(),
-        state.backup.as_ref().map(|b| b.reservations.clone()),
-        state.config.ping_interval(),
-    );
-    start_session(session, &req, stream, &state.guards)
+    let session =
+        SubscriberSession::new(params, with.streamer, with.reservations, with.ping_interval);
+    start_session(session, &req, stream, with.guards)
 }
 
 #[cfg(test)]

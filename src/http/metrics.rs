@@ -57,7 +57,7 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         .unwrap_or(state.config.starting_cleanup_delay().as_millis() as i64);
     m.gauge(
         "change_streamer_owner",
-        crate::ownership::OWNER_GAUGE_HELP,
+        crate::standby::OWNER_GAUGE_HELP,
         f64::from(u8::from(state.log.is_owner())),
     )?;
     let failures = state.access.failures();

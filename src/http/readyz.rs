@@ -3,8 +3,10 @@
 //! `/healthz`: it says nothing about the data.
 //!
 //! The owner is ready once its change log is initialised (a replicaVersion stored) and it
-//! still owns it. A standby is never ready yet (it does not serve `/changes`), and says why:
-//! `standby`, or `change DB unreachable` when its last record refresh failed.
+//! still owns it. A serving standby (`--standby-serves`, PROTOCOL.md §14.1) is ready once the
+//! change DB it follows holds a replicaVersion and its record there is kept; one that does not
+//! serve is never ready, and says `standby`. Either says `change DB unreachable` when its last
+//! record refresh failed.
 
 use actix_web::{web, HttpResponse};
 use change_streamer_actors::changelog::ChangeLogError;
@@ -71,12 +73,28 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
 
 /// A standby's `/readyz`.
 pub async fn standby_readyz(state: Option<web::Data<StandbyState>>) -> HttpResponse {
-    let reachable = match state {
-        Some(state) => state.recorder.send(IsReachable).await.ok().flatten(),
-        None => None,
+    let Some(state) = state else {
+        return answer(Err(NotReady::Standby));
     };
-    answer(Err(match reachable {
-        Some(false) => NotReady::ChangeDbUnreachable,
-        _ => NotReady::Standby,
-    }))
+    answer(standby_readiness(&state).await)
+}
+
+async fn standby_readiness(state: &StandbyState) -> Result<(), NotReady> {
+    if let Some(s) = &state.serving {
+        if s.guards.guard().is_none() {
+            return Err(NotReady::Stopping);
+        }
+    }
+    if state.recorder.send(IsReachable).await.ok().flatten() == Some(false) {
+        return Err(NotReady::ChangeDbUnreachable);
+    }
+    let Some(serving) = &state.serving else {
+        return Err(NotReady::Standby);
+    };
+    match serving.log.stats().await {
+        Ok(stats) if stats.replica_version.is_some() => Ok(()),
+        Ok(_) => Err(NotReady::NotInitialised),
+        Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
+        Err(_) => Err(NotReady::ChangeDbUnreachable),
+    }
 }

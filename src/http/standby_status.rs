@@ -1,21 +1,24 @@
-//! A standby's `/status` (PROTOCOL.md §11, §14.1): its role and instance id, and the change DB's
+//! A standby's `/status` (PROTOCOL.md §11, §14.1): its role and instance id, the change DB's
 //! state as the owner last stored it (`replicaVersion`, `changeLog`, `backup`), read through
-//! the instance's record connection. It holds no subscriber or reservation, and knows nothing
-//! of the owner's upstream or purges beyond what is stored, so `upstream` and `purge` are null.
+//! the instance's record connection, and the subscribers it serves (none with
+//! `--standby-serves=false`). It holds no reservation, and knows nothing of the owner's upstream
+//! or purges beyond what is stored, so `upstream` and `purge` are null.
 
 use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::{web, HttpResponse};
-use change_streamer_actors::changelog::ChangeDbView;
+use change_streamer_actors::changelog::{ChangeDbView, ChangeLog};
 use change_streamer_actors::cleanup::PendingWatermark;
 use change_streamer_actors::instance::recorder::{GetChangeDbView, InstanceRecorder};
 use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::ownership::Role;
+use change_streamer_actors::streamer::{GetStreamerState, Streamer, SubscriberInfo};
 use log::warn;
 use serde_json::{json, Value};
 
 use crate::config::Config;
+use crate::shutdown::Guards;
 
 /// What the standby server's handlers reach.
 #[derive(Clone)]
@@ -23,6 +26,16 @@ pub struct StandbyState {
     pub config: Arc<Config>,
     pub instance: InstanceId,
     pub recorder: Addr<InstanceRecorder>,
+    /// What a serving standby serves `/changes` with (`--standby-serves`).
+    pub serving: Option<Serving>,
+}
+
+/// A serving standby's streamer, its handle on the change DB and its sessions' guards.
+#[derive(Clone)]
+pub struct Serving {
+    pub streamer: Addr<Streamer>,
+    pub log: ChangeLog,
+    pub guards: Guards,
 }
 
 /// `state` is `None` on the standby of [`Service::start`](crate::Service::start), which keeps
@@ -31,7 +44,20 @@ pub async fn standby_status(state: Option<web::Data<StandbyState>>) -> HttpRespo
     let Some(state) = state else {
         return HttpResponse::Ok().json(json!({ "role": Role::Standby }));
     };
-    let view = match state.recorder.send(GetChangeDbView).await {
+    let subscribers = async {
+        match &state.serving {
+            Some(s) => s
+                .streamer
+                .send(GetStreamerState)
+                .await
+                .map(|s| s.subscribers)
+                .unwrap_or_default(), // stopped: it serves nobody
+            None => Vec::new(),
+        }
+    };
+    let (view, subscribers) =
+        futures_util::future::join(state.recorder.send(GetChangeDbView), subscribers).await;
+    let view = match view {
         Ok(Ok(view)) => Some(view),
         Ok(Err(e)) => {
             warn!("standby /status: reading the change DB failed: {e}");
@@ -39,10 +65,14 @@ pub async fn standby_status(state: Option<web::Data<StandbyState>>) -> HttpRespo
         }
         Err(_) => None, // the recorder stopped: the standby is stopping
     };
-    HttpResponse::Ok().json(standby_json(&state, view.as_ref()))
+    HttpResponse::Ok().json(standby_json(&state, view.as_ref(), &subscribers))
 }
 
-fn standby_json(state: &StandbyState, view: Option<&ChangeDbView>) -> Value {
+fn standby_json(
+    state: &StandbyState,
+    view: Option<&ChangeDbView>,
+    subscribers: &[SubscriberInfo],
+) -> Value {
     let cfg = &state.config;
     let stored = view.map(|v| {
         let log = &v.log;
@@ -84,6 +114,6 @@ fn standby_json(state: &StandbyState, view: Option<&ChangeDbView>) -> Value {
         "upstream": null,
         "purge": null,
         "reservations": [],
-        "subscribers": [],
+        "subscribers": subscribers,
     })
 }

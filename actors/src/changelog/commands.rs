@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::safety::{SafetyState, StateChange};
-use super::types::{LogStats, PurgeOutcome, Reply, StoredChange, Transaction};
+use super::types::{LogStats, PurgeGate, PurgeOutcome, Reply, StoredChange, Transaction};
 use crate::watermark::Watermark;
 
 /// How many queued appends at most share one database transaction.
@@ -27,6 +27,8 @@ pub(super) enum WriteCommand {
         before: Watermark,
         /// Only rows stored at or before this time (unix ms) may go; `None`: any age.
         stored_by_ms: Option<i64>,
+        /// The subscriber rules to check in the purging transaction; `None`: none.
+        gate: Option<PurgeGate>,
         reply: Reply<PurgeOutcome>,
     },
     Stats(Reply<LogStats>),

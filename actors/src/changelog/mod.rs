@@ -30,13 +30,13 @@ use std::time::Instant;
 use tokio::sync::{oneshot, watch};
 
 use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand};
-pub use self::postgres::{ChangeDbView, InstanceDb, PgOptions};
+pub use self::postgres::{ChangeDbView, CommitNotices, InstanceDb, PgOptions};
 pub use self::safety::{RecordedWatermark, SafetyState, StateChange, StoredReservation};
 pub use self::sqlite::DB_FILE;
 use self::types::Reply;
 pub use self::types::{
-    ChangeKind, ChangeLogError, LogRange, LogStats, PurgeOutcome, StoredChange, Transaction,
-    SEGMENT_ROWS,
+    ChangeKind, ChangeLogError, LogRange, LogStats, PurgeGate, PurgeHold, PurgeOutcome,
+    StoredChange, Transaction, SEGMENT_ROWS,
 };
 use crate::clock::Clock;
 use crate::watermark::Watermark;
@@ -112,6 +112,13 @@ impl ChangeLog {
         postgres::open(options).await.map(ChangeLog::from)
     }
 
+    /// A standby's handle on the PostgreSQL change DB at `url`, which another instance owns:
+    /// it reads (catch-up, stats) and refuses every write with [`ChangeLogError::NotOwner`]
+    /// (PROTOCOL.md §14.1). Returns at once; the change DB is reached on the first command.
+    pub fn open_postgres_standby(url: &str) -> Result<ChangeLog, ChangeLogError> {
+        postgres::open_standby(url).map(ChangeLog::from)
+    }
+
     /// Where the change log is, for logs: the SQLite file, or the change DB's URL without its
     /// password.
     pub fn location(&self) -> &str {
@@ -171,6 +178,7 @@ impl ChangeLog {
         let answer = self.write(|reply| WriteCommand::Purge {
             before,
             stored_by_ms: None,
+            gate: None,
             reply,
         });
         async move { answer.await.map(|o| o.rows) }
@@ -188,6 +196,26 @@ impl ChangeLog {
         self.write(move |reply| WriteCommand::Purge {
             before,
             stored_by_ms: Some(stored_by_ms),
+            gate: None,
+            reply,
+        })
+    }
+
+    /// [`purge_scheduled`](Self::purge_scheduled), held back ([`PurgeOutcome::held`]) unless
+    /// §9's subscriber rules hold across every instance sharing the change log: at least one
+    /// subscriber is connected somewhere, and every subscriber of another instance not gone
+    /// has acked `before` (PROTOCOL.md §14.1). The engine checks those in the transaction that
+    /// purges; `gate` says what the caller checked of its own.
+    pub fn purge_gated(
+        &self,
+        before: Watermark,
+        stored_by_ms: i64,
+        gate: PurgeGate,
+    ) -> impl std::future::Future<Output = Result<PurgeOutcome, ChangeLogError>> {
+        self.write(move |reply| WriteCommand::Purge {
+            before,
+            stored_by_ms: Some(stored_by_ms),
+            gate: Some(gate),
             reply,
         })
     }

@@ -138,11 +138,36 @@ impl LogStats {
 pub(super) type Reply<T> = oneshot::Sender<Result<T, ChangeLogError>>;
 
 /// What one purge did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PurgeOutcome {
     /// Rows deleted.
     pub rows: u64,
     /// Rows below the purge watermark were kept because they were stored less than the
     /// retention ago (PROTOCOL.md §9): the watermark stays scheduled.
     pub held_by_retention: bool,
+    /// Nothing was purged: a subscriber rule held the purge back (PROTOCOL.md §9, §14.1).
+    pub held: Option<PurgeHold>,
+}
+
+/// A purge of a scheduled watermark asks the engine to check the subscribers it cannot see
+/// from the streamer: those of the other instances sharing a change DB (PROTOCOL.md §14.1),
+/// in the transaction that purges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PurgeGate {
+    /// How many subscribers the asking instance has itself (all of which have acked the
+    /// purge watermark: the streamer checked them in the same turn).
+    pub local_subscribers: usize,
+}
+
+/// What held a gated purge back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurgeHold {
+    /// No subscriber is connected to any instance (PROTOCOL.md §9's rule).
+    NoSubscribers,
+    /// A subscriber of another instance has not acked the purge watermark.
+    Subscriber {
+        instance: String,
+        subscriber: String,
+        acked: Watermark,
+    },
 }

@@ -8,6 +8,10 @@
 //! then deletes the records it finds gone. One refresh runs at a time: a slow change DB
 //! makes refreshes late, never pile up; a [`Serve`] or [`StandBy`] during one refreshes again
 //! as soon as it ends. A lost connection is made anew at the next refresh.
+//! [`RecordSubscribers`] (a serving standby's streamer, before it checks a joining subscriber)
+//! is answered by the next refresh to start, which asks the streamer after the subscriber was
+//! registered; a refresh that finds its record had lapsed tells a standby's streamer
+//! ([`RecordLapsed`]).
 //! The role it records is the change log's own view ([`ChangeLog::is_owner`]), so a deposed
 //! owner records itself a standby from its first refresh after the fence failed, before the
 //! service has finished stepping down. [`Stop`] deletes the record: a stopped instance is gone
@@ -22,7 +26,8 @@ use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, REFRESH_EVERY};
 use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceDb};
 use crate::ownership::Role;
 use crate::reservation::{ListReservations, ReservationActor};
-use crate::streamer::{GetStreamerState, Streamer};
+use crate::streamer::{GetStreamerState, RecordLapsed, RecordSubscribers, Streamer};
+use tokio::sync::oneshot;
 
 /// The actors whose subscribers and reservations this instance records, while it serves.
 #[derive(Clone)]
@@ -75,6 +80,8 @@ pub struct InstanceRecorder {
     again: bool,
     stopping: bool,
     reachable: Option<bool>,
+    /// Asked to record now ([`RecordSubscribers`]): answered by the next refresh to start.
+    waiting: Vec<oneshot::Sender<Result<(), String>>>,
 }
 
 impl InstanceRecorder {
@@ -90,6 +97,7 @@ impl InstanceRecorder {
             again: false,
             stopping: false,
             reachable: None,
+            waiting: Vec::new(),
         }
     }
 
@@ -107,6 +115,9 @@ impl InstanceRecorder {
 
     fn refresh(&mut self, ctx: &mut Context<Self>) {
         if self.stopping {
+            for w in self.waiting.drain(..) {
+                let _ = w.send(Err("the instance is stopping".into()));
+            }
             return;
         }
         if self.refreshing {
@@ -114,6 +125,8 @@ impl InstanceRecorder {
             return;
         }
         self.refreshing = true;
+        // This refresh asks the streamer after every request waiting now was made.
+        let covered = std::mem::take(&mut self.waiting);
         let connection = self.connection();
         let holders = self.holders.clone();
         let id = self.id.clone();
@@ -134,6 +147,13 @@ impl InstanceRecorder {
                 act.refresh(ctx);
             }
             let first = act.reachable.is_none();
+            let answer = match &done {
+                Ok(_) => Ok(()),
+                Err((_, e)) => Err(e.to_string()),
+            };
+            for w in covered {
+                let _ = w.send(answer.clone());
+            }
             match done {
                 Ok((db, refreshed, gone)) => {
                     if refreshed == Refreshed::New && !first {
@@ -141,6 +161,7 @@ impl InstanceRecorder {
                             "instance {}: its record had lapsed; the other instances may have treated it as gone",
                             act.id
                         );
+                        act.lapsed();
                     } else if first || act.reachable == Some(false) {
                         info!("instance {} recorded in change DB {}", act.id, db.location());
                     }
@@ -159,6 +180,17 @@ impl InstanceRecorder {
                 }
             }
         }));
+    }
+}
+
+impl InstanceRecorder {
+    /// The record was gone for the others: the owner may have purged past what this standby's
+    /// subscribers acked, so they must start over (the owner's own subscribers are its
+    /// streamer's to check, never the records').
+    fn lapsed(&self) {
+        if let Some(h) = self.holders.as_ref().filter(|h| !h.log.is_owner()) {
+            h.streamer.do_send(RecordLapsed);
+        }
     }
 }
 
@@ -234,6 +266,19 @@ impl Handler<GetChangeDbView> for InstanceRecorder {
     fn handle(&mut self, _: GetChangeDbView, _: &mut Context<Self>) -> Self::Result {
         let connection = self.connection();
         Box::pin(async move { connection.await?.view().await })
+    }
+}
+
+impl Handler<RecordSubscribers> for InstanceRecorder {
+    type Result = ResponseFuture<Result<(), String>>;
+    fn handle(&mut self, _: RecordSubscribers, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.push(tx);
+        self.refresh(ctx);
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err("the instance recorder stopped".into()))
+        })
     }
 }
 

@@ -245,14 +245,17 @@ impl Streamer {
             self.replica_version = Some(watermark.clone());
         }
         self.last_commit = Some(watermark.clone());
-        let durable = self.log.append(Transaction {
-            watermark: watermark.clone(),
-            changes: t.changes,
-        });
-        acks.push(UpstreamAck {
-            durable: Some(Box::pin(durable)),
-            frame: (!t.skip_ack).then(|| protocol::commit_ack(&watermark)),
-        });
+        // A standby's rows are the owner's, already durable: nothing to store or ack.
+        if self.follows.is_none() {
+            let durable = self.log.append(Transaction {
+                watermark: watermark.clone(),
+                changes: t.changes,
+            });
+            acks.push(UpstreamAck {
+                durable: Some(Box::pin(durable)),
+                frame: (!t.skip_ack).then(|| protocol::commit_ack(&watermark)),
+            });
+        }
         self.bound_queues(ctx);
         self.activate_queued(ctx);
         Ok(release)

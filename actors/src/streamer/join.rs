@@ -23,12 +23,14 @@ use actix::prelude::*;
 use log::info;
 
 use super::change::Change;
+use super::follow::RecordSubscribers;
 use super::session_messages::{ToSession, Token};
 use super::subscriber::{Delivery, Mode, Phase, Subscriber};
 use super::Streamer;
-use crate::changelog::{LogStats, StoredChange};
+use crate::changelog::{ChangeLogError, LogStats, StoredChange};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
+use futures_util::future::LocalBoxFuture;
 
 /// The initial frame of a subscription (protocol ≥ 2).
 const STATUS_FRAME: &str = r#"["status",{"tag":"status"}]"#;
@@ -61,6 +63,12 @@ pub enum SubscribeError {
     WatermarkTooOld { earliest: String, requested: String },
     #[error("change log unavailable: {0}")]
     Unavailable(String),
+}
+
+impl From<ChangeLogError> for SubscribeError {
+    fn from(e: ChangeLogError) -> SubscribeError {
+        SubscribeError::Unavailable(e.to_string())
+    }
 }
 
 impl SubscribeError {
@@ -139,41 +147,61 @@ impl Handler<Subscribe> for Streamer {
                 self.bounds(),
             ),
         );
-        let stats = self.log.stats();
-        let has_commit = self.log.has_commit(watermark.clone());
-        Box::pin(
-            async move { (stats.await, has_commit.await) }
-                .into_actor(self)
-                .map(move |(stats, has_commit), act, ctx| {
-                    let checked = stats
-                        .and_then(|stats| Ok((stats, has_commit?)))
-                        .map_err(|e| SubscribeError::Unavailable(e.to_string()))
-                        .and_then(|(stats, has_commit)| {
-                            let ours = act
-                                .replica_version
-                                .clone()
-                                .or(stats.replica_version.clone());
-                            check(ours, &stats, has_commit, &replica_version, &watermark)
-                        });
-                    if let Err(e) = checked {
-                        info!("subscription of {id} refused: {e}");
-                        act.subscribers.remove(&session_id);
-                        return Err(e);
-                    }
-                    let Some(sub) = act.subscribers.get_mut(&session_id) else {
-                        return Ok(()); // the session left meanwhile
-                    };
-                    info!(
-                        "subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}"
-                    );
-                    if act.txn.is_some() {
-                        sub.phase = Phase::Queued;
-                    } else {
-                        act.activate(ctx, session_id);
-                    }
-                    Ok(())
-                }),
-        )
+        // The owner checks against its own writes (queued now, they see every write queued
+        // before); a standby first records the subscriber, then reads what the owner stored
+        // (see `follow`).
+        let checks: LocalBoxFuture<'static, Result<(LogStats, bool), SubscribeError>> =
+            match self.follows.clone() {
+                None => {
+                    let stats = self.log.stats();
+                    let has_commit = self.log.has_commit(watermark.clone());
+                    Box::pin(async move { Ok((stats.await?, has_commit.await?)) })
+                }
+                Some(record) => {
+                    let log = self.log.clone();
+                    let w = watermark.clone();
+                    Box::pin(async move {
+                        match record.send(RecordSubscribers).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                return Err(SubscribeError::Unavailable(format!(
+                                    "recording the subscriber in the change DB failed: {e}"
+                                )))
+                            }
+                            Err(_) => {
+                                return Err(SubscribeError::Unavailable(
+                                    "this instance's record is no longer kept (stopping)".into(),
+                                ))
+                            }
+                        }
+                        Ok((log.stats().await?, log.has_commit(w).await?))
+                    })
+                }
+            };
+        Box::pin(checks.into_actor(self).map(move |checked, act, ctx| {
+            let checked = checked.and_then(|(stats, has_commit)| {
+                let ours = act
+                    .replica_version
+                    .clone()
+                    .or(stats.replica_version.clone());
+                check(ours, &stats, has_commit, &replica_version, &watermark)
+            });
+            if let Err(e) = checked {
+                info!("subscription of {id} refused: {e}");
+                act.subscribers.remove(&session_id);
+                return Err(e);
+            }
+            let Some(sub) = act.subscribers.get_mut(&session_id) else {
+                return Ok(()); // the session left meanwhile
+            };
+            info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
+            if act.txn.is_some() {
+                sub.phase = Phase::Queued;
+            } else {
+                act.activate(ctx, session_id);
+            }
+            Ok(())
+        }))
     }
 }
 

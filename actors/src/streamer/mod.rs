@@ -25,14 +25,19 @@
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
 //! and the purge is queued on the change log in the same turn as the decision ([`purge`]).
 //!
+//! ### At a serving standby
+//! The same streamer forwards what the owner stored, fed from the change DB, and stores nothing
+//! ([`follow`], PROTOCOL.md §14.1).
+//!
 //! This file holds the actor, its state and its `/status` answers; each conversation with
 //! another party lives in its own file: [`ingest`] (the upstream client), [`join`] (a new
 //! subscriber), [`session_messages`] (a subscriber's session), [`flow`] (the tracked send),
-//! [`purge`] (the purge check).
+//! [`purge`] (the purge check), [`follow`] (a standby's follower and record).
 
 mod broadcast;
 mod change;
 mod flow;
+mod follow;
 mod ingest;
 mod join;
 mod purge;
@@ -56,6 +61,7 @@ use join::Catchup;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
+pub use follow::{Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
@@ -169,6 +175,8 @@ pub struct Streamer {
     upstream_connected: bool,
     reset_required: Option<String>,
     subscribers_evicted: u64,
+    /// A serving standby's: what records its subscribers ([`follow`]); `None` on the owner.
+    follows: Option<Recipient<RecordSubscribers>>,
 }
 
 impl Streamer {
@@ -189,6 +197,7 @@ impl Streamer {
             upstream_connected: false,
             reset_required: None,
             subscribers_evicted: 0,
+            follows: None,
         }
     }
 

@@ -3,12 +3,14 @@
 //!
 //! The streamer knows every subscriber's acked watermark, so the check is answered here, and
 //! the purge is queued on the change log in the same turn as the decision: no subscriber can
-//! be admitted between the check and the delete.
+//! be admitted between the check and the delete. What it cannot see, the subscribers of the
+//! other instances sharing a change DB, the engine checks in the transaction that purges
+//! ([`ChangeLog::purge_gated`](crate::changelog::ChangeLog::purge_gated), PROTOCOL.md §14.1).
 
 use actix::prelude::*;
 
 use super::Streamer;
-use crate::changelog::ChangeLogError;
+use crate::changelog::{ChangeLogError, PurgeGate, PurgeHold, PurgeOutcome};
 use crate::watermark::Watermark;
 
 /// Purge the change log below `watermark` if every connected subscriber has acked it; only
@@ -48,9 +50,6 @@ pub enum PurgeError {
 impl Handler<PurgeIfSafe> for Streamer {
     type Result = ResponseFuture<PurgeAnswer>;
     fn handle(&mut self, msg: PurgeIfSafe, _: &mut Context<Self>) -> Self::Result {
-        if self.subscribers.is_empty() {
-            return Box::pin(async { PurgeAnswer::NoSubscribers });
-        }
         if let Some(lagging) = self.subscribers.values().find(|s| s.acked < msg.watermark) {
             let answer = PurgeAnswer::Blocked {
                 subscriber: lagging.id.clone(),
@@ -58,9 +57,30 @@ impl Handler<PurgeIfSafe> for Streamer {
             };
             return Box::pin(async move { answer });
         }
-        let purge = self.log.purge_scheduled(msg.watermark, msg.stored_by_ms);
+        // The other instances' subscribers, and whether there is any subscriber at all, are
+        // the engine's to check, in the transaction that purges (PROTOCOL.md §14.1).
+        let gate = PurgeGate {
+            local_subscribers: self.subscribers.len(),
+        };
+        let purge = self.log.purge_gated(msg.watermark, msg.stored_by_ms, gate);
         Box::pin(async move {
             match purge.await {
+                Ok(PurgeOutcome {
+                    held: Some(PurgeHold::NoSubscribers),
+                    ..
+                }) => PurgeAnswer::NoSubscribers,
+                Ok(PurgeOutcome {
+                    held:
+                        Some(PurgeHold::Subscriber {
+                            instance,
+                            subscriber,
+                            acked,
+                        }),
+                    ..
+                }) => PurgeAnswer::Blocked {
+                    subscriber: format!("{subscriber} (instance {instance})"),
+                    acked,
+                },
                 Ok(o) if o.held_by_retention => PurgeAnswer::HeldByRetention(o.rows),
                 Ok(o) => PurgeAnswer::Purged(o.rows),
                 Err(e) => PurgeAnswer::Failed(e.into()),

@@ -13,14 +13,17 @@
 //! [`ChangeLogError::NotOwner`] and never writes again.
 //!
 //! Files: [`connection`] (reaching the change DB), [`schema`] (tables and partitions),
-//! [`state`] (the safety state's statements), [`writer`], [`reader`], and [`records`]: the
+//! [`state`] (the safety state's statements), [`writer`], [`reader`], [`records`]: the
 //! instance records (PROTOCOL.md §14.1), kept by every instance on a connection of its own,
-//! apart from the writer and its fence.
+//! apart from the writer and its fence; and what a standby that serves needs (PROTOCOL.md
+//! §14.1): [`standby`], its read-only handle, and [`listen`], the owner's commit notices.
 
 mod connection;
+mod listen;
 mod reader;
 mod records;
 mod schema;
+mod standby;
 mod state;
 mod writer;
 
@@ -37,11 +40,21 @@ use super::{catalogue, commands, safety, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
 use self::connection::{connect, redacted, runtime, with_causes};
+pub use self::listen::CommitNotices;
 pub use self::records::{ChangeDbView, InstanceDb};
 use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
 use crate::clock::Clock;
 use crate::ownership;
+
+/// The channel on which the owner announces each commit group, with its last watermark
+/// ([`listen`]).
+pub(super) const COMMITS_CHANNEL: &str = "change_streamer_commits";
+
+/// A standby's handle on the change DB at `url`: reads only ([`standby`]).
+pub(super) fn open_standby(url: &str) -> Result<Ends, ChangeLogError> {
+    standby::open(url)
+}
 
 /// How to reach and share a PostgreSQL change DB.
 #[derive(Debug, Clone)]
@@ -53,6 +66,9 @@ pub struct PgOptions {
     pub segment_rows: u64,
     /// Stamps store times.
     pub clock: Clock,
+    /// This instance's id in the instance records (PROTOCOL.md §14.1), so that a purge checks
+    /// the records of the others only.
+    pub instance: Option<String>,
 }
 
 impl PgOptions {
@@ -62,6 +78,7 @@ impl PgOptions {
             takeover_interval,
             segment_rows: SEGMENT_ROWS,
             clock: Clock::System,
+            instance: None,
         }
     }
 }
@@ -129,7 +146,13 @@ fn run(engine: Engine) {
     let Some(client) = rt.block_on(claim(&config, interval, &ready)) else {
         return; // nobody waits for this instance to own the change DB any more
     };
-    let loaded = PgWriter::load(client, options.segment_rows, options.clock, owner);
+    let loaded = PgWriter::load(
+        client,
+        options.segment_rows,
+        options.clock,
+        owner,
+        options.instance,
+    );
     let mut writer = match rt.block_on(loaded) {
         Ok(w) => w,
         Err(e) => {

@@ -10,19 +10,33 @@
 //! and its subscriber rows, keyed by its id) and deletes records that are gone, and nothing
 //! of the change log, its catalogue or the safety state is written through it.
 //!
+//! ### A purge never passes a subscriber being recorded
+//! The owner's purge reads the other instances' subscriber rows in the transaction that purges
+//! ([`purge_hold`]), under the transaction advisory lock [`PURGE_GATE_KEY`]; every refresh
+//! writes its rows under the same lock, shared. So a refresh's rows are either committed
+//! before the purge reads (and hold it back), or written after the purge committed. A standby
+//! checks a joining subscriber's watermark against the change log only after a refresh that
+//! recorded it ended, so it either holds the purge back from its first `status` on or sees
+//! the rows the purge removed, and refuses it (PROTOCOL.md §14.1).
+//!
 //! Ages are the change DB's clock (`now()` at the refresh, `clock_timestamp()` at the read),
 //! so instances on machines whose clocks disagree still agree on which record is 10 s old.
 
 use std::sync::Arc;
 
-use tokio_postgres::{Client, Config};
+use tokio_postgres::{Client, Config, GenericClient};
 
 use super::connection::{connect, redacted};
 use super::safety::SafetyState;
-use super::schema::{self, INSTANCES_SCHEMA};
+use super::schema::{self, parse_watermark, INSTANCES_SCHEMA};
 use super::state;
-use super::types::{ChangeLogError, LogStats};
+use super::types::{ChangeLogError, LogStats, PurgeGate, PurgeHold};
 use crate::instance::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, GONE_AFTER};
+use crate::watermark::Watermark;
+
+/// The transaction advisory lock a purge (exclusive) and a refresh (shared) take ("cs" + 3):
+/// see the module documentation.
+pub(super) const PURGE_GATE_KEY: i64 = 0x6373_0003;
 
 /// What a standby shows of the change DB on its `/status` (PROTOCOL.md §11): the change log's
 /// range and the safety state, as the owner last wrote them.
@@ -47,6 +61,42 @@ const LIVE: &str = "clock_timestamp() - i.refreshed_at <= $1::int8 * interval '1
 
 fn gone_after_ms() -> i64 {
     GONE_AFTER.as_millis() as i64
+}
+
+/// What holds back a purge below `before` among the subscribers of the instances not gone
+/// other than `own` (the purging instance, whose subscribers its streamer checked), given how
+/// many subscribers the purging instance has (PROTOCOL.md §9, §14.1). Run in the purging
+/// transaction: it takes [`PURGE_GATE_KEY`] first, which that transaction then holds until it
+/// commits (see the module documentation).
+pub(super) async fn purge_hold(
+    tx: &impl GenericClient,
+    before: &Watermark,
+    gate: PurgeGate,
+    own: Option<&str>,
+) -> Result<Option<PurgeHold>, ChangeLogError> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&PURGE_GATE_KEY])
+        .await?;
+    let lowest = tx
+        .query_opt(
+            &format!(
+                "SELECT s.instance, s.subscriber, s.acked
+                 FROM change_streamer.instance_subscribers s
+                 JOIN change_streamer.instances i ON i.id = s.instance
+                 WHERE {LIVE} AND i.id IS DISTINCT FROM $2
+                 ORDER BY s.acked LIMIT 1"
+            ),
+            &[&gone_after_ms(), &own],
+        )
+        .await?;
+    let Some(row) = lowest else {
+        return Ok((gate.local_subscribers == 0).then_some(PurgeHold::NoSubscribers));
+    };
+    let acked = parse_watermark(row.get(2))?;
+    Ok((acked < *before).then(|| PurgeHold::Subscriber {
+        instance: row.get(0),
+        subscriber: row.get(1),
+        acked,
+    }))
 }
 
 impl InstanceDb {
@@ -94,9 +144,11 @@ impl InstanceDb {
                              reservations = excluded.reservations
                          RETURNING id),
                      old AS (DELETE FROM change_streamer.instance_subscribers WHERE instance = $2),
+                     gate AS (SELECT pg_advisory_xact_lock_shared($7)),
                      new AS (
                          INSERT INTO change_streamer.instance_subscribers (instance, subscriber, acked)
-                         SELECT $2, * FROM unnest($5::text[], $6::text[]))
+                         SELECT $2, s.name, s.acked
+                         FROM gate, unnest($5::text[], $6::text[]) AS s(name, acked))
                      SELECT EXISTS (SELECT 1 FROM prev)"
                 ),
                 &[
@@ -106,6 +158,7 @@ impl InstanceDb {
                     &(record.reservations as i32),
                     &names,
                     &acked,
+                    &PURGE_GATE_KEY,
                 ],
             )
             .await?;

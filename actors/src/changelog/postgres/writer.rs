@@ -15,10 +15,12 @@ use tokio_postgres::{Client, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
+use super::records;
 use super::safety::StateChange;
 use super::schema::{self, create_partition_sql, parse_watermark, partition};
 use super::state;
-use super::types::{ChangeLogError, LogStats, PurgeOutcome, Reply, Transaction};
+use super::types::{ChangeLogError, LogStats, PurgeGate, PurgeOutcome, Reply, Transaction};
+use super::COMMITS_CHANNEL;
 use crate::clock::Clock;
 use crate::ownership;
 use crate::watermark::Watermark;
@@ -33,6 +35,9 @@ pub(super) struct PgWriter {
     last_stored_ms: i64,
     /// Whether this instance owns the change DB, as the handles see it.
     owner: watch::Sender<bool>,
+    /// This instance's id in the instance records: its own subscribers are its streamer's to
+    /// check, not the records'.
+    instance: Option<String>,
 }
 
 /// The rows of one group commit that go to one segment, as the columns of one insert.
@@ -61,8 +66,11 @@ impl PgWriter {
         segment_rows: u64,
         clock: Clock,
         owner: watch::Sender<bool>,
+        instance: Option<String>,
     ) -> Result<PgWriter, ChangeLogError> {
         schema::create_missing(&client, schema::SCHEMA).await?;
+        // A purge reads the instance records: they exist before the first one.
+        schema::create_missing(&client, schema::INSTANCES_SCHEMA).await?;
         let (stats, segments) = schema::read_stats(&client).await?;
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         Ok(PgWriter {
@@ -73,6 +81,7 @@ impl PgWriter {
             clock,
             last_stored_ms,
             owner,
+            instance,
         })
     }
 
@@ -84,9 +93,10 @@ impl PgWriter {
             WriteCommand::Purge {
                 before,
                 stored_by_ms,
+                gate,
                 reply,
             } => {
-                let r = self.purge(&before, stored_by_ms).await;
+                let r = self.purge(&before, stored_by_ms, gate).await;
                 self.answer(reply, r)
             }
             WriteCommand::Stats(reply) => {
@@ -276,6 +286,15 @@ impl PgWriter {
             ],
         )
         .await?;
+        // Standbys follow the owner's commits (PROTOCOL.md §14.1): PostgreSQL delivers the
+        // notice when, and only if, this transaction commits.
+        if let Some((last, _)) = group.last() {
+            tx.execute(
+                "SELECT pg_notify($1, $2)",
+                &[&COMMITS_CHANNEL, &last.watermark.as_str()],
+            )
+            .await?;
+        }
         tx.commit().await?;
         Ok(())
     }
@@ -306,10 +325,15 @@ impl PgWriter {
     /// newest stored transaction; drops every partition wholly below the bound and deletes rows
     /// only in the one it cuts through. A complete purge also takes `before` off the scheduled
     /// purges, in the same transaction.
+    ///
+    /// With a `gate`, the other instances' subscribers are checked first, in the same
+    /// transaction ([`records::purge_hold`]); one that holds the purge back leaves everything
+    /// as it was.
     async fn purge(
         &mut self,
         before: &Watermark,
         stored_by_ms: Option<i64>,
+        gate: Option<PurgeGate>,
     ) -> Result<PurgeOutcome, ChangeLogError> {
         let young = match stored_by_ms {
             Some(t) => self.first_stored_after(t).await?,
@@ -322,6 +346,16 @@ impl PgWriter {
         };
         let mut segments = self.segments.clone();
         let tx = fenced(&mut self.client).await?;
+        if let Some(gate) = gate {
+            let held = records::purge_hold(&tx, before, gate, self.instance.as_deref()).await?;
+            if held.is_some() {
+                tx.rollback().await?;
+                return Ok(PurgeOutcome {
+                    held,
+                    ..PurgeOutcome::default()
+                });
+            }
+        }
         let mut purged = 0u64;
         let whole = catalogue::wholly_below(&segments, &bound);
         for seg in segments.drain(..whole) {
@@ -367,6 +401,7 @@ impl PgWriter {
         Ok(PurgeOutcome {
             rows: purged,
             held_by_retention,
+            held: None,
         })
     }
 

@@ -18,7 +18,7 @@ use super::commands::{Work, WriteCommand, WriteQueue};
 use super::safety::StateChange;
 use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col};
 use super::state;
-use super::types::{ChangeLogError, LogStats, PurgeOutcome, Reply, Transaction};
+use super::types::{ChangeLogError, LogStats, PurgeHold, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::watermark::Watermark;
 
@@ -189,9 +189,18 @@ impl Writer {
             WriteCommand::Purge {
                 before,
                 stored_by_ms,
+                gate,
                 reply,
             } => {
-                let _ = reply.send(self.purge(&before, stored_by_ms));
+                // One instance: its own subscribers are all there are.
+                let answer = match gate {
+                    Some(g) if g.local_subscribers == 0 => Ok(PurgeOutcome {
+                        held: Some(PurgeHold::NoSubscribers),
+                        ..PurgeOutcome::default()
+                    }),
+                    _ => self.purge(&before, stored_by_ms),
+                };
+                let _ = reply.send(answer);
             }
             WriteCommand::Stats(reply) => {
                 let _ = reply.send(Ok(self.stats.clone()));
@@ -404,6 +413,7 @@ impl Writer {
                 Ok(PurgeOutcome {
                     rows,
                     held_by_retention,
+                    held: None,
                 })
             }
             Err(e) => {

@@ -29,6 +29,7 @@ impl Store {
                 takeover_interval: Duration::from_millis(50),
                 segment_rows,
                 clock,
+                instance: None,
             })
             .await
             .unwrap(),

@@ -24,7 +24,8 @@ async fn retention_keeps_rows_stored_too_recently(store: Store) {
         out,
         PurgeOutcome {
             rows: 20,
-            held_by_retention: true
+            held_by_retention: true,
+            held: None,
         }
     );
     assert_eq!(log.stats().await.unwrap().min_watermark, Some(w(5)));
@@ -34,7 +35,8 @@ async fn retention_keeps_rows_stored_too_recently(store: Store) {
         out,
         PurgeOutcome {
             rows: 10,
-            held_by_retention: false
+            held_by_retention: false,
+            held: None,
         }
     );
     assert_eq!(log.stats().await.unwrap().min_watermark, Some(w(7)));
