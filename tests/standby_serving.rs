@@ -15,9 +15,10 @@
 //!   back (`purge.blockedBy` `"subscriber"`) until it acks past, and counts as connected; a
 //!   standby killed with `kill -9` holds it back while it runs and stops once its session ended;
 //!   a frozen standby (SIGSTOP: session alive, record ageing) holds it back until its record is
-//!   10 s old, never before; a late joiner at a standby racing a purge past its watermark is
-//!   either refused with error type 2 or holds the purge back, never accepted and then short of
-//!   rows.
+//!   10 s old, never before; resumed after the owner purged past its subscribers (its record
+//!   lapsed), a standby gives them no gap and no broken transaction (it may close them 1011); a
+//!   late joiner at a standby racing a purge past its watermark is either refused with error
+//!   type 2 or holds the purge back, never accepted and then short of rows.
 
 #[allow(dead_code)] // shared with tests/takeover.rs and tests/instances.rs
 mod takeover_support;
@@ -31,7 +32,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::instance::GONE_AFTER;
-use change_streamer_test_support::client::{frame, read_until, Seen, WsClient};
+use change_streamer_test_support::client::{commit_of, frame, payloads, Seen, WsClient};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::pg::TestDb;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
@@ -155,10 +156,17 @@ struct PurgeSetup {
 }
 
 async fn purge_setup(tag: &str) -> PurgeSetup {
+    purge_setup_with(tag, "20").await
+}
+
+/// [`purge_setup`] with `--purge-delay-ms` `purge_delay_ms`.
+async fn purge_setup_with(tag: &str, purge_delay_ms: &str) -> PurgeSetup {
     let db = TestDb::create(tag).await;
     let up = FakeUpstream::start().await;
     let lite = FakeLitestream::start(Answer::default()).await;
-    let flags = lite.service_flags(0);
+    let mut flags = lite.service_flags(0);
+    let delay = flags.iter().position(|f| f == "--purge-delay-ms").unwrap() + 1;
+    flags[delay] = purge_delay_ms.to_string();
     let (a, a_addr) = owner_with(&db, &up, &strs(&flags));
     up.wait_connections(1).await;
     ingest(&up, 100..=104, 2).await;
@@ -339,10 +347,17 @@ async fn a_standby_checks_subscriptions_as_the_owner_does() {
             wm(102)
         ))
         .await;
-        let (id, msg) = c.msg().await;
-        assert_eq!(msg[0], "begin", "v1 at {addr}: {msg}");
-        c.ack(id).await;
-        assert_eq!(read_txns(&mut c, 103).await, vec![103], "v1 at {addr}");
+        let mut got = Vec::new();
+        loop {
+            let (id, msg) = c.msg().await;
+            c.ack(id).await;
+            got.push(msg[0].as_str().unwrap_or_default().to_string());
+            if msg[0] == "commit" {
+                assert_eq!(msg[2]["watermark"], json!(wm(103)), "v1 at {addr}");
+                break;
+            }
+        }
+        assert_eq!(got, ["begin", "data", "commit"], "v1 at {addr}");
     }
 
     // A watermark beyond the newest stored one is served from live changes, and only what is
@@ -353,6 +368,40 @@ async fn a_standby_checks_subscriptions_as_the_owner_does() {
         up.send(txn(n, 1));
     }
     assert_eq!(read_txns(&mut c, 111).await, vec![111]);
+}
+
+/// Reads frames of either shape (acking each, cumulatively) until the commit of `last`,
+/// checking that the transactions from `next` on come whole, in order, each once: the last
+/// frame's id, and how many frames were batched.
+async fn read_acking(c: &mut WsClient, mut next: u64, last: u64) -> (u64, usize) {
+    let (mut open, mut batches) = (false, 0);
+    loop {
+        let f = frame(c).await;
+        batches += usize::from(f["batch"].is_array());
+        let (id, ps) = payloads(&f);
+        for p in ps {
+            match p[0].as_str() {
+                Some("begin") => {
+                    assert!(!open, "begin inside a transaction: {p}");
+                    assert_eq!(p[2]["commitWatermark"], json!(wm(next)), "{p}");
+                    open = true;
+                }
+                Some("data") => assert!(open, "data outside a transaction: {p}"),
+                Some("commit") => {
+                    assert!(open, "commit without its begin: {p}");
+                    open = false;
+                    assert_eq!(commit_of(&p), Some(next), "out of order: {p}");
+                    next += 1;
+                }
+                _ => panic!("unexpected {p}"),
+            }
+        }
+        c.ack(id).await;
+        if next > last {
+            assert!(!open);
+            return (id, batches);
+        }
+    }
 }
 
 /// What a subscription request gets: its first message, if one comes, and its close; the
@@ -404,10 +453,14 @@ async fn a_standbys_batched_subscriber_gets_batched_frames_and_acks_cumulatively
         frame(&mut c).await,
         json!({"msg": ["status", {"tag": "status"}], "id": 1})
     );
-    // Catch-up, unacked: whole transactions in order, in frames of either shape; then one
-    // cumulative ack for all of them.
-    let (id, _) = read_until(&mut c, 101, 130).await;
-    c.ack(id).await;
+    c.ack(1).await;
+    // Catch-up: whole transactions in order, in frames of either shape, batched ones among
+    // them; each frame acked (cumulatively).
+    let (id, batches) = read_acking(&mut c, 101, 130).await;
+    assert!(
+        batches > 0,
+        "catch-up of 155 payloads came in no batched frame"
+    );
     status_until(
         &b_addr,
         "the batched subscriber acked 130, live",
@@ -693,6 +746,85 @@ async fn a_standbys_subscriber_holds_back_the_owners_purge() {
     assert_eq!(read_txns(&mut c, 105).await, vec![105]);
 }
 
+/// A message in short: its tag and watermark.
+fn tag_of(msg: &Value) -> String {
+    let w = msg[2]["commitWatermark"]
+        .as_str()
+        .or(msg[2]["watermark"].as_str())
+        .and_then(|w| {
+            change_streamer_actors::watermark::Watermark::parse(w)
+                .ok()?
+                .to_u64()
+        });
+    format!(
+        "{} {}",
+        msg[0].as_str().unwrap_or("?"),
+        w.map(|w| w.to_string()).unwrap_or_default()
+    )
+}
+
+fn freeze(b: &Instance) {
+    signal(b, "-STOP");
+}
+
+fn resume(b: &Instance) {
+    signal(b, "-CONT");
+}
+
+fn signal(b: &Instance, signal: &str) {
+    let sent = Command::new("kill")
+        .args([signal, &b.child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill {signal}");
+}
+
+/// Reads (and acks) `c` until the commit of `last` or a close, which must be 1011: the commit
+/// watermarks, and the close if one came.
+async fn commits_or_close(c: &mut WsClient, last: u64) -> (Vec<u64>, Option<(u16, String)>) {
+    let mut commits = Vec::new();
+    loop {
+        match c.next(LIMIT).await {
+            Some(Seen::Msg { id, msg }) => {
+                eprintln!("  {id} {}", tag_of(&msg));
+                c.ack(id).await;
+                if msg[0] == "commit" {
+                    commits.push(commit_of(&msg).unwrap());
+                    if commits.last() == Some(&last) {
+                        return (commits, None);
+                    }
+                }
+            }
+            Some(Seen::Closed { code, reason }) => {
+                assert_eq!(code, 1011, "{reason}");
+                return (commits, Some((code, reason)));
+            }
+            None => panic!("neither commit {last} nor a close within {LIMIT:?}"),
+        }
+    }
+}
+
+/// A new subscription at `addr` from `from` gets `last` (stored): tried again after a 1011
+/// (a standby that found its record lapsed closes every subscriber it has, maybe a new one).
+async fn serves_again(addr: &str, from: u64, last: u64) {
+    for attempt in 0..3 {
+        let mut c = WsClient::connect(&sub_url(addr, &format!("again-{attempt}"), from, "")).await;
+        let (commits, closed) = commits_or_close(&mut c, last).await;
+        if closed.is_none() {
+            assert_eq!(commits, upto(from + 1, last));
+            return;
+        }
+        eprintln!("a new subscriber closed: {closed:?}");
+    }
+    panic!("closed three times");
+}
+
+/// The purge to 104 done, as the purger shows it (the change log's stats and the purger's
+/// state are read side by side: the rows may show gone a moment before the purger's counts).
+fn purged_to_104(st: &Value) -> bool {
+    st["purge"]["scheduled"] == json!([]) && st["changeLog"]["minWatermark"] == json!(wm(104))
+}
+
 /// The owner's own subscriber, acked through 104, so that only the standby's can hold the
 /// purge to 104 back; and the standby's, acked up to 101, holding it back.
 async fn held_by_the_standby(t: &PurgeSetup) -> (WsClient, WsClient) {
@@ -734,7 +866,7 @@ async fn a_killed_standby_holds_back_the_purge_until_it_is_gone() {
         &t.a_addr,
         "purged once the killed standby is gone",
         GONE_AFTER + LIMIT,
-        |st| st["changeLog"]["minWatermark"] == json!(wm(104)),
+        purged_to_104,
     )
     .await;
     eprintln!("purged {:?} after the kill", killed.elapsed());
@@ -748,7 +880,7 @@ async fn a_killed_standby_holds_back_the_purge_until_it_is_gone() {
 #[actix_rt::test]
 async fn a_frozen_standby_holds_back_the_purge_until_its_record_is_10_s_old() {
     let t = purge_setup("serve_purge_frozen").await;
-    let _subs = held_by_the_standby(&t).await;
+    let (_ra, mut rb) = held_by_the_standby(&t).await;
     // The age of the standby's record, then SIGSTOP: its PostgreSQL session stays, its record
     // ages. It cannot be gone before the record it last wrote is 10 s old.
     let sampled = Instant::now();
@@ -757,11 +889,7 @@ async fn a_frozen_standby_holds_back_the_purge_until_its_record_is_10_s_old() {
     let age = instance(&st, &t.b_id)
         .and_then(|i| i["lastSeenMs"].as_u64())
         .unwrap_or_else(|| panic!("the standby not listed: {st}"));
-    let stopped = Command::new("kill")
-        .args(["-STOP", &t.b.child.id().to_string()])
-        .status()
-        .expect("kill -STOP");
-    assert!(stopped.success());
+    freeze(&t.b);
     let frozen = Instant::now();
     // Margin for the clocks' resolution (the change DB's clock and ours, one machine).
     let earliest = sampled + GONE_AFTER - Duration::from_millis(age) - Duration::from_millis(300);
@@ -786,7 +914,7 @@ async fn a_frozen_standby_holds_back_the_purge_until_its_record_is_10_s_old() {
         &t.a_addr,
         "purged once the frozen standby's record is 10 s old",
         LIMIT,
-        |st| st["changeLog"]["minWatermark"] == json!(wm(104)),
+        purged_to_104,
     )
     .await;
     eprintln!(
@@ -794,112 +922,191 @@ async fn a_frozen_standby_holds_back_the_purge_until_its_record_is_10_s_old() {
         frozen.elapsed()
     );
     assert_eq!(st["purge"]["rowsPurged"], 16, "{st}");
+
+    // Resumed, its subscriber (acked at 101 while the owner purged past) goes on with no gap,
+    // or is closed (1011) to reconnect elsewhere; and the standby serves again.
+    resume(&t.b);
+    t.up.send(txn(105, 1));
+    let (commits, closed) = commits_or_close(&mut rb, 105).await;
+    eprintln!("the resumed standby's subscriber: commits {commits:?}, then {closed:?}");
+    assert_eq!(commits, upto(102, 101 + commits.len() as u64), "a gap");
+    serves_again(&t.b_addr, 104, 105).await;
+}
+
+#[actix_rt::test]
+async fn a_standby_whose_record_lapsed_leaves_its_catching_up_subscriber_no_gap() {
+    let db = TestDb::create("serve_lapsed").await;
+    let up = FakeUpstream::start().await;
+    let lite = FakeLitestream::start(Answer::default()).await;
+    let flags = lite.service_flags(0);
+    let (_a, a_addr) = owner_with(&db, &up, &strs(&flags));
+    up.wait_connections(1).await;
+    ingest(&up, 100..=140, 2).await;
+    // The standby reads a catch-up only as far as its subscriber has room: 8 changes.
+    let mut small = strs(&flags);
+    small.extend(["--max-subscriber-queue-changes", "8"]);
+    let (b, b_addr) = standby_with(&db, &up, &small);
+    let mut ra = subscribe(&a_addr, "ra", 100).await;
+    assert_eq!(read_txns(&mut ra, 140).await, upto(101, 140));
+    // Acked at 101, the rest of its catch-up not yet read from the change DB.
+    let mut rb = subscribe(&b_addr, "rb", 100).await;
+    assert_eq!(read_txns(&mut rb, 101).await, vec![101]);
+    report_backup_of(&lite, 140);
+    status_until(
+        &a_addr,
+        "blocked by the standby's subscriber",
+        LIMIT,
+        |st| st["purge"]["blockedBy"] == "subscriber",
+    )
+    .await;
+    // Frozen past 10 s: gone for the owner, which purges below 140.
+    freeze(&b);
+    status_until(&a_addr, "purged below 140", GONE_AFTER + LIMIT, |st| {
+        st["purge"]["scheduled"] == json!([]) && st["changeLog"]["minWatermark"] == json!(wm(140))
+    })
+    .await;
+    // Its subscriber acks what it got while the standby is still frozen: the acks wait in the
+    // standby's socket, to meet its first turn after it resumes (the more catch-up to read).
+    let mut commits = Vec::new();
+    while let Some(Seen::Msg { id, msg }) = rb.next(Duration::from_millis(200)).await {
+        eprintln!("while frozen: {id} {}", tag_of(&msg));
+        rb.ack(id).await;
+        if msg[0] == "commit" {
+            commits.push(commit_of(&msg).unwrap());
+        }
+    }
+    resume(&b);
+    let (more, closed) = commits_or_close(&mut rb, 140).await;
+    commits.extend(more);
+    eprintln!("the lapsed standby's subscriber: commits {commits:?}, then {closed:?}");
+    assert_eq!(
+        commits,
+        upto(102, 101 + commits.len() as u64),
+        "a gap after the owner purged past the lapsed standby's subscriber"
+    );
+    serves_again(&b_addr, 140, 140).await;
 }
 
 #[actix_rt::test]
 async fn a_late_joiner_at_a_standby_is_refused_or_holds_the_purge() {
-    const ROUNDS: u64 = 5;
+    const ROUNDS: u64 = 6;
     const PER_ROUND: u64 = 5;
-    const JOINERS: u64 = 2;
+    const JOINERS: u64 = 3;
     const FINAL: u64 = 104 + ROUNDS * PER_ROUND;
-    let t = purge_setup("serve_purge_late").await;
+    // The purge is retried every 2 ms: it runs within a few ms of the moment no joiner holds
+    // the floor back, while the next joiners come.
+    let t = purge_setup_with("serve_purge_late", "2").await;
     // The owner's subscriber reads and acks everything as it comes, so that only the joiners
     // can hold a purge back.
     let mut ra = subscribe(&t.a_addr, "ra", 100).await;
     let owners = actix_rt::spawn(async move { read_txns(&mut ra, FINAL).await });
     let (mut floor, mut last) = (100, 104);
-    let mut raced = 0;
+    let mut closest_of_all = Duration::MAX;
     for round in 0..ROUNDS {
-        // Joiners at the floor (the oldest stored commit), in a loop, while the owner is about
-        // to purge everything below `last`.
-        let stop = Rc::new(Cell::new(false));
-        let accepted = Rc::new(Cell::new(0u32));
-        let joiners: Vec<_> = (0..JOINERS)
-            .map(|k| {
-                let (addr, stop, accepted) = (t.b_addr.clone(), stop.clone(), accepted.clone());
-                actix_rt::spawn(join_in_a_loop(
-                    addr,
-                    floor,
-                    last,
-                    round * JOINERS + k,
-                    stop,
-                    accepted,
-                ))
+        // Joiners at the floor (the oldest stored commit), in loops, while the owner is about
+        // to purge everything below `last`; each loop ends once it was refused.
+        let tallies: Vec<_> = (0..JOINERS).map(|_| Rc::new(Tally::default())).collect();
+        let joiners: Vec<_> = tallies
+            .iter()
+            .enumerate()
+            .map(|(k, tally)| {
+                let seed = round * JOINERS + k as u64;
+                let (addr, tally) = (t.b_addr.clone(), tally.clone());
+                actix_rt::spawn(join_until_refused(addr, floor, last, seed, tally))
             })
             .collect();
-        wait_until("a joiner accepted", LIMIT, || accepted.get() > 0).await;
+        wait_until("a joiner accepted", LIMIT, || {
+            tallies.iter().any(|t| t.accepted.get() > 0)
+        })
+        .await;
+        // Subscriptions at `last` (which the purge keeps) come and go meanwhile: each makes
+        // the standby record its subscribers at once, so its record follows the joiners
+        // within milliseconds (not only every refresh period).
+        let stop = Rc::new(Cell::new(false));
+        let refresher = actix_rt::spawn(refresh_in_a_loop(t.b_addr.clone(), last, stop.clone()));
+        // The purge comes due; it runs the moment no joiner holds the floor back, and every
+        // joiner after it is refused.
         report_backup_of(&t.lite, last);
-        // The purge happens once no joiner holds the floor back (their pauses grow so that
-        // there are gaps); joiners keep coming until it shows, or for 10 s.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        let purged_while_joining = loop {
-            let (_, body) = get(&t.a_addr, "/status").await;
-            let st: Value = serde_json::from_str(&body).unwrap_or_default();
-            if st["changeLog"]["minWatermark"] == json!(wm(last)) {
-                break true;
-            }
-            if Instant::now() >= deadline {
-                break false;
-            }
-            actix_rt::time::sleep(POLL).await;
-        };
-        stop.set(true);
-        let (mut acc, mut refused) = (0, 0);
         for j in joiners {
-            let (a, r) = j.await.expect("a joiner failed");
-            acc += a;
-            refused += r;
+            j.await.expect("a joiner failed");
         }
-        if !purged_while_joining {
-            status_until(&t.a_addr, "purged once the joiners stopped", LIMIT, |st| {
-                st["changeLog"]["minWatermark"] == json!(wm(last))
-            })
-            .await;
-        }
-        if refused > 0 {
-            raced += 1;
-        }
+        stop.set(true);
+        refresher
+            .await
+            .expect("a subscription at the new floor failed");
+        let st = status_until(&t.a_addr, "the purge shown", LIMIT, |st| {
+            st["changeLog"]["minWatermark"] == json!(wm(last))
+        })
+        .await;
+        let accepted: u32 = tallies.iter().map(|t| t.accepted.get()).sum();
+        // How close the race was: from the moment the last accepted joiner had closed to the
+        // start of the first refused one (the purge committed in between).
+        let last_accepted = tallies.iter().filter_map(|t| t.last_accepted.get()).max();
+        let first_refused = tallies.iter().filter_map(|t| t.refused.get()).min();
+        let closest = last_accepted
+            .zip(first_refused)
+            .map(|(a, r)| r.saturating_duration_since(a));
+        closest_of_all = closest_of_all.min(closest.unwrap_or(Duration::MAX));
         eprintln!(
-            "round {round}: {acc} joiners at {floor} accepted, {refused} refused; purged while they joined: {purged_while_joining}"
+            "round {round}: {accepted} joiners at {floor} accepted before the purge, then {JOINERS} refused; the purge fell within {closest:?} between joiners ({} purges)",
+            st["purge"]["purges"]
         );
-        // Purged, as the owner shows: the standby no longer serves the floor.
-        let mut c = WsClient::connect(&sub_url(&t.b_addr, "after", floor, "")).await;
-        let (id, msg) = c.msg().await;
-        assert_eq!(
-            msg,
-            json!(["error", {"type": 2, "message": format!("earliest supported watermark is {} (requested {})", wm(last), wm(floor))}])
-        );
-        c.ack(id).await;
-        assert_eq!(c.closed().await.0, 1000);
         // The next round: new transactions above the new floor.
         floor = last;
         ingest(&t.up, last + 1..=last + PER_ROUND, 2).await;
         last += PER_ROUND;
     }
-    eprintln!("{raced} of {ROUNDS} rounds had joiners refused while the loop ran");
+    eprintln!("closest race: a purge within {closest_of_all:?} between two joiners");
     assert_eq!(owners.await.unwrap(), upto(101, FINAL));
 }
 
-/// Joins the standby at `addr` from `floor`, again and again until `stop`, with a pause that
-/// grows (a random part of 2 ms × 1.5ⁿ, at most 2 s, so that gaps come in which the purge can
-/// run): each joiner is either refused with error type 2, or accepted and then receives every
-/// transaction after `floor` up to `last`, none missing. Counts each in `accepted` and returns
-/// (accepted, refused).
-async fn join_in_a_loop(
-    addr: String,
-    floor: u64,
-    last: u64,
-    seed: u64,
-    stop: Rc<Cell<bool>>,
-    accepted: Rc<Cell<u32>>,
-) -> (u32, u32) {
-    let (mut acc, mut refused) = (0, 0);
-    let mut pause_ms: f64 = 2.0;
+/// Subscribes at `addr` from `at` and closes, again and again (pausing up to 5 ms) until `stop`:
+/// each is accepted.
+async fn refresh_in_a_loop(addr: String, at: u64, stop: Rc<Cell<bool>>) {
+    let mut rng: u64 = 0x2545_F491_4F6C_DD1D;
+    for n in 0.. {
+        if stop.get() {
+            return;
+        }
+        subscribe(&addr, &format!("refresher-{n}"), at)
+            .await
+            .close()
+            .await;
+        rng = rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        // Pacing, not waiting for anything.
+        actix_rt::time::sleep(Duration::from_millis((rng >> 33) % 6)).await;
+    }
+}
+
+/// What one loop of joiners saw: how many were accepted, when the last accepted one had
+/// closed, and when the refused one started to connect.
+#[derive(Default)]
+struct Tally {
+    accepted: Cell<u32>,
+    last_accepted: Cell<Option<Instant>>,
+    refused: Cell<Option<Instant>>,
+}
+
+/// Joins the standby at `addr` from `floor`, again and again, pausing a random part of 20 ms
+/// (so that moments come when no joiner holds the floor back, and the purge runs while the
+/// next joiners come; the pause grows by a quarter every 10 joiners, should those moments be
+/// too rare), until refused.
+/// Each joiner is either refused with error type 2 (`earliest supported watermark is last`:
+/// the purge left only `last`), or accepted and then receives every transaction after `floor`
+/// up to `last`, none missing.
+async fn join_until_refused(addr: String, floor: u64, last: u64, seed: u64, tally: Rc<Tally>) {
+    let mut pause_ms: f64 = 20.0;
     let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut n = 0;
-    while !stop.get() {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for n in 0.. {
+        assert!(
+            Instant::now() < deadline,
+            "joiners at {floor}, pausing up to 2 s, never refused within 60 s: no purge"
+        );
         let id = format!("late-{seed}-{n}");
-        n += 1;
+        let started = Instant::now();
         let mut c = WsClient::connect(&sub_url(&addr, &id, floor, "")).await;
         let (first, msg) = c.msg().await;
         c.ack(first).await;
@@ -911,14 +1118,19 @@ async fn join_in_a_loop(
                     upto(floor + 1, last),
                     "joiner {id} at {floor} accepted, then short of rows"
                 );
-                acc += 1;
-                accepted.set(accepted.get() + 1);
+                tally.accepted.set(tally.accepted.get() + 1);
                 c.close().await;
+                tally.last_accepted.set(Some(Instant::now()));
             }
             Some("error") => {
-                assert_eq!(msg[1]["type"], 2, "joiner {id}: {msg}");
+                assert_eq!(
+                    msg,
+                    json!(["error", {"type": 2, "message": format!("earliest supported watermark is {} (requested {})", wm(last), wm(floor))}]),
+                    "joiner {id}"
+                );
                 assert_eq!(c.closed().await.0, 1000, "joiner {id}");
-                refused += 1;
+                tally.refused.set(Some(started));
+                return;
             }
             _ => panic!("joiner {id}: {msg}"),
         }
@@ -928,7 +1140,8 @@ async fn join_in_a_loop(
         let jitter = (rng >> 33) % (pause_ms as u64 + 1);
         // Pacing the joiners, not waiting for anything.
         actix_rt::time::sleep(Duration::from_millis(jitter)).await;
-        pause_ms = (pause_ms * 1.5).min(2000.0);
+        if n % 10 == 9 {
+            pause_ms = (pause_ms * 1.25).min(2000.0);
+        }
     }
-    (acc, refused)
 }
