@@ -189,9 +189,10 @@ pub struct Config {
     pub takeover_interval_ms: u64,
 
     /// With --change-db, whether a standby serves /changes from the change DB (catch-up, then
-    /// the owner's commits as they are made) while it stands by; `--standby-serves=false`
-    /// closes those websockets with 1011 `standby: not the owner`. /snapshot at a standby is
-    /// closed with 1011 either way (reservations are held by the owner).
+    /// the owner's commits as they are made) while it stands by, and keeps those subscribers
+    /// when it takes over; `--standby-serves=false` closes those websockets with 1011
+    /// `standby: not the owner`. /snapshot at a standby is closed with 1011 either way
+    /// (reservations are held by the owner).
     #[arg(long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub standby_serves: bool,

@@ -14,7 +14,7 @@ use change_streamer_actors::secret::Secret;
 
 use crate::config::Config;
 use crate::http::access::Access;
-use crate::server::StartError;
+use crate::start_error::StartError;
 use crate::tls;
 
 /// The loaded edge configuration (see the module documentation).

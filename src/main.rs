@@ -1,9 +1,9 @@
 //! The `change-streamer` binary: parse the configuration, run the service (as the owner or a
-//! standby of a shared change DB, [`ownership::run`]), stop it gracefully on SIGINT or
+//! standby of a shared change DB, [`instance::run`]), stop it gracefully on SIGINT or
 //! SIGTERM. Also the backup monitor's VFS reader, when run with [`vfs_reader::SUBCOMMAND`].
 
 use change_streamer::config;
-use change_streamer::ownership;
+use change_streamer::instance;
 use change_streamer::shutdown::wait_for_signal;
 use change_streamer_actors::vfs_reader;
 
@@ -21,9 +21,9 @@ fn main() -> std::process::ExitCode {
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         let clock = change_streamer_actors::clock::Clock::System;
-        ownership::run(config, clock, wait_for_signal()).await?;
+        instance::run(config, clock, wait_for_signal()).await?;
         actix_rt::System::current().stop();
-        Ok::<(), change_streamer::server::StartError>(())
+        Ok::<(), change_streamer::StartError>(())
     });
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

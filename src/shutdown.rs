@@ -26,6 +26,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use change_streamer_actors::session_end::SessionEnd;
 use tokio::sync::{mpsc, watch};
 
+/// The longest a stop waits for the sessions to end after the stop notice.
+pub const SESSION_DRAIN: Duration = Duration::from_secs(10);
+
 /// How a server of this process (the service, or a standby) stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopMode {

@@ -119,6 +119,79 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
     );
 }
 
+/// PROTOCOL.md §14.1: the standby that takes over keeps the subscribers it served: no close,
+/// no gap, no duplicate; they go on with what the new owner ingests.
+#[actix_rt::test]
+async fn a_takeover_keeps_the_standbys_subscribers_with_no_gap_and_no_duplicate() {
+    let db = TestDb::create("takeover_keeps_subscribers").await;
+    let up = FakeUpstream::start().await;
+    let mut a = Instance::start(&db, &up.url());
+    a.listening_within(Duration::from_secs(20))
+        .expect("the first instance owns the change DB and listens");
+    up.wait_connections(1).await;
+    let b = Instance::start(&db, &up.url());
+    let b_addr = b
+        .standby
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the second instance answers as a standby");
+    up.send(txn(100, 3));
+    wait_until("the initial sync acked", Duration::from_secs(20), || {
+        !acked(&up).is_empty()
+    })
+    .await;
+    // Subscribed at the standby, from the replicaVersion.
+    let mut sub = WsClient::connect(&format!(
+        "ws://{b_addr}/replication/v6/changes?id=kept&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(100)
+    ))
+    .await;
+    for n in 101..140 {
+        up.send(txn(n, 3));
+    }
+    wait_until("acks from the owner", Duration::from_secs(20), || {
+        acked(&up).len() >= 10
+    })
+    .await;
+    a.child.kill().unwrap(); // SIGKILL, mid-ingest
+    a.child.wait().unwrap();
+    let acked_by_a = acked(&up);
+    let (addr, _) = b
+        .listening_within(Duration::from_millis(INTERVAL_MS) + Duration::from_secs(1))
+        .expect("the standby owns within --takeover-interval-ms + 1 s");
+    assert_eq!(addr, b_addr);
+    up.wait_connections(2).await;
+    for n in 200..210 {
+        up.send(txn(n, 3));
+    }
+    // The same socket, never closed (WsClient::msg fails on a close): every commit the old
+    // owner acked, then what the new owner ingests, each once and in order.
+    let commits = commits_until(&mut sub, 209).await;
+    assert!(
+        commits.windows(2).all(|p| p[0] < p[1]),
+        "a commit twice or out of order: {commits:?}"
+    );
+    for n in acked_by_a.iter().filter(|n| **n > 100) {
+        assert!(commits.contains(n), "acked commit {n} missing: {commits:?}");
+    }
+    assert_eq!(
+        commits.iter().filter(|n| **n >= 200).count(),
+        10,
+        "{commits:?}"
+    );
+    let (code, body) = get(&b_addr, "/status").await;
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(status["role"], "owner");
+    let ids: Vec<&str> = status["subscribers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["kept"], "{status}");
+}
+
 /// `change_streamer_change_log_bytes` on PostgreSQL is the size of the change DB's tables, not
 /// the size of a file named like its URL (which was always 0).
 #[actix_rt::test]

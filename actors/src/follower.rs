@@ -47,19 +47,47 @@ const READ_ROWS: usize = 2000;
 /// The running follower.
 pub struct FollowerHandle {
     stop: Option<oneshot::Sender<()>>,
-    done: Option<oneshot::Receiver<()>>,
+    done: Option<oneshot::Receiver<Stopped>>,
+}
+
+/// Where a stopped follower stood, to [`finish`] from.
+pub struct Stopped {
+    follower: Follower,
+}
+
+impl Stopped {
+    /// The last commit it handed on.
+    pub fn last_commit(&self) -> Option<&Watermark> {
+        self.follower.at.last_commit.as_ref()
+    }
 }
 
 impl FollowerHandle {
-    /// Stops reading and waits for the task to end.
-    pub async fn stop(mut self) {
+    /// Stops reading and waits for the task to end; `None` if it had ended already (the
+    /// streamer stopped).
+    pub async fn stop(mut self) -> Option<Stopped> {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
-        if let Some(d) = self.done.take() {
-            let _ = d.await;
+        match self.done.take() {
+            Some(d) => d.await.ok(),
+            None => None,
         }
     }
+}
+
+/// Hands the streamer what the change DB holds past where `stopped` stood, up to `up_to`: the
+/// last commit before this instance took over, after which nothing more is committed but by
+/// this instance. It does not wait for tracked sends' releases, so that the new owner ingests
+/// without delay. Answers the last commit handed on (short of `up_to` if reading failed).
+pub async fn finish(stopped: Stopped, up_to: Option<Watermark>) -> Option<Watermark> {
+    let mut follower = stopped.follower;
+    follower.saw(up_to);
+    follower.finishing = true;
+    // Nothing stops it: the takeover waits for it, and a failed read ends it.
+    let (_never, mut stop) = oneshot::channel();
+    let _ = follower.catch_up(&mut stop).await;
+    follower.at.last_commit
 }
 
 /// Starts following the change DB at `url` on the current actix runtime, through `log` (a
@@ -80,9 +108,11 @@ pub fn start(
             streamer,
             at: Position::after(last_commit),
             newest: None,
+            finishing: false,
         };
-        follower.run(stop_rx).await;
-        let _ = done_tx.send(());
+        if let Some(stopped) = follower.run(stop_rx).await {
+            let _ = done_tx.send(stopped);
+        }
     });
     FollowerHandle {
         stop: Some(stop_tx),
@@ -139,10 +169,14 @@ struct Follower {
     at: Position,
     /// The newest commit known to be durable in the change DB.
     newest: Option<Watermark>,
+    /// Handing on the last commits at a takeover: no waiting for a tracked send's release
+    /// (the subscribers' bounds still hold; past them, they catch up from the change log).
+    finishing: bool,
 }
 
 impl Follower {
-    async fn run(mut self, mut stop: oneshot::Receiver<()>) {
+    /// Follows until asked to stop (answering where it stood) or the streamer is gone.
+    async fn run(mut self, mut stop: oneshot::Receiver<()>) -> Option<Stopped> {
         info!(
             "following the owner's commits in change DB {} after watermark={:?}",
             self.log.location(),
@@ -159,7 +193,7 @@ impl Follower {
                         said_unreachable = false;
                         // Notices sent before this connection listened were missed.
                         if self.check(&mut stop).await.is_err() {
-                            return;
+                            return self.stopped();
                         }
                     }
                     Err(e) if !said_unreachable => {
@@ -171,7 +205,7 @@ impl Follower {
             }
             match self.catch_up(&mut stop).await {
                 Ok(()) | Err(Pause::Retry) => {}
-                Err(Pause::End) => return,
+                Err(Pause::End) => return self.stopped(),
             }
             let notice = async {
                 match notices.as_mut() {
@@ -180,7 +214,7 @@ impl Follower {
                 }
             };
             tokio::select! {
-                _ = &mut stop => return,
+                _ = &mut stop => return self.stopped(),
                 w = notice => match w {
                     Some(w) => self.saw(Some(w)),
                     None => {
@@ -190,11 +224,16 @@ impl Follower {
                 },
                 _ = poll.tick() => {
                     if self.check(&mut stop).await.is_err() {
-                        return;
+                        return self.stopped();
                     }
                 }
             }
         }
+    }
+
+    /// Where it stands, unless the streamer is gone (nothing to finish then).
+    fn stopped(self) -> Option<Stopped> {
+        (self.streamer.connected()).then_some(Stopped { follower: self })
     }
 
     /// `w` is durable in the change DB.
@@ -277,22 +316,21 @@ impl Follower {
         Ok(())
     }
 
-    /// Passes `rows` to the streamer, waiting out each tracked send's release.
+    /// Passes `rows` to the streamer, waiting out each tracked send's release. The position
+    /// moves with every message the streamer took, so that wherever it stops (a stop while a
+    /// tracked send waits) reading on starts with the first message not taken.
     async fn hand_on(
         &mut self,
         rows: Vec<StoredChange>,
         stop: &mut oneshot::Receiver<()>,
     ) -> Result<(), Pause> {
-        let mut next = self.at.clone();
+        let mut positions = Vec::with_capacity(rows.len());
         let mut messages = Vec::with_capacity(rows.len());
         for row in rows {
-            next.after = (row.watermark.clone(), row.pos);
-            next.in_txn = row.kind != ChangeKind::Commit;
-            if !next.in_txn {
-                next.last_commit = Some(row.watermark.clone());
-            }
+            positions.push((row.watermark.clone(), row.pos, row.kind));
             messages.push(message(row));
         }
+        let mut positions = positions.into_iter();
         while !messages.is_empty() {
             let sent = self.streamer.send(UpstreamBatch(messages));
             let reply = tokio::select! {
@@ -312,15 +350,21 @@ impl Follower {
                 }
                 Err(_) => return Err(Pause::End), // the streamer stopped
             };
+            for (watermark, pos, kind) in positions.by_ref().take(reply.consumed) {
+                self.at.in_txn = kind != ChangeKind::Commit;
+                if !self.at.in_txn {
+                    self.at.last_commit = Some(watermark.clone());
+                }
+                self.at.after = (watermark, pos);
+            }
             messages = reply.rest;
-            if let Some(release) = reply.release {
+            if let Some(release) = reply.release.filter(|_| !self.finishing) {
                 tokio::select! {
                     _ = &mut *stop => return Err(Pause::End),
                     _ = release => {}
                 }
             }
         }
-        self.at = next;
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ impl Service {
             0,
             dir.path(),
             args,
-            "warn,change_streamer::server=info",
+            "warn,change_streamer::instance=info",
         );
         let port = process
             .addr

@@ -6,7 +6,7 @@
 //! killed instance is started again, and comes back as the standby.
 //!
 //! The two service processes are this demo's own binary run with [`SERVE`]: the real service
-//! (`change_streamer::ownership::run`), in a process of its own so that it can be killed.
+//! (`change_streamer::instance::run`), in a process of its own so that it can be killed.
 //! The stand-in change source numbers its transactions one after another and, like a real
 //! one, resumes after the `lastWatermark` each new connection asks for; so a subscriber that
 //! sees a commit other than the one after its last is seeing a gap.

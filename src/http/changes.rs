@@ -58,11 +58,11 @@ fn boolean(q: &HashMap<String, String>, name: &str, empty_is_false: bool) -> Res
     }
 }
 
-pub async fn changes(
-    req: HttpRequest,
+pub fn changes(
+    req: &HttpRequest,
     stream: web::Payload,
-    version: web::Path<String>,
-    state: web::Data<AppState>,
+    version: &str,
+    state: &AppState,
 ) -> Result<HttpResponse, actix_web::Error> {
     let subscribing = Subscribing {
         streamer: state.streamer.clone(),
@@ -70,7 +70,7 @@ pub async fn changes(
         ping_interval: state.config.ping_interval(),
         guards: &state.guards,
     };
-    subscribe(&req, stream, &version, subscribing)
+    subscribe(req, stream, version, subscribing)
 }
 
 /// What a subscription is served with: the owner's actors, or a serving standby's streamer

@@ -6,7 +6,7 @@
 //! ([`observe`](super::status::observe)), as `/status` does, so both views agree; nothing is
 //! kept between scrapes. Adding a metric is one call on [`Scrape`].
 
-use actix_web::{web, HttpResponse};
+use actix_web::HttpResponse;
 use change_streamer_actors::purger::BlockedBy;
 use change_streamer_actors::streamer::{Mode, SubscriberInfo};
 use prometheus::core::Collector;
@@ -16,12 +16,15 @@ use super::access::{AuthFailures, Refusal};
 use super::status::{observe, unavailable, Observation};
 use super::AppState;
 
-pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
-    let o = match observe(&state).await {
+/// The help of the `change_streamer_owner` gauge.
+pub const OWNER_GAUGE_HELP: &str = "1 if this instance owns the change DB, 0 on a standby.";
+
+pub async fn metrics(state: &AppState) -> HttpResponse {
+    let o = match observe(state).await {
         Ok(o) => o,
         Err(e) => return unavailable(e),
     };
-    match metrics_text(&state, &o) {
+    match metrics_text(state, &o) {
         Ok(text) => HttpResponse::Ok()
             .content_type(TextEncoder::new().format_type())
             .body(text),
@@ -57,7 +60,7 @@ pub fn metrics_text(state: &AppState, o: &Observation) -> prometheus::Result<Str
         .unwrap_or(state.config.starting_cleanup_delay().as_millis() as i64);
     m.gauge(
         "change_streamer_owner",
-        crate::standby::OWNER_GAUGE_HELP,
+        OWNER_GAUGE_HELP,
         f64::from(u8::from(state.log.is_owner())),
     )?;
     let failures = state.access.failures();

@@ -1,4 +1,10 @@
-//! HTTP routes: the two websocket endpoints and the operator endpoints.
+//! HTTP routes: the two websocket endpoints and the operator endpoints, of the instance's one
+//! HTTP server for its whole life.
+//!
+//! What a route does depends on the instance's phase ([`Phase`], read through the [`Door`] at
+//! each request): the owner's handlers (this folder's files) or a standby's ([`standby`]).
+//! Because the server never changes, a standby that becomes the owner keeps its websocket
+//! connections, and with them its subscribers (PROTOCOL.md §14.1).
 //!
 //! `/replication/v{N}/snapshot` and `/replication/v{N}/changes` upgrade to websocket session
 //! actors. A request that is bad (unsupported version, missing or invalid parameter) is still
@@ -13,7 +19,7 @@ pub mod metrics;
 pub mod query;
 pub mod readyz;
 pub mod snapshot;
-pub mod standby_status;
+pub mod standby;
 pub mod status;
 
 use std::collections::HashMap;
@@ -32,6 +38,7 @@ use change_streamer_actors::monitor::MonitorActor;
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::streamer::Streamer;
+use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::shutdown::{hold_until_closed, Guards};
@@ -68,21 +75,87 @@ pub struct BackupActors {
     pub monitor: Addr<MonitorActor>,
 }
 
-/// Registers every route.
+/// What the instance serves with now.
+#[derive(Clone)]
+pub enum Phase {
+    /// It owns the change log: the owner's actors.
+    Owner(AppState),
+    /// It stands by (a shared change DB another instance owns).
+    Standby(standby::StandbyState),
+}
+
+/// The instance's phase as its HTTP server reads it at each request; the instance's life
+/// ([`crate::instance`]) moves it on.
+#[derive(Clone)]
+pub struct Door {
+    phase: watch::Receiver<Phase>,
+}
+
+impl Door {
+    pub fn new(phase: watch::Receiver<Phase>) -> Door {
+        Door { phase }
+    }
+
+    /// The phase now.
+    pub fn phase(&self) -> Phase {
+        self.phase.borrow().clone()
+    }
+}
+
+/// Registers every route; each asks the [`Door`] which phase serves it.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/replication/{version}/snapshot",
-        web::get().to(snapshot::snapshot),
-    )
-    .route(
-        "/replication/{version}/changes",
-        web::get().to(changes::changes),
-    )
-    .route("/healthz", web::get().to(status::healthz))
-    .route("/readyz", web::get().to(readyz::readyz))
-    .route("/metrics", web::get().to(metrics::metrics))
-    .route("/status", web::get().to(status::status))
-    .default_service(web::to(not_found));
+    cfg.route("/replication/{version}/snapshot", web::get().to(snapshot))
+        .route("/replication/{version}/changes", web::get().to(changes))
+        .route("/healthz", web::get().to(status::healthz))
+        .route("/readyz", web::get().to(readyz))
+        .route("/metrics", web::get().to(metrics))
+        .route("/status", web::get().to(status))
+        .default_service(web::to(not_found));
+}
+
+async fn snapshot(
+    req: HttpRequest,
+    stream: web::Payload,
+    version: web::Path<String>,
+    door: web::Data<Door>,
+) -> Result<HttpResponse, actix_web::Error> {
+    match door.phase() {
+        Phase::Owner(s) => snapshot::snapshot(&req, stream, &version, &s),
+        Phase::Standby(_) => standby::refuse_session(&req, stream, &version),
+    }
+}
+
+async fn changes(
+    req: HttpRequest,
+    stream: web::Payload,
+    version: web::Path<String>,
+    door: web::Data<Door>,
+) -> Result<HttpResponse, actix_web::Error> {
+    match door.phase() {
+        Phase::Owner(s) => changes::changes(&req, stream, &version, &s),
+        Phase::Standby(s) => standby::changes(&req, stream, &version, &s),
+    }
+}
+
+async fn readyz(door: web::Data<Door>) -> HttpResponse {
+    match door.phase() {
+        Phase::Owner(s) => readyz::readyz(&s).await,
+        Phase::Standby(s) => standby::readyz(&s).await,
+    }
+}
+
+async fn metrics(door: web::Data<Door>) -> HttpResponse {
+    match door.phase() {
+        Phase::Owner(s) => metrics::metrics(&s).await,
+        Phase::Standby(s) => standby::metrics(&s).await,
+    }
+}
+
+async fn status(door: web::Data<Door>) -> HttpResponse {
+    match door.phase() {
+        Phase::Owner(s) => status::status(&s).await,
+        Phase::Standby(s) => standby::status(&s).await,
+    }
 }
 
 async fn not_found() -> HttpResponse {
@@ -200,21 +273,31 @@ where
     ))
 }
 
-/// A websocket that closes at once with 1002 and `reason`.
-struct Refusal {
-    reason: String,
+/// A websocket that closes at once with its end: a refused request's 1002, a standby's 1011.
+struct ClosingSocket {
+    end: Option<SessionEnd>,
 }
 
-impl Actor for Refusal {
+impl Actor for ClosingSocket {
     type Context = ws::WebsocketContext<Self>;
     fn started(&mut self, ctx: &mut Self::Context) {
-        let reason = std::mem::take(&mut self.reason);
-        close(ctx, SessionEnd::Protocol(reason));
+        if let Some(end) = self.end.take() {
+            close(ctx, end);
+        }
     }
 }
 
-impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Refusal {
+impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for ClosingSocket {
     fn handle(&mut self, _: Result<ws::Message, ws::ProtocolError>, _: &mut Self::Context) {}
+}
+
+/// Upgrades, then closes at once with `end`.
+pub fn close_at_once(
+    req: &HttpRequest,
+    stream: web::Payload,
+    end: SessionEnd,
+) -> Result<HttpResponse, actix_web::Error> {
+    ws::start(ClosingSocket { end: Some(end) }, req, stream)
 }
 
 /// Upgrades, then closes with 1002 and `reason`.
@@ -229,7 +312,7 @@ pub fn refuse(
         req.path(),
         truncate_reason(req.query_string())
     );
-    ws::start(Refusal { reason }, req, stream)
+    close_at_once(req, stream, SessionEnd::Protocol(reason))
 }
 
 #[cfg(test)]

@@ -3,16 +3,11 @@
 //! `/healthz`: it says nothing about the data.
 //!
 //! The owner is ready once its change log is initialised (a replicaVersion stored) and it
-//! still owns it. A serving standby (`--standby-serves`, PROTOCOL.md §14.1) is ready once the
-//! change DB it follows holds a replicaVersion and its record there is kept; one that does not
-//! serve is never ready, and says `standby`. Either says `change DB unreachable` when its last
-//! record refresh failed.
+//! still owns it. A standby's readiness is in [`super::standby`].
 
-use actix_web::{web, HttpResponse};
+use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
-use change_streamer_actors::instance::recorder::IsReachable;
 
-use super::standby_status::StandbyState;
 use super::AppState;
 
 /// Why an instance does not serve `/changes` now.
@@ -38,7 +33,7 @@ impl NotReady {
     }
 }
 
-fn answer(readiness: Result<(), NotReady>) -> HttpResponse {
+pub(super) fn answer(readiness: Result<(), NotReady>) -> HttpResponse {
     match readiness {
         Ok(()) => HttpResponse::Ok()
             .content_type("text/plain")
@@ -50,8 +45,8 @@ fn answer(readiness: Result<(), NotReady>) -> HttpResponse {
 }
 
 /// The owner's (and SQLite's) `/readyz`.
-pub async fn readyz(state: web::Data<AppState>) -> HttpResponse {
-    answer(owner_readiness(&state).await)
+pub async fn readyz(state: &AppState) -> HttpResponse {
+    answer(owner_readiness(state).await)
 }
 
 async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
@@ -66,34 +61,6 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Ok(stats) if stats.replica_version.is_some() => Ok(()),
         Ok(_) => Err(NotReady::NotInitialised),
         Err(ChangeLogError::NotOwner) => Err(NotReady::Standby),
-        Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
-        Err(_) => Err(NotReady::ChangeDbUnreachable),
-    }
-}
-
-/// A standby's `/readyz`.
-pub async fn standby_readyz(state: Option<web::Data<StandbyState>>) -> HttpResponse {
-    let Some(state) = state else {
-        return answer(Err(NotReady::Standby));
-    };
-    answer(standby_readiness(&state).await)
-}
-
-async fn standby_readiness(state: &StandbyState) -> Result<(), NotReady> {
-    if let Some(s) = &state.serving {
-        if s.guards.guard().is_none() {
-            return Err(NotReady::Stopping);
-        }
-    }
-    if state.recorder.send(IsReachable).await.ok().flatten() == Some(false) {
-        return Err(NotReady::ChangeDbUnreachable);
-    }
-    let Some(serving) = &state.serving else {
-        return Err(NotReady::Standby);
-    };
-    match serving.log.stats().await {
-        Ok(stats) if stats.replica_version.is_some() => Ok(()),
-        Ok(_) => Err(NotReady::NotInitialised),
         Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
         Err(_) => Err(NotReady::ChangeDbUnreachable),
     }

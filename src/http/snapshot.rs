@@ -6,14 +6,15 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
 use crate::websocket::snapshot_socket::SnapshotSession;
 
-pub async fn snapshot(
-    req: HttpRequest,
+pub fn snapshot(
+    req: &HttpRequest,
     stream: web::Payload,
-    version: web::Path<String>,
-    state: web::Data<AppState>,
+    version: &str,
+    state: &AppState,
 ) -> Result<HttpResponse, actix_web::Error> {
+    let req = req.clone();
     // Every supported version speaks the same snapshot protocol.
-    match open_websocket(&req, &version) {
+    match open_websocket(&req, version) {
         Opening::Proceed(_) => {}
         Opening::Answer(response) => return Ok(response),
         Opening::Refuse(reason) => return refuse(&req, stream, reason),

@@ -2,7 +2,7 @@
 //! `/status` and `/metrics` ([`super::metrics`]) are both rendered from, gathered by asking each
 //! actor for its state, so they always agree.
 
-use actix_web::{web, HttpResponse};
+use actix_web::HttpResponse;
 use change_streamer_actors::changelog::LogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
 use change_streamer_actors::instance::recorder::ListInstances;
@@ -79,12 +79,11 @@ pub(super) fn unavailable(e: Unavailable) -> HttpResponse {
         .body(format!("{e}\n"))
 }
 
-pub async fn status(state: web::Data<AppState>) -> HttpResponse {
-    let (observed, instances) =
-        futures_util::future::join(observe(&state), instances(&state)).await;
+pub async fn status(state: &AppState) -> HttpResponse {
+    let (observed, instances) = futures_util::future::join(observe(state), instances(state)).await;
     match observed {
         Ok(o) => {
-            let mut json = status_json(&state, &o);
+            let mut json = status_json(state, &o);
             if let Some(list) = instances {
                 json["instances"] = list;
             }

@@ -26,7 +26,7 @@ impl ServiceProcess {
     }
 
     /// [`ServiceProcess::spawn`] with `RUST_LOG=rust_log`, which must keep the info line of
-    /// `change_streamer::server` saying where it listens (a benchmark keeps the rest quiet).
+    /// `change_streamer::instance` saying where it listens (a benchmark keeps the rest quiet).
     pub fn spawn_logging(
         bin: &Path,
         port: u16,

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use change_streamer::{Config, Service};
+use change_streamer::{Config, Instance};
 use change_streamer_actors::clock::Clock;
 use clap::Parser;
 use serde_json::Value;
@@ -32,7 +32,7 @@ pub async fn service_with_upstream(extra: &[&str]) -> (TestService, FakeUpstream
 
 /// The service on 127.0.0.1:0 with `args`, a temporary data dir unless one is given.
 pub struct TestService {
-    pub service: Option<Service>,
+    pub service: Option<Instance>,
     pub dir: tempfile::TempDir,
     /// What [`get`](Self::get), [`status`](Self::status) and [`ws`](Self::ws) present: the
     /// `--secret` it was started with, if any; a TLS test sets the roots it trusts.
@@ -85,7 +85,7 @@ impl TestService {
         ];
         all.extend_from_slice(args);
         let config = Config::try_parse_from(all).expect("config");
-        let service = Service::start(config, Clock::System)
+        let service = Instance::start(config, Clock::System)
             .await
             .map_err(|e| e.to_string())?;
         Ok(TestService {
@@ -133,7 +133,9 @@ impl TestService {
     /// Stops the service; returns its data directory for a restart.
     pub async fn stop(mut self) -> tempfile::TempDir {
         if let Some(s) = self.service.take() {
-            s.stop(change_streamer::shutdown::StopMode::Graceful).await;
+            if let Err(e) = s.stop(change_streamer::shutdown::StopMode::Graceful).await {
+                panic!("the service's life ended with an error: {e}");
+            }
         }
         self.dir
     }

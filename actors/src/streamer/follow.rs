@@ -10,15 +10,18 @@
 //!   (the purge and the record serialize on one lock: `changelog/postgres/records.rs`);
 //! - [`RecordLapsed`]: the record was gone for the others meanwhile, so the owner may have
 //!   purged past what the subscribers acked; every subscriber is closed;
+//! - [`Ingest`]: the standby became the owner; the same streamer, with every subscriber,
+//!   now stores and forwards what the upstream client brings;
 //! - [`Rebase`]: the follower found the change log purged past it; every subscriber is closed
 //!   (their next catch-up would have a gap) and the streamer goes on from the newest commit.
 //!
 //! [`UpstreamBatch`]: super::UpstreamBatch
 
 use actix::prelude::*;
-use log::warn;
+use log::{info, warn};
 
 use super::Streamer;
+use crate::changelog::{ChangeLog, LogStats};
 use crate::session_end::SessionEnd;
 use crate::watermark::Watermark;
 
@@ -35,6 +38,23 @@ pub struct RecordSubscribers;
 pub struct Rebase {
     pub last_commit: Watermark,
 }
+
+/// This instance now owns the change DB: ingest from upstream and store in `log` (the owner's
+/// handle) from here on, keeping every subscriber (PROTOCOL.md §14.1, takeover keeps
+/// subscribers). `stats` is what the owned change log holds: if the streamer forwarded less
+/// (its follower could not read the last commits), its subscribers are closed rather than
+/// left with a gap.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct Ingest {
+    pub log: ChangeLog,
+    pub stats: LogStats,
+}
+
+/// The close reason of a standby's subscribers when it became the owner without having
+/// forwarded every stored commit.
+pub const BEHIND_AT_TAKEOVER_REASON: &str =
+    "standby: became the owner behind the change log; reconnect to catch up";
 
 /// This standby's record in the change DB had lapsed: for the owner it was gone, and no longer
 /// held the purge back; every subscriber is closed, as their next catch-up might have a gap.
@@ -79,6 +99,32 @@ impl Handler<Rebase> for Streamer {
         self.txn = None;
         self.close_every_subscriber(ctx, REBASE_REASON);
         self.last_commit = Some(msg.last_commit);
+    }
+}
+
+impl Handler<Ingest> for Streamer {
+    type Result = ();
+    fn handle(&mut self, msg: Ingest, ctx: &mut Context<Self>) {
+        let Ingest { log, stats } = msg;
+        if self.last_commit != stats.max_watermark || self.txn.is_some() {
+            warn!(
+                "taking over: forwarded up to watermark={:?}, the change log holds up to {:?}",
+                self.last_commit, stats.max_watermark
+            );
+            self.txn = None;
+            self.close_every_subscriber(ctx, BEHIND_AT_TAKEOVER_REASON);
+            self.last_commit = stats.max_watermark.clone();
+        }
+        if self.replica_version.is_none() {
+            self.replica_version = stats.replica_version;
+        }
+        info!(
+            "ingesting as the owner from watermark={:?}, keeping {} subscriber(s)",
+            self.last_commit,
+            self.subscribers.len()
+        );
+        self.follows = None;
+        self.log = log;
     }
 }
 

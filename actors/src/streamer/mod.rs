@@ -61,7 +61,10 @@ use join::Catchup;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
-pub use follow::{Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
+pub use follow::{
+    Ingest, Rebase, RecordLapsed, RecordSubscribers, BEHIND_AT_TAKEOVER_REASON, LAPSED_REASON,
+    REBASE_REASON,
+};
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };

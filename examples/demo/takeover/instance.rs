@@ -24,7 +24,7 @@ pub fn serve() -> std::process::ExitCode {
         Err(e) => e.exit(),
     };
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
-    let run = change_streamer::ownership::run(
+    let run = change_streamer::instance::run(
         config,
         change_streamer_actors::clock::Clock::System,
         change_streamer::shutdown::wait_for_signal(),

@@ -1,0 +1,205 @@
+//! A standby's routes (PROTOCOL.md §11, §14, §14.1): what an instance that does not own the shared
+//! change DB answers, all in one place. The instance's one HTTP server calls these while it
+//! stands by ([`super::Phase::Standby`]).
+//!
+//! - `/replication/v{N}/changes`: with `--standby-serves` (the default), served from the change
+//!   DB by the standby's own streamer ([`Serving`], `src/standby.rs`), with the owner's checks
+//!   and framing; else closed with 1011 `standby: not the owner`, as `/snapshot` always is
+//!   (reservations are the owner's).
+//! - `/status`: its role and instance id, the change DB's state as the owner last stored it
+//!   (`replicaVersion`, `changeLog`, `backup`), read through the instance's record connection,
+//!   and the subscribers it serves. It holds no reservation and knows nothing of the owner's
+//!   upstream or purges beyond what is stored, so `upstream` and `purge` are null.
+//! - `/readyz`: a serving standby is ready once the change DB it follows holds a replicaVersion;
+//!   one that does not serve is never ready (`standby`); either says `change DB unreachable`
+//!   when its last record refresh failed.
+//! - `/metrics`: `change_streamer_owner 0` and the access rule's refusals.
+
+use std::sync::Arc;
+
+use actix::Addr;
+use actix_web::{web, HttpRequest, HttpResponse};
+use change_streamer_actors::changelog::{ChangeDbView, ChangeLog, ChangeLogError};
+use change_streamer_actors::cleanup::PendingWatermark;
+use change_streamer_actors::instance::recorder::{GetChangeDbView, InstanceRecorder, IsReachable};
+use change_streamer_actors::instance::InstanceId;
+use change_streamer_actors::ownership::Role;
+use change_streamer_actors::session_end::SessionEnd;
+use change_streamer_actors::streamer::{GetStreamerState, Streamer, SubscriberInfo};
+use log::warn;
+use serde_json::{json, Value};
+
+use super::access::Access;
+use super::changes::{subscribe, Subscribing};
+use super::metrics::{auth_failures_text, OWNER_GAUGE_HELP};
+use super::readyz::{answer, NotReady};
+use super::{close_at_once, open_websocket, refuse, Opening};
+use crate::config::Config;
+use crate::shutdown::Guards;
+
+/// The close reason a standby, and an owner that steps down, gives websocket clients (1011).
+pub const STANDBY_REASON: &str = "standby: not the owner";
+
+/// What a standby's handlers reach.
+#[derive(Clone)]
+pub struct StandbyState {
+    pub config: Arc<Config>,
+    pub instance: InstanceId,
+    pub recorder: Addr<InstanceRecorder>,
+    pub access: Arc<Access>,
+    /// What a serving standby serves `/changes` with (`--standby-serves`).
+    pub serving: Option<Serving>,
+}
+
+/// A serving standby's streamer, its handle on the change DB and its sessions' guards.
+#[derive(Clone)]
+pub struct Serving {
+    pub streamer: Addr<Streamer>,
+    pub log: ChangeLog,
+    pub guards: Guards,
+}
+
+/// `/replication/v{N}/changes` at a standby.
+pub fn changes(
+    req: &HttpRequest,
+    stream: web::Payload,
+    version: &str,
+    state: &StandbyState,
+) -> Result<HttpResponse, actix_web::Error> {
+    let Some(serving) = &state.serving else {
+        return refuse_session(req, stream, version);
+    };
+    let with = Subscribing {
+        streamer: serving.streamer.clone(),
+        reservations: None,
+        ping_interval: state.config.ping_interval(),
+        guards: &serving.guards,
+    };
+    subscribe(req, stream, version, with)
+}
+
+/// The same checks as the owner's endpoints (a 1002 for a bad version stays a 1002), then
+/// 1011 [`STANDBY_REASON`].
+pub fn refuse_session(
+    req: &HttpRequest,
+    stream: web::Payload,
+    version: &str,
+) -> Result<HttpResponse, actix_web::Error> {
+    match open_websocket(req, version) {
+        Opening::Answer(response) => Ok(response),
+        Opening::Refuse(reason) => refuse(req, stream, reason),
+        Opening::Proceed(_) => {
+            close_at_once(req, stream, SessionEnd::Unavailable(STANDBY_REASON.into()))
+        }
+    }
+}
+
+pub async fn metrics(state: &StandbyState) -> HttpResponse {
+    let gauge = format!(
+        "# HELP change_streamer_owner {OWNER_GAUGE_HELP}\n\
+         # TYPE change_streamer_owner gauge\n\
+         change_streamer_owner 0\n"
+    );
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4")
+        .body(gauge + &auth_failures_text(&state.access.failures()))
+}
+
+pub async fn readyz(state: &StandbyState) -> HttpResponse {
+    answer(readiness(state).await)
+}
+
+async fn readiness(state: &StandbyState) -> Result<(), NotReady> {
+    if let Some(s) = &state.serving {
+        if s.guards.guard().is_none() {
+            return Err(NotReady::Stopping);
+        }
+    }
+    if state.recorder.send(IsReachable).await.ok().flatten() == Some(false) {
+        return Err(NotReady::ChangeDbUnreachable);
+    }
+    let Some(serving) = &state.serving else {
+        return Err(NotReady::Standby);
+    };
+    match serving.log.stats().await {
+        Ok(stats) if stats.replica_version.is_some() => Ok(()),
+        Ok(_) => Err(NotReady::NotInitialised),
+        Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
+        Err(_) => Err(NotReady::ChangeDbUnreachable),
+    }
+}
+
+pub async fn status(state: &StandbyState) -> HttpResponse {
+    let subscribers = async {
+        match &state.serving {
+            Some(s) => s
+                .streamer
+                .send(GetStreamerState)
+                .await
+                .map(|s| s.subscribers)
+                .unwrap_or_default(), // stopped: it serves nobody
+            None => Vec::new(),
+        }
+    };
+    let (view, subscribers) =
+        futures_util::future::join(state.recorder.send(GetChangeDbView), subscribers).await;
+    let view = match view {
+        Ok(Ok(view)) => Some(view),
+        Ok(Err(e)) => {
+            warn!("standby /status: reading the change DB failed: {e}");
+            None
+        }
+        Err(_) => None, // the recorder stopped: the standby is stopping
+    };
+    HttpResponse::Ok().json(standby_json(state, view.as_ref(), &subscribers))
+}
+
+fn standby_json(
+    state: &StandbyState,
+    view: Option<&ChangeDbView>,
+    subscribers: &[SubscriberInfo],
+) -> Value {
+    let cfg = &state.config;
+    let stored = view.map(|v| {
+        let log = &v.log;
+        let safety = &v.safety;
+        let pending: Vec<PendingWatermark> = safety
+            .recorded
+            .iter()
+            .map(|r| PendingWatermark::new(r.watermark.clone(), r.replica.clone(), r.backed_up_ms))
+            .collect();
+        let delay = safety
+            .cleanup_delay
+            .unwrap_or_default()
+            .max(cfg.starting_cleanup_delay());
+        (
+            json!(log.replica_version),
+            json!({
+                "minWatermark": log.min_watermark,
+                "maxWatermark": log.max_watermark,
+                "rows": log.rows,
+            }),
+            json!({
+                "backupURL": cfg.litestream_backup_url,
+                "metricsURL": cfg.litestream_metrics_url,
+                "cleanupDelayMs": delay.as_millis() as u64,
+                "paused": !safety.reservations.is_empty(),
+                "lastScheduledWatermark": safety.last_scheduled,
+                "pendingWatermarks": pending,
+                "source": if cfg.litestream_vfs.is_some() { "vfs" } else { "metrics" },
+            }),
+        )
+    });
+    let (replica_version, change_log, backup) = stored.unwrap_or_default();
+    json!({
+        "role": Role::Standby,
+        "instance": state.instance,
+        "replicaVersion": replica_version,
+        "changeLog": change_log,
+        "backup": backup,
+        "upstream": null,
+        "purge": null,
+        "reservations": [],
+        "subscribers": subscribers,
+    })
+}

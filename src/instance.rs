@@ -1,0 +1,420 @@
+//! One instance of the service, for its whole life: the only way to start it.
+//!
+//! [`Instance::start`] binds the listening socket first (so that a refused address fails before
+//! anything else runs), starts the instance's one HTTP server on it, and returns once it
+//! listens. That server lives as long as the instance; what its routes do follows the
+//! instance's phase ([`Phase`], through the [`Door`]):
+//!
+//! - **SQLite** (no `--change-db`): the owner from the start ([`Owner`]).
+//! - **A shared change DB** (PROTOCOL.md §14): the instance keeps its record there
+//!   ([`InstanceRecorder`], PROTOCOL.md §14.1) and goes through these phases for as long as it
+//!   runs:
+//!   1. **Standby.** It answers as a standby (`http/standby.rs`) and, with `--standby-serves`
+//!      (the default), serves `/changes` from the change DB ([`StandbyServing`]). The change
+//!      log's engine tries to take ownership every `--takeover-interval-ms`.
+//!   2. **Owner.** Once it owns the change DB, the standby's streamer, with every subscriber,
+//!      becomes the owner's: the follower hands on the last commits the old owner made durable,
+//!      the streamer switches to ingesting, and the upstream client starts ([`Owner::start`]).
+//!      Its websocket connections never see the change: the server is the same (PROTOCOL.md
+//!      §14.1, takeover keeps subscribers).
+//!   3. **Deposed.** Once the engine finds it no longer owns the change DB (the fence refused a
+//!      write, its session ended, or the idle check failed), it refuses every further write,
+//!      so nothing more is stored or acked upstream, and reports it ([`ChangeLog::deposed`]).
+//!      The owner then steps down ([`Owner::stop`] with [`StopMode::HandOver`]): it stops
+//!      reading upstream, halts the actors that write and closes every session with 1011
+//!      `standby: not the owner` (what it forwarded may not all be durable); after one takeover
+//!      interval (the other standbys' turn first) it tries again, standing by at 1.
+//!
+//! [`Instance::stop`] (SIGINT or SIGTERM: [`run`]) ends any phase: the server stops accepting,
+//! the phase stops as its own `stop` says, the record is deleted, then the server stops.
+
+use std::future::Future;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix::prelude::*;
+use actix_web::dev::ServerHandle;
+use actix_web::rt::net::TcpSocket;
+use actix_web::{web, App, HttpServer};
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions, SEGMENT_ROWS};
+use change_streamer_actors::clock::Clock;
+use change_streamer_actors::instance::recorder::{self, InstanceRecorder};
+use change_streamer_actors::instance::InstanceId;
+use log::{error, info, warn};
+use tokio::sync::{oneshot, watch};
+
+use crate::config::Config;
+use crate::edge::{no_delay, Edge};
+use crate::http::access::guard;
+use crate::http::standby::StandbyState;
+use crate::http::{limit_header_size, routes, Door, Phase};
+use crate::owner::Owner;
+use crate::shutdown::StopMode;
+use crate::standby::StandbyServing;
+use crate::start_error::StartError;
+
+/// A running instance.
+pub struct Instance {
+    addr: SocketAddr,
+    server: ServerHandle,
+    stop: Option<oneshot::Sender<StopMode>>,
+    /// The instance's life ended by itself: an error it cannot go on after.
+    ended: oneshot::Receiver<Result<(), StartError>>,
+}
+
+/// What the instance's life needs, whatever its phases.
+struct Life {
+    config: Arc<Config>,
+    clock: Clock,
+    edge: Edge,
+    addr: SocketAddr,
+    instance: InstanceId,
+    phase: watch::Sender<Phase>,
+    server: ServerHandle,
+}
+
+impl Instance {
+    /// Starts the instance on the current actix system; `clock` is the time the backup side
+    /// reads (the system clock in production). Returns once it listens (see the module
+    /// documentation); on SQLite, once the owner's actors run.
+    pub async fn start(config: Config, clock: Clock) -> Result<Instance, StartError> {
+        let config = Arc::new(config);
+        let edge = Edge::load(&config)?;
+        let listener = listen(&config.host, config.port)?;
+        let addr = listener.addr;
+        let instance = InstanceId::new(addr, &clock);
+        let (first, owner, recorder) = match &config.change_db {
+            None => {
+                let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
+                let owner = Owner::start(
+                    config.clone(),
+                    log,
+                    None,
+                    clock.clone(),
+                    &edge,
+                    instance.clone(),
+                    None,
+                )
+                .await?;
+                (Phase::Owner(owner.state().clone()), Some(owner), None)
+            }
+            Some(url) => {
+                // One id and one record for the whole run, whatever the phase (PROTOCOL.md
+                // §14.1).
+                let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();
+                let standing = standing(&config, &edge, &instance, &recorder);
+                (Phase::Standby(standing), None, Some(recorder))
+            }
+        };
+        let (phase, door) = watch::channel(first);
+        let server = serve_http(&edge, listener, Door::new(door))?;
+        edge.access
+            .log_mode(&addr.to_string(), config.allow_unauthenticated);
+        let (stop, stop_rx) = oneshot::channel();
+        let (ended_tx, ended) = oneshot::channel();
+        let life = Life {
+            config,
+            clock,
+            edge,
+            addr,
+            instance,
+            phase,
+            server: server.clone(),
+        };
+        actix_rt::spawn(async move {
+            let result = match (owner, recorder) {
+                (Some(owner), _) => life.own(owner, stop_rx).await,
+                (None, Some(recorder)) => life.share(recorder, stop_rx).await,
+                (None, None) => Ok(()),
+            };
+            let _ = ended_tx.send(result);
+        });
+        Ok(Instance {
+            addr,
+            server,
+            stop: Some(stop),
+            ended,
+        })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops the instance, `mode` saying how its phase ends ([`StopMode::Graceful`]: every
+    /// session closed with 1001, the change log flushed), then its HTTP server. Answers how its
+    /// life ended.
+    pub async fn stop(mut self, mode: StopMode) -> Result<(), StartError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(mode);
+        }
+        let ended = (&mut self.ended).await.unwrap_or(Ok(()));
+        self.server.stop(mode.finishes_connections()).await;
+        ended
+    }
+}
+
+/// Runs an instance until `stop` resolves (SIGINT or SIGTERM), then stops it gracefully; or
+/// until its life ends by itself with an error.
+pub async fn run(
+    config: Config,
+    clock: Clock,
+    stop: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let mut instance = Instance::start(config, clock).await?;
+    tokio::pin!(stop);
+    tokio::select! {
+        () = &mut stop => instance.stop(StopMode::Graceful).await,
+        ended = &mut instance.ended => {
+            instance.server.stop(true).await;
+            ended.unwrap_or(Ok(()))
+        }
+    }
+}
+
+/// A standby's state for its handlers, serving nothing yet.
+fn standing(
+    config: &Arc<Config>,
+    edge: &Edge,
+    instance: &InstanceId,
+    recorder: &Addr<InstanceRecorder>,
+) -> StandbyState {
+    StandbyState {
+        config: config.clone(),
+        instance: instance.clone(),
+        recorder: recorder.clone(),
+        access: edge.access.clone(),
+        serving: None,
+    }
+}
+
+impl Life {
+    fn announce_owner(&self, log: &ChangeLog) {
+        info!(
+            "change-streamer listening on {} ({}, change log {})",
+            self.addr,
+            self.edge.scheme(),
+            log.location()
+        );
+    }
+
+    /// The owner throughout (SQLite) until asked to stop.
+    async fn own(self, owner: Owner, stop: oneshot::Receiver<StopMode>) -> Result<(), StartError> {
+        self.announce_owner(&owner.state().log);
+        let mode = stop.await.unwrap_or(StopMode::Graceful);
+        self.stopping(mode).await;
+        owner.stop(mode).await;
+        Ok(())
+    }
+
+    /// The server stops accepting before a graceful stop ends the phase.
+    async fn stopping(&self, mode: StopMode) {
+        if mode == StopMode::Graceful {
+            self.server.pause().await;
+        }
+    }
+
+    /// The phases of a shared change DB (see the module documentation) until asked to stop.
+    async fn share(
+        self,
+        recorder: Addr<InstanceRecorder>,
+        mut stop: oneshot::Receiver<StopMode>,
+    ) -> Result<(), StartError> {
+        let Some(url) = self.config.change_db.clone() else {
+            return Ok(());
+        };
+        let standing = standing(&self.config, &self.edge, &self.instance, &recorder);
+        let mut first_try_after = Duration::ZERO;
+        let result = loop {
+            // 1. Standby.
+            let serving = if self.config.standby_serves {
+                StandbyServing::start(&self.config, &url, &recorder).await
+            } else {
+                None
+            };
+            let (serving, handlers) = match serving {
+                Some((s, h)) => (Some(s), Some(h)),
+                None => (None, None),
+            };
+            info!(
+                "standby on {} until this instance owns the change DB ({})",
+                self.addr,
+                if handlers.is_some() {
+                    "serving /changes from the change DB"
+                } else {
+                    "not serving /changes"
+                }
+            );
+            self.phase.send_replace(Phase::Standby(StandbyState {
+                serving: handlers,
+                ..standing.clone()
+            }));
+            let opened = tokio::select! {
+                opened = async {
+                    actix_rt::time::sleep(first_try_after).await;
+                    open(&self.config, &url, &self.instance).await
+                } => opened,
+                mode = &mut stop => {
+                    let mode = mode.unwrap_or(StopMode::Graceful);
+                    info!("stopping the standby");
+                    self.stopping(mode).await;
+                    if let Some(s) = serving {
+                        s.stop().await;
+                    }
+                    break Ok(());
+                }
+            };
+            let log = match opened {
+                Ok(log) => log,
+                Err(e) => break Err(StartError::ChangeDb(e)),
+            };
+            // 2. Owner.
+            let stats = match log.stats().await {
+                Ok(stats) => stats,
+                Err(ChangeLogError::NotOwner) => {
+                    warn!("deposed while starting: standing by again");
+                    if let Some(s) = serving {
+                        s.stop().await;
+                    }
+                    first_try_after = self.config.takeover_interval();
+                    continue;
+                }
+                Err(e) => break Err(StartError::ChangeDb(e)),
+            };
+            let kept = match serving {
+                Some(s) => Some(s.take_over(&stats).await),
+                None => None,
+            };
+            let started = Owner::start(
+                self.config.clone(),
+                log.clone(),
+                kept,
+                self.clock.clone(),
+                &self.edge,
+                self.instance.clone(),
+                Some(recorder.clone()),
+            )
+            .await;
+            let owner = match started {
+                Ok(owner) => owner,
+                // Deposed before anything started (reading the state back is the first write
+                // command): stand by again.
+                Err(StartError::ChangeLog(ChangeLogError::NotOwner)) => {
+                    warn!("deposed while starting: standing by again");
+                    first_try_after = self.config.takeover_interval();
+                    continue;
+                }
+                Err(e) => break Err(e),
+            };
+            self.phase.send_replace(Phase::Owner(owner.state().clone()));
+            self.announce_owner(&log);
+            tokio::select! {
+                () = log.deposed() => {}
+                mode = &mut stop => {
+                    let mode = mode.unwrap_or(StopMode::Graceful);
+                    self.stopping(mode).await;
+                    owner.stop(mode).await;
+                    break Ok(());
+                }
+            }
+            // 3. Deposed.
+            error!(
+                "no longer the owner of change DB {}: stepping down to a standby",
+                log.location()
+            );
+            self.phase.send_replace(Phase::Standby(standing.clone()));
+            drop(log);
+            owner.stop(StopMode::HandOver).await;
+            // The other standbys' turn first: this one tries again after one takeover interval.
+            first_try_after = self.config.takeover_interval();
+        };
+        let _ = recorder.send(recorder::Stop).await;
+        info!("stopped");
+        result
+    }
+}
+
+/// Opens the shared change DB once this instance owns it (the engine tries every takeover
+/// interval meanwhile). `instance`'s own subscribers are its streamer's to check, so its purge
+/// reads only the others' records.
+async fn open(
+    config: &Config,
+    url: &str,
+    instance: &InstanceId,
+) -> Result<ChangeLog, ChangeLogError> {
+    let options = PgOptions {
+        instance: Some(instance.as_str().to_string()),
+        ..PgOptions::new(url, config.takeover_interval())
+    };
+    let log = ChangeLog::open_postgres(options).await?;
+    info!("owner of change DB {}", log.location());
+    Ok(log)
+}
+
+/// Starts the instance's one HTTP server on `listener`, behind the header limit and the
+/// access rule, its routes asking `door` which phase serves them.
+fn serve_http(edge: &Edge, listener: Listening, door: Door) -> Result<ServerHandle, StartError> {
+    let access = edge.access.clone();
+    let door = web::Data::new(door);
+    let server = HttpServer::new(move || {
+        App::new()
+            .wrap_fn(limit_header_size)
+            .wrap_fn(guard(&access))
+            .app_data(door.clone())
+            .configure(routes)
+    })
+    .on_connect(no_delay)
+    .workers(2)
+    .shutdown_timeout(5)
+    .disable_signals();
+    let server = edge
+        .listen(server, listener.listener)
+        .map_err(|source| StartError::Bind {
+            addr: listener.name.clone(),
+            source,
+        })?;
+    let server = server.run();
+    let handle = server.handle();
+    actix_rt::spawn(server);
+    Ok(handle)
+}
+
+/// The bound listening socket.
+struct Listening {
+    listener: std::net::TcpListener,
+    addr: SocketAddr,
+    /// As given (`--host:--port`), for errors.
+    name: String,
+}
+
+fn listen(host: &str, port: u16) -> Result<Listening, StartError> {
+    let name = format!("{host}:{port}");
+    let bind_error = |source| StartError::Bind {
+        addr: name.clone(),
+        source,
+    };
+    let addr = (host, port)
+        .to_socket_addrs()
+        .map_err(bind_error)?
+        .next()
+        .ok_or_else(|| bind_error(std::io::Error::other("the host resolves to no address")))?;
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()
+    } else {
+        TcpSocket::new_v6()
+    }
+    .map_err(bind_error)?;
+    socket.set_reuseaddr(true).map_err(bind_error)?;
+    socket.bind(addr).map_err(bind_error)?;
+    let listener = socket
+        .listen(1024)
+        .and_then(|l| l.into_std())
+        .map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    Ok(Listening {
+        listener,
+        addr,
+        name,
+    })
+}

@@ -1,0 +1,45 @@
+//! Why the service could not start, naming the flags whose values are at fault (the binary
+//! prints the error and where each flag's value came from, then exits non-zero).
+
+use change_streamer_actors::changelog::ChangeLogError;
+use change_streamer_actors::vfs::VfsError;
+
+use crate::config::SecretFlagError;
+use crate::tls::TlsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("--data-dir: {0}")]
+    ChangeLog(#[from] ChangeLogError),
+    #[error("--change-db: {0}")]
+    ChangeDb(ChangeLogError),
+    #[error("cannot listen on {addr} (--host, --port): {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("--litestream-vfs: {0}")]
+    LitestreamVfs(VfsError),
+    #[error(transparent)]
+    Secret(#[from] SecretFlagError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+}
+
+impl StartError {
+    /// The ids of the flags whose values the error is about.
+    pub fn flags(&self) -> &'static [&'static str] {
+        match self {
+            StartError::ChangeLog(_) => &["data_dir"],
+            StartError::ChangeDb(_) => &["change_db"],
+            StartError::Bind { .. } => &["host", "port"],
+            StartError::LitestreamVfs(_) => &["litestream_vfs"],
+            StartError::Secret(e) => e.flags(),
+            StartError::Tls(e) => match e.flag_id() {
+                "tls_cert" => &["tls_cert"],
+                "tls_key" => &["tls_key"],
+                _ => &["upstream_ca_file"],
+            },
+        }
+    }
+}
