@@ -64,6 +64,15 @@ fn standby_with(db: &TestDb, up: &FakeUpstream, flags: &[&str]) -> (Instance, St
     (b, addr)
 }
 
+/// [`standby_with`], on a change DB the owner initialised, once it serves `/changes`: its
+/// `/readyz` says `ready`. (It answers before: its first phase, until its streamer has started,
+/// closes `/changes` with 1011 `standby: not the owner`, though it will serve.)
+async fn serving_standby(db: &TestDb, up: &FakeUpstream, flags: &[&str]) -> (Instance, String) {
+    let (b, addr) = standby_with(db, up, flags);
+    readyz_until(&addr, (200, "ready\n")).await;
+    (b, addr)
+}
+
 /// The subscription of `id` at `addr` from `from` (replicaVersion 100, the initial sync).
 fn sub_url(addr: &str, id: &str, from: u64, extra: &str) -> String {
     format!(
@@ -170,7 +179,7 @@ async fn purge_setup_with(tag: &str, purge_delay_ms: &str) -> PurgeSetup {
     let (a, a_addr) = owner_with(&db, &up, &strs(&flags));
     up.wait_connections(1).await;
     ingest(&up, 100..=104, 2).await;
-    let (b, b_addr) = standby_with(&db, &up, &strs(&flags));
+    let (b, b_addr) = serving_standby(&db, &up, &strs(&flags)).await;
     let b_id = instance_id(&b_addr).await;
     PurgeSetup {
         up,
@@ -219,11 +228,10 @@ async fn a_standby_serves_changes_from_the_change_db() {
     let (_a, _a_addr) = owner_with(&db, &up, &[]);
     up.wait_connections(1).await;
     ingest(&up, 100..=110, 2).await;
-    let (_b, b_addr) = standby_with(&db, &up, &[]);
+    // (Its /readyz says ready: a serving standby following an initialised change DB.)
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
     assert_eq!(role(&b_addr).await, "standby");
     assert_eq!(owner_gauge(&b_addr).await, "0");
-    // A serving standby following an initialised change DB is ready.
-    readyz_until(&b_addr, (200, "ready\n")).await;
 
     // Catch-up: what the owner stored before the subscription, read from the change DB.
     let mut s = subscribe(&b_addr, "rb", 100).await;
@@ -269,7 +277,7 @@ async fn a_standby_checks_subscriptions_as_the_owner_does() {
     // 101 is not a stored commit: a hole inside the stored range.
     ingest(&up, 100..=100, 1).await;
     ingest(&up, 102..=103, 1).await;
-    let (_b, b_addr) = standby_with(&db, &up, &ping);
+    let (_b, b_addr) = serving_standby(&db, &up, &ping).await;
 
     let rv = wm(100);
     // (request, whether the client acks the first message, the expected first message or close)
@@ -426,6 +434,8 @@ async fn a_standby_closes_1011_before_the_change_log_is_initialised_as_the_owner
     let up = FakeUpstream::start().await;
     let (_a, a_addr) = owner_with(&db, &up, &[]);
     let (_b, b_addr) = standby_with(&db, &up, &[]);
+    // Serving, not ready: the change DB holds no replicaVersion yet.
+    readyz_until(&b_addr, (503, "not initialised\n")).await;
     let path = format!(
         "changes?id=r&replicaVersion={}&watermark={}",
         wm(100),
@@ -436,7 +446,6 @@ async fn a_standby_closes_1011_before_the_change_log_is_initialised_as_the_owner
     assert_eq!(at_owner.0, 1011, "{at_owner:?}");
     let mut c = WsClient::connect(&format!("ws://{b_addr}/replication/v6/{path}")).await;
     assert_eq!(c.closed().await, at_owner);
-    assert_eq!(get(&b_addr, "/readyz").await.0, 503);
 }
 
 #[actix_rt::test]
@@ -446,7 +455,7 @@ async fn a_standbys_batched_subscriber_gets_batched_frames_and_acks_cumulatively
     let (_a, _a_addr) = owner_with(&db, &up, &[]);
     up.wait_connections(1).await;
     ingest(&up, 100..=130, 3).await;
-    let (_b, b_addr) = standby_with(&db, &up, &[]);
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
     let mut c = WsClient::connect(&sub_url(&b_addr, "bb", 100, "&wsBatched=true")).await;
     // The status frame alone: a plain `msg` frame.
     assert_eq!(
@@ -500,7 +509,7 @@ async fn a_standbys_status_lists_its_own_subscribers_as_the_owner_does() {
     let (_a, a_addr) = owner_with(&db, &up, &[]);
     up.wait_connections(1).await;
     ingest(&up, 100..=103, 2).await;
-    let (_b, b_addr) = standby_with(&db, &up, &[]);
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
     let b_id = instance_id(&b_addr).await;
     let mut ra = subscribe(&a_addr, "ra", 100).await;
     let mut rb = subscribe(&b_addr, "rb", 100).await;
@@ -512,8 +521,9 @@ async fn a_standbys_status_lists_its_own_subscribers_as_the_owner_does() {
         subscriber(st, "ra").is_some_and(|s| s["acked"] == json!(wm(103)))
     })
     .await;
+    // (Its catch-up done, it turns live a moment after the last catch-up ack, maybe.)
     let standby = status_until(&b_addr, "the standby's subscribers listed", LIMIT, |st| {
-        subscriber(st, "rb").is_some_and(|s| s["acked"] == json!(wm(103)))
+        subscriber(st, "rb").is_some_and(|s| s["acked"] == json!(wm(103)) && s["phase"] == "live")
             && subscriber(st, "rb-backup").is_some()
     })
     .await;
@@ -537,7 +547,6 @@ async fn a_standbys_status_lists_its_own_subscribers_as_the_owner_does() {
     assert_eq!(keys(b_entry), keys(a_entry), "{b_entry} vs {a_entry}");
     assert_eq!(b_entry["mode"], "serving", "{b_entry}");
     assert_eq!(b_entry["watermark"], json!(wm(103)), "{b_entry}");
-    assert_eq!(b_entry["phase"], "live", "{b_entry}");
     assert_eq!(
         subscriber(&standby, "rb-backup").unwrap()["mode"],
         "backup",
@@ -597,7 +606,7 @@ async fn standby_serves_false_closes_with_1011() {
     // Said explicitly, the default: it serves.
     let mut on = strs(&flags);
     on.push("--standby-serves=true");
-    let (_c, c_addr) = standby_with(&db, &up, &on);
+    let (_c, c_addr) = serving_standby(&db, &up, &on).await;
     let mut s = subscribe(&c_addr, "r1", 100).await;
     assert_eq!(read_txns(&mut s, 101).await, vec![101]);
 }
@@ -614,7 +623,7 @@ async fn the_owner_never_waits_for_a_standbys_subscriber() {
     );
     up.wait_connections(1).await;
     ingest(&up, 100..=100, 1).await;
-    let (_b, b_addr) = standby_with(&db, &up, &[]);
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
     let mut ra = subscribe(&a_addr, "ra", 100).await;
     // The standby's subscriber reads nothing after its status.
     let mut stalled = subscribe(&b_addr, "stalled", 100).await;
@@ -637,7 +646,7 @@ async fn subscribers_spread_over_the_owner_and_a_standby_get_every_transaction_o
     let (_a, a_addr) = owner_with(&db, &up, &[]);
     up.wait_connections(1).await;
     ingest(&up, 100..=120, 2).await;
-    let (_b, b_addr) = standby_with(&db, &up, &[]);
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
     const LAST: u64 = 400;
     let mut readers = Vec::new();
     let mut join = |addr: &str, id: String, from: u64| {
@@ -945,7 +954,7 @@ async fn a_standby_whose_record_lapsed_leaves_its_catching_up_subscriber_no_gap(
     // The standby reads a catch-up only as far as its subscriber has room: 8 changes.
     let mut small = strs(&flags);
     small.extend(["--max-subscriber-queue-changes", "8"]);
-    let (b, b_addr) = standby_with(&db, &up, &small);
+    let (b, b_addr) = serving_standby(&db, &up, &small).await;
     let mut ra = subscribe(&a_addr, "ra", 100).await;
     assert_eq!(read_txns(&mut ra, 140).await, upto(101, 140));
     // Acked at 101, the rest of its catch-up not yet read from the change DB.
