@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::client::{commit_of, frame, payloads, read_until, WsClient};
 use change_streamer_test_support::service::{service_with_upstream, TestService};
 use change_streamer_test_support::upstream::txn;
 use serde_json::{json, Value};
@@ -21,62 +21,6 @@ fn changes_url(svc: &TestService, id: &str, extra: &str) -> String {
         w(100),
         w(100)
     ))
-}
-
-/// The next frame (panics on a close or a timeout).
-async fn frame(c: &mut WsClient) -> Value {
-    match c.next_frame(Duration::from_secs(10)).await {
-        Some(Ok(v)) => v,
-        other => panic!("expected a frame, got {other:?}"),
-    }
-}
-
-/// The payloads of a frame of either shape, and its id.
-fn payloads(f: &Value) -> (u64, Vec<Value>) {
-    let id = f["id"].as_u64().expect("id");
-    match (&f["msg"], &f["batch"]) {
-        (Value::Null, Value::Array(batch)) => (id, batch.clone()),
-        (msg, Value::Null) => (id, vec![msg.clone()]),
-        _ => panic!("neither msg nor batch: {f}"),
-    }
-}
-
-/// The commit watermark of a `commit` payload, as a number.
-fn commit_of(p: &Value) -> Option<u64> {
-    (p[0] == "commit").then(|| {
-        Watermark::parse(p[2]["watermark"].as_str().unwrap_or_default())
-            .unwrap()
-            .to_u64()
-            .unwrap()
-    })
-}
-
-/// Reads (without acking) until a frame holds the commit of `last`; checks that transactions
-/// come whole and in order, each once; returns the last frame's id.
-async fn read_until(c: &mut WsClient, mut next: u64, last: u64) -> (u64, u64) {
-    let mut open = false;
-    loop {
-        let (id, ps) = payloads(&frame(c).await);
-        for p in ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open);
-                    open = false;
-                    assert_eq!(commit_of(&p), Some(next), "out of order");
-                    if next == last {
-                        return (id, next);
-                    }
-                    next += 1;
-                }
-                _ => panic!("unexpected {p}"),
-            }
-        }
-    }
 }
 
 /// `change_streamer_subscriber_pending_changes{id="<id>"}` from `/metrics`.

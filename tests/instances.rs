@@ -4,10 +4,10 @@
 //! change DB's state; `/readyz` on an owner before and after its first transaction, on a
 //! serving standby before and after, and on one with `--standby-serves=false`; on SQLite, `/status` names the instance too.
 
-#[allow(dead_code)] // shared with tests/takeover.rs, which uses the rest
+#[allow(dead_code)] // shared with tests/takeover.rs and tests/standby_serving.rs
 mod takeover_support;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use change_streamer_actors::instance::GONE_AFTER;
 use change_streamer_test_support::client::WsClient;
@@ -32,11 +32,6 @@ fn owner_and_standby(db: &TestDb, up: &FakeUpstream) -> (Instance, String, Insta
     let b = Instance::start(db, &up.url());
     let b_addr = b.standby.recv_timeout(START).expect("the second stands by");
     (a, a_addr, b, b_addr)
-}
-
-async fn instance_id(addr: &str) -> String {
-    let status = status_until(addr, "an instance id", START, |s| s["instance"].is_string()).await;
-    status["instance"].as_str().unwrap().to_string()
 }
 
 #[actix_rt::test]
@@ -216,28 +211,6 @@ async fn status_names_the_instance_on_sqlite_too() {
         (503, "not initialised\n".to_string())
     );
     svc.stop().await;
-}
-
-/// Polls `GET {addr}/status` until `cond` holds of it; panics, naming `what`, after `limit`.
-pub async fn status_until(
-    addr: &str,
-    what: &str,
-    limit: Duration,
-    mut cond: impl FnMut(&serde_json::Value) -> bool,
-) -> serde_json::Value {
-    let deadline = Instant::now() + limit;
-    loop {
-        let (code, body) = get(addr, "/status").await;
-        let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        if code == 200 && cond(&status) {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: not reached within {limit:?}; last /status: {body}"
-        );
-        actix_rt::time::sleep(change_streamer_test_support::wait::POLL).await;
-    }
 }
 
 /// The ids in the `instances` of `status` (an owner's), with their roles.

@@ -8,6 +8,7 @@
 //! standby stops gracefully on SIGTERM and SIGINT; the change log's size on disk reported from
 //! the change DB's tables.
 
+#[allow(dead_code)] // shared with tests/instances.rs and tests/standby_serving.rs
 mod takeover_support;
 
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! What the end-to-end tests on a shared PostgreSQL change DB (`tests/takeover.rs`) share: a
 //! service process and what its log says, requests to its operator endpoints, the change
-//! source's acks, and ending the owner's PostgreSQL session.
+//! source's acks, ending the owner's PostgreSQL session, and polling an instance's `/status`.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -179,4 +179,35 @@ pub async fn close_within(c: &mut WsClient, limit: Duration) -> (u16, String) {
 
 pub fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
+}
+
+/// Polls `GET {addr}/status` until `cond` holds of it; panics, naming `what`, after `limit`.
+pub async fn status_until(
+    addr: &str,
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let (code, body) = get(addr, "/status").await;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if code == 200 && cond(&status) {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not reached within {limit:?}; last /status: {body}"
+        );
+        actix_rt::time::sleep(change_streamer_test_support::wait::POLL).await;
+    }
+}
+
+/// The id of the instance answering at `addr` (its `/status` `instance`).
+pub async fn instance_id(addr: &str) -> String {
+    let status = status_until(addr, "an instance id", Duration::from_secs(20), |s| {
+        s["instance"].is_string()
+    })
+    .await;
+    status["instance"].as_str().unwrap().to_string()
 }
