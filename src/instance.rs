@@ -229,7 +229,8 @@ impl Life {
         let result = loop {
             // 1. Standby.
             let serving = if self.config.standby_serves {
-                StandbyServing::start(&self.config, &url, &recorder).await
+                StandbyServing::start(&self.config, &url, &recorder, &self.instance, &self.clock)
+                    .await
             } else {
                 None
             };
