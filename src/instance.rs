@@ -238,19 +238,20 @@ impl Life {
                 Some((s, h)) => (Some(s), Some(h)),
                 None => (None, None),
             };
-            info!(
-                "standby on {} until this instance owns the change DB ({})",
-                self.addr,
-                if handlers.is_some() {
-                    "serving /changes from the change DB"
-                } else {
-                    "not serving /changes"
-                }
-            );
+            let serves = if handlers.is_some() {
+                "serving /changes and /snapshot from the change DB"
+            } else {
+                "not serving /changes"
+            };
+            // Said once the routes serve as a standby.
             self.phase.send_replace(Phase::Standby(StandbyState {
                 serving: handlers,
                 ..standing.clone()
             }));
+            info!(
+                "standby on {} until this instance owns the change DB ({serves})",
+                self.addr
+            );
             let opened = tokio::select! {
                 opened = async {
                     actix_rt::time::sleep(first_try_after).await;

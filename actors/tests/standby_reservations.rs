@@ -122,7 +122,10 @@ where
 {
     let deadline = std::time::Instant::now() + limit;
     while !cond().await {
-        assert!(std::time::Instant::now() < deadline, "not within {limit:?}: {what}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {limit:?}: {what}"
+        );
         actix_rt::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -165,8 +168,15 @@ async fn a_standbys_recorded_reservation_pauses_the_owners_cleanup_until_dropped
     owner.at(60_000);
     owner.poll(6).await;
     assert!(!owner.paused().await);
-    assert_eq!(owner.purge.send(Take).await.unwrap(), [Watermark::from_u64(6).to_string()]);
-    assert_eq!(owner.delay_ms().await, DELAY_MS as i64, "a drop does not grow");
+    assert_eq!(
+        owner.purge.send(Take).await.unwrap(),
+        [Watermark::from_u64(6).to_string()]
+    );
+    assert_eq!(
+        owner.delay_ms().await,
+        DELAY_MS as i64,
+        "a drop does not grow"
+    );
 }
 
 #[actix_rt::test]
@@ -191,23 +201,39 @@ async fn a_standbys_reservation_ended_at_the_owner_grows_the_delay_from_its_star
         .unwrap();
     assert_eq!(own, None, "not the owner's own reservation");
     // The standby's refresh finds the end (and would close its socket with 1000).
-    wait_until_async("the end recorded for the standby to read", LIMIT, || async {
-        let ends = standby_db.ends_for(&["t1"]).await.unwrap();
-        ends.iter().any(|e| e.ended_ms == START + 60_000)
-    })
+    wait_until_async(
+        "the end recorded for the standby to read",
+        LIMIT,
+        || async {
+            let ends = standby_db.ends_for(&["t1"]).await.unwrap();
+            ends.iter().any(|e| e.ended_ms == START + 60_000)
+        },
+    )
     .await;
 
     owner.at(61_000);
     owner.poll(6).await;
     assert_eq!(owner.delay_ms().await, 60_000, "grown from the start");
-    assert!(!owner.paused().await, "ended, though the standby still records it");
-    assert_eq!(owner.purge.send(Take).await.unwrap(), [Watermark::from_u64(6).to_string()]);
+    assert!(
+        !owner.paused().await,
+        "ended, though the standby still records it"
+    );
+    assert_eq!(
+        owner.purge.send(Take).await.unwrap(),
+        [Watermark::from_u64(6).to_string()]
+    );
     // The standby closes the socket and drops the row; the owner forgets the end.
     record_standby(&standby_db, &standby, &[]).await;
     owner.poll(7).await;
     owner.poll(8).await;
     wait_until_async("the applied end forgotten", LIMIT, || async {
-        owner.db.reservation_records("x").await.unwrap().ends.is_empty()
+        owner
+            .db
+            .reservation_records("x")
+            .await
+            .unwrap()
+            .ends
+            .is_empty()
     })
     .await;
     assert_eq!(owner.delay_ms().await, 60_000);
@@ -266,17 +292,32 @@ async fn a_gone_standbys_reservation_is_orphaned_at_the_owner_from_when_it_was_s
     assert!(list[0].orphaned);
     assert_eq!(list[0].held_ms, 5_000, "its original start kept");
     // Written down as the owner's own (a restart keeps it), then forgotten in the records.
-    wait_until_async("written down and forgotten in the records", LIMIT, || async {
-        let stored = owner.log.load_state().await.unwrap().reservations;
-        let records = owner.db.reservation_records("x").await.unwrap();
-        stored.iter().any(|r| r.task_id == "t1" && r.started_ms == START) && records.held.is_empty()
-    })
+    wait_until_async(
+        "written down and forgotten in the records",
+        LIMIT,
+        || async {
+            let stored = owner.log.load_state().await.unwrap().reservations;
+            let records = owner.db.reservation_records("x").await.unwrap();
+            stored
+                .iter()
+                .any(|r| r.task_id == "t1" && r.started_ms == START)
+                && records.held.is_empty()
+        },
+    )
     .await;
 
     // §13 (b) from the moment the owner saw it gone (+5 s), not from the start.
     owner.at(5_000 + DELAY_MS as i64 - 1);
     owner.reservations.send(ExpireReservations).await.unwrap();
-    assert_eq!(owner.reservations.send(ListReservations).await.unwrap().len(), 1);
+    assert_eq!(
+        owner
+            .reservations
+            .send(ListReservations)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     owner.at(5_000 + DELAY_MS as i64);
     owner.reservations.send(ExpireReservations).await.unwrap();
     assert_eq!(owner.reservations.send(ListReservations).await.unwrap(), []);
