@@ -285,7 +285,11 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
     // A new reservation on the deposed owner is a serving standby's (PROTOCOL.md §14.1).
     let mut c =
         WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t2")).await;
-    assert_eq!(c.msg().await.1[0], "status", "a new session on the deposed owner");
+    assert_eq!(
+        c.msg().await.1[0],
+        "status",
+        "a new session on the deposed owner"
+    );
     assert_eq!(role(&b_addr).await, "owner");
     // The new owner resumed where the deposed one stopped storing.
     up.wait_connections(2).await;
