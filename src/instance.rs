@@ -231,8 +231,14 @@ impl Life {
         let result = loop {
             // 1. Standby.
             if serving.is_none() && self.config.standby_serves {
-                if let Some((s, handlers)) =
-                    StandbyServing::start(&self.config, &url, &recorder).await
+                if let Some((s, handlers)) = StandbyServing::start(
+                    &self.config,
+                    &url,
+                    &recorder,
+                    &self.instance,
+                    &self.clock,
+                )
+                .await
                 {
                     serving = Some(s);
                     self.phase.send_replace(Phase::Standby(StandbyState {
@@ -248,7 +254,7 @@ impl Life {
                 "standby on {} until this instance owns the change DB ({})",
                 self.addr,
                 if serving.is_some() {
-                    "serving /changes from the change DB"
+                    "serving /changes and /snapshot from the change DB"
                 } else {
                     "not serving /changes"
                 }

@@ -35,6 +35,7 @@ use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serv
 use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
 use change_streamer_actors::purger::Purger;
+use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{Ingest, Streamer};
@@ -131,14 +132,20 @@ impl Owner {
                 None
             }
             Some(url) => {
-                let cleanup = CleanupActor::new(
+                // The reservation actor's address first: on a shared change DB the cleanup
+                // actor asks it at each poll for the other instances' reservations.
+                let reservations_ctx = Context::<ReservationActor>::new();
+                let mut cleanup = CleanupActor::new(
                     clock.clone(),
                     config.initial_cleanup_delay(),
                     config.min_cleanup_delay(),
                     purger.clone().recipient(),
                 )
-                .restore(&safety, log.clone())
-                .start();
+                .restore(&safety, log.clone());
+                if recorder.is_some() {
+                    cleanup = cleanup.with_others(reservations_ctx.address().recipient());
+                }
+                let cleanup = cleanup.start();
                 // Orphans end after the delay this start goes on with: the learned one, never
                 // below this run's starting delay (as the cleanup actor restores it).
                 let cleanup_delay = safety
@@ -156,7 +163,10 @@ impl Owner {
                 if vfs.is_some() {
                     reservations = reservations.verifying_backups();
                 }
-                let reservations = reservations.start();
+                if let Some(r) = &recorder {
+                    reservations = reservations.with_records(r.clone());
+                }
+                let reservations = reservations_ctx.run(reservations);
                 let monitor = match vfs {
                     None => MonitorActor::new(
                         MonitorConfig::new(
@@ -200,7 +210,11 @@ impl Owner {
             r.do_send(Serve(Holders {
                 log: log.clone(),
                 streamer: streamer.clone(),
-                reservations: state.backup.as_ref().map(|b| b.reservations.clone()),
+                reservations: state.backup.as_ref().map(|b| ReservationHolder {
+                    list: b.reservations.clone().recipient(),
+                    ended: b.reservations.clone().recipient(),
+                    record_rows: false,
+                }),
             }));
         }
         let upstream = config.upstream.as_ref().map(|url| {

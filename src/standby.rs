@@ -3,17 +3,26 @@
 //! `/changes` from the change DB, fed by a [`follower`] of the owner's commits and storing
 //! nothing; its joining subscribers are recorded in the change DB first, so that the owner's
 //! purge holds them back ([`InstanceRecorder`](change_streamer_actors::instance::recorder)).
+//! With `--litestream-backup-url` it also holds `/snapshot` reservations
+//! ([`StandbyReservations`]), recorded in the change DB so that they pause the owner's cleanup.
 //! What the standby answers over HTTP is `http/standby.rs`.
 //!
 //! Its end is one of two: [`StandbyServing::stop`] (a graceful stop, or an error the instance
 //! cannot go on after: subscribers closed with 1001), or [`StandbyServing::take_over`]: this
 //! instance became the owner, and the streamer, with every subscriber, goes on as the owner's
-//! ([`Kept`]).
+//! ([`Kept`]). Its reservations' sockets close at a takeover (1011, [`TAKEN_OVER_REASON`]);
+//! their rows stay, and the new owner finds them orphaned (its own standby phase's, PROTOCOL.md
+//! §14.1), so cleanup stays paused until the tasks come back.
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, LogStats};
+use change_streamer_actors::clock::Clock;
 use change_streamer_actors::follower::{self, FollowerHandle};
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
+use change_streamer_actors::instance::InstanceId;
+use change_streamer_actors::reservation;
+use change_streamer_actors::reservation::records::ReservationHolder;
+use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{self, Streamer, StreamerConfig};
 use log::{info, warn};
@@ -35,9 +44,13 @@ pub(crate) fn streamer_config(config: &Config) -> StreamerConfig {
     }
 }
 
+/// The close reason of a standby's reservation sockets when the standby takes over (1011).
+pub const TAKEN_OVER_REASON: &str = "this instance became the owner: reserve again";
+
 /// A serving standby's streamer, follower and sessions.
 pub(crate) struct StandbyServing {
     streamer: Addr<Streamer>,
+    reservations: Option<Addr<StandbyReservations>>,
     follower: FollowerHandle,
     drain: Drain,
     recorder: Addr<InstanceRecorder>,
@@ -51,6 +64,8 @@ impl StandbyServing {
         config: &Config,
         url: &str,
         recorder: &Addr<InstanceRecorder>,
+        instance: &InstanceId,
+        clock: &Clock,
     ) -> Option<(StandbyServing, Serving)> {
         let log = match ChangeLog::open_postgres_standby(url) {
             Ok(log) => log,
@@ -75,18 +90,38 @@ impl StandbyServing {
             stats.max_watermark.clone(),
         );
         let drain = Drain::default();
+        let reservations = config.litestream_backup_url.as_ref().map(|backup_url| {
+            let r = StandbyReservations::new(
+                clock.clone(),
+                instance.clone(),
+                backup_url.clone(),
+                streamer.clone().recipient(),
+                recorder.clone(),
+            );
+            match config.litestream_vfs {
+                Some(_) => r.verifying_backups(),
+                None => r,
+            }
+            .start()
+        });
         recorder.do_send(Serve(Holders {
             log: log.clone(),
             streamer: streamer.clone(),
-            reservations: None,
+            reservations: reservations.as_ref().map(|r| ReservationHolder {
+                list: r.clone().recipient(),
+                ended: r.clone().recipient(),
+                record_rows: true,
+            }),
         }));
         let serving = Serving {
             streamer: streamer.clone(),
+            reservations: reservations.clone(),
             log,
             guards: drain.guards(),
         };
         let running = StandbyServing {
             streamer,
+            reservations,
             follower,
             drain,
             recorder: recorder.clone(),
@@ -98,10 +133,20 @@ impl StandbyServing {
     pub(crate) async fn stop(self) {
         let StandbyServing {
             streamer,
+            reservations,
             follower,
             drain,
             recorder,
         } = self;
+        // The reservation rows stay as last recorded: the owner orphans them once this
+        // instance is gone.
+        if let Some(r) = reservations {
+            let _ = r
+                .send(reservation::Stop {
+                    end: Some(SessionEnd::ServiceStop),
+                })
+                .await;
+        }
         follower.stop().await;
         let _ = streamer
             .send(streamer::Stop {
@@ -124,10 +169,18 @@ impl StandbyServing {
     pub(crate) async fn take_over(self) -> Kept {
         let StandbyServing {
             streamer,
+            reservations,
             follower,
             drain,
             ..
         } = self;
+        if let Some(r) = reservations {
+            let _ = r
+                .send(reservation::Stop {
+                    end: Some(SessionEnd::Unavailable(TAKEN_OVER_REASON.into())),
+                })
+                .await;
+        }
         follower.stop().await;
         info!("taking over: the standby's streamer and its subscribers go to the owner");
         Kept { streamer, drain }

@@ -49,12 +49,16 @@ async fn kill_9_of_the_owner_mid_ingest_the_standby_owns_and_no_acked_commit_is_
     assert_eq!(role(&b_addr).await, "standby");
     assert_eq!(owner_gauge(&b_addr).await, "0");
     assert_eq!(get(&b_addr, "/healthz").await.0, 200);
-    // Reservations are the owner's (a serving standby's /changes: tests/standby_serving.rs).
+    // A serving standby checks /snapshot as the owner does: without a backup URL, refused
+    // (its reservations: tests/standby_snapshot.rs; its /changes: tests/standby_serving.rs).
     let mut c =
         WsClient::connect(&format!("ws://{b_addr}/replication/v6/snapshot?taskID=t1")).await;
     assert_eq!(
         c.closed().await,
-        (1011, "standby: not the owner".to_string())
+        (
+            1002,
+            "replication-manager is not configured with a ZERO_LITESTREAM_BACKUP_URL".to_string()
+        )
     );
 
     for n in 100..140 {
@@ -279,11 +283,12 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
     assert_eq!(role(&a_addr).await, "standby");
     assert_eq!(owner_gauge(&a_addr).await, "0");
     assert_eq!(get(&a_addr, "/healthz").await.0, 200);
+    // A new reservation on the deposed owner is a serving standby's (PROTOCOL.md §14.1).
     let mut c =
         WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t2")).await;
     assert_eq!(
-        c.closed().await,
-        closed,
+        c.msg().await.1[0],
+        "status",
         "a new session on the deposed owner"
     );
     assert_eq!(role(&b_addr).await, "owner");

@@ -16,6 +16,13 @@
 //! A reservation that merely drops (crash, replacement, shutdown) says nothing about how long a
 //! restore takes, so it never grows the delay.
 //!
+//! ### Other instances' reservations
+//! On a shared change DB (PROTOCOL.md §14.1) a standby's reservations pause cleanup too. With
+//! [`CleanupActor::with_others`], each poll asks the [`ReservationActor`] for them
+//! ([`SyncRecords`]: read from the change DB) after recording and before scheduling, and waits
+//! for the answer: what pauses, and the held times of their ends by subscription, which grow
+//! the delay before this poll schedules. A poll whose records cannot be read schedules nothing.
+//!
 //! ### Why it is written down
 //! Everything it decides protects a replica that may be restoring right now, so it must survive
 //! a restart, `kill -9` included (PROTOCOL.md §3, §13): with a change log to persist to, every change
@@ -35,7 +42,11 @@ use serde::Serialize;
 use crate::changelog::{ChangeLog, RecordedWatermark, SafetyState, StateChange};
 use crate::clock::{format_rfc3339_ms, Clock};
 use crate::litestream::BackupSample;
+use crate::reservation::{OthersView, SyncRecords};
 use crate::watermark::Watermark;
+
+/// The longest a poll waits for the other instances' reservations.
+const SYNC_LIMIT: Duration = Duration::from_secs(5);
 
 /// Tells the purge side that every change below `watermark` may go (PROTOCOL.md §9 decides whether it
 /// is safe yet).
@@ -128,6 +139,10 @@ pub struct CleanupActor {
     scheduled_total: u64,
     /// Where decisions are written down; `None` keeps them in memory only (the replay).
     store: Option<ChangeLog>,
+    /// Asked at each poll for the other instances' reservations (a shared change DB).
+    others: Option<Recipient<SyncRecords>>,
+    /// What paused cleanup at the last poll besides `reservations`: other instances'.
+    others_paused: BTreeSet<String>,
 }
 
 impl CleanupActor {
@@ -152,7 +167,16 @@ impl CleanupActor {
             target,
             scheduled_total: 0,
             store: None,
+            others: None,
+            others_paused: BTreeSet::new(),
         }
+    }
+
+    /// Asks `others` at each poll, before scheduling, which reservations of other instances
+    /// pause cleanup (see the module documentation).
+    pub fn with_others(mut self, others: Recipient<SyncRecords>) -> Self {
+        self.others = Some(others);
+        self
     }
 
     /// Takes back what a previous run wrote down: the learned delay (never below this run's
@@ -241,8 +265,13 @@ impl CleanupActor {
     /// `cleanupDelay` old and forget every recorded watermark up to it. Only the greatest is
     /// scheduled because cleaning up to it covers all the smaller ones.
     fn schedule(&mut self, ctx: &mut Context<Self>) {
-        if !self.reservations.is_empty() {
-            let tasks: Vec<&str> = self.reservations.iter().map(String::as_str).collect();
+        if self.paused() {
+            let tasks: Vec<&str> = self
+                .reservations
+                .iter()
+                .chain(&self.others_paused)
+                .map(String::as_str)
+                .collect();
             info!("cleanup paused for snapshot(s): {}", tasks.join(","));
             return;
         }
@@ -274,10 +303,55 @@ impl CleanupActor {
         }
     }
 
+    fn paused(&self) -> bool {
+        !self.reservations.is_empty() || !self.others_paused.is_empty()
+    }
+
+    /// A reservation of `task` ended by its subscription after being held `held_for`: the
+    /// delay grows to it if it is longer (PROTOCOL.md §8.3).
+    fn grow(&mut self, task: &str, held_for: Duration, ctx: &mut Context<Self>) {
+        let held = i64::try_from(held_for.as_millis()).unwrap_or(i64::MAX);
+        info!("snapshot initialized by {task} in {held} ms");
+        if held > self.cleanup_delay_ms {
+            self.cleanup_delay_ms = held;
+            self.write_down(StateChange::CleanupDelay(held_for), ctx);
+            info!("increased cleanup delay to {held} ms (task {task})");
+        }
+    }
+
+    /// Takes the other instances' part of this poll, then schedules.
+    fn schedule_with_others(&mut self, others: Recipient<SyncRecords>, ctx: &mut Context<Self>) {
+        let cleanup_delay = Duration::from_millis(self.cleanup_delay_ms.max(0) as u64);
+        others
+            .send(SyncRecords { cleanup_delay })
+            .timeout(SYNC_LIMIT)
+            .into_actor(self)
+            .map(|answer, act, ctx| {
+                let view: OthersView = match answer {
+                    Ok(Ok(view)) => view,
+                    Ok(Err(e)) => {
+                        warn!("cleanup not scheduled at this poll: {e}");
+                        return;
+                    }
+                    Err(e) => {
+                        warn!("cleanup not scheduled at this poll: the other instances' reservations were not read ({e})");
+                        return;
+                    }
+                };
+                for (task, held) in &view.grown {
+                    act.grow(task, *held, ctx);
+                }
+                act.others_paused = view.paused_by.into_iter().collect();
+                act.schedule(ctx);
+            })
+            // Nothing else is handled until this poll has scheduled.
+            .wait(ctx);
+    }
+
     fn state(&self) -> CleanupState {
         CleanupState {
             cleanup_delay_ms: self.cleanup_delay_ms,
-            paused: !self.reservations.is_empty(),
+            paused: self.paused(),
             last_scheduled_watermark: self.last_scheduled.clone(),
             pending_watermarks: self
                 .watermarks
@@ -299,7 +373,10 @@ impl Handler<PollResult> for CleanupActor {
     type Result = ();
     fn handle(&mut self, msg: PollResult, ctx: &mut Context<Self>) {
         self.record(msg.samples, ctx);
-        self.schedule(ctx);
+        match self.others.clone() {
+            Some(others) => self.schedule_with_others(others, ctx),
+            None => self.schedule(ctx),
+        }
     }
 }
 
@@ -316,16 +393,7 @@ impl Handler<ReservationClosed> for CleanupActor {
     fn handle(&mut self, msg: ReservationClosed, ctx: &mut Context<Self>) {
         self.reservations.remove(&msg.task_id);
         if let Some(held_for) = msg.ended_by_subscription_after {
-            let held = i64::try_from(held_for.as_millis()).unwrap_or(i64::MAX);
-            info!("snapshot initialized by {} in {held} ms", msg.task_id);
-            if held > self.cleanup_delay_ms {
-                self.cleanup_delay_ms = held;
-                self.write_down(StateChange::CleanupDelay(held_for), ctx);
-                info!(
-                    "increased cleanup delay to {held} ms (task {})",
-                    msg.task_id
-                );
-            }
+            self.grow(&msg.task_id, held_for, ctx);
         }
     }
 }

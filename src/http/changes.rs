@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use actix::Addr;
+use actix::{Addr, Recipient};
 use actix_web::{web, HttpRequest, HttpResponse};
-use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::reservation::EndBySubscription;
 use change_streamer_actors::streamer::{Mode, Streamer};
 use change_streamer_actors::watermark::Watermark;
 
@@ -66,7 +66,10 @@ pub fn changes(
 ) -> Result<HttpResponse, actix_web::Error> {
     let subscribing = Subscribing {
         streamer: state.streamer.clone(),
-        reservations: state.backup.as_ref().map(|b| b.reservations.clone()),
+        reservations: state
+            .backup
+            .as_ref()
+            .map(|b| b.reservations.clone().recipient()),
         ping_interval: state.config.ping_interval(),
         guards: &state.guards,
     };
@@ -74,10 +77,11 @@ pub fn changes(
 }
 
 /// What a subscription is served with: the owner's actors, or a serving standby's streamer
-/// (which holds no reservation).
+/// and reservations.
 pub struct Subscribing<'a> {
     pub streamer: Addr<Streamer>,
-    pub reservations: Option<Addr<ReservationActor>>,
+    /// Told of an accepted `initial=true` subscription of a task.
+    pub reservations: Option<Recipient<EndBySubscription>>,
     pub ping_interval: Duration,
     pub guards: &'a Guards,
 }

@@ -121,7 +121,7 @@ async fn snapshot(
 ) -> Result<HttpResponse, actix_web::Error> {
     match door.phase() {
         Phase::Owner(s) => snapshot::snapshot(&req, stream, &version, &s),
-        Phase::Standby(_) => standby::refuse_session(&req, stream, &version),
+        Phase::Standby(s) => standby::snapshot(&req, stream, &version, &s),
     }
 }
 

@@ -4,12 +4,14 @@
 //!
 //! - `/replication/v{N}/changes`: with `--standby-serves` (the default), served from the change
 //!   DB by the standby's own streamer ([`Serving`], `src/standby.rs`), with the owner's checks
-//!   and framing; else closed with 1011 `standby: not the owner`, as `/snapshot` always is
-//!   (reservations are the owner's).
+//!   and framing; else closed with 1011 `standby: not the owner`.
+//! - `/replication/v{N}/snapshot`: with `--standby-serves`, the owner's checks, then a
+//!   reservation held by the standby's [`StandbyReservations`] and recorded in the change DB
+//!   (PROTOCOL.md §14.1); else closed with 1011 `standby: not the owner`.
 //! - `/status`: its role and instance id, the change DB's state as the owner last stored it
 //!   (`replicaVersion`, `changeLog`, `backup`), read through the instance's record connection,
-//!   and the subscribers it serves. It holds no reservation and knows nothing of the owner's
-//!   upstream or purges beyond what is stored, so `upstream` and `purge` are null.
+//!   and the subscribers and reservations it serves. It knows nothing of the owner's upstream
+//!   or purges beyond what is stored, so `upstream` and `purge` are null.
 //! - `/readyz`: a serving standby is ready once the change DB it follows holds a replicaVersion;
 //!   one that does not serve is never ready (`standby`); either says `change DB unreachable`
 //!   when its last record refresh failed.
@@ -24,6 +26,8 @@ use change_streamer_actors::cleanup::PendingWatermark;
 use change_streamer_actors::instance::recorder::{GetChangeDbView, InstanceRecorder, IsReachable};
 use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::ownership::Role;
+use change_streamer_actors::reservation::standby::StandbyReservations;
+use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
 use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{GetStreamerState, Streamer, SubscriberInfo};
 use log::warn;
@@ -33,9 +37,11 @@ use super::access::Access;
 use super::changes::{subscribe, Subscribing};
 use super::metrics::{auth_failures_text, OWNER_GAUGE_HELP};
 use super::readyz::{answer, NotReady};
+use super::snapshot::{reserve, Reserving};
 use super::{close_at_once, open_websocket, refuse, Opening};
 use crate::config::Config;
 use crate::shutdown::Guards;
+use crate::websocket::snapshot_socket::Reservations;
 
 /// The close reason a standby, and an owner that steps down, gives websocket clients (1011).
 pub const STANDBY_REASON: &str = "standby: not the owner";
@@ -55,6 +61,8 @@ pub struct StandbyState {
 #[derive(Clone)]
 pub struct Serving {
     pub streamer: Addr<Streamer>,
+    /// Its snapshot reservations (present with `--litestream-backup-url`).
+    pub reservations: Option<Addr<StandbyReservations>>,
     pub log: ChangeLog,
     pub guards: Guards,
 }
@@ -71,11 +79,29 @@ pub fn changes(
     };
     let with = Subscribing {
         streamer: serving.streamer.clone(),
-        reservations: None,
+        reservations: serving.reservations.clone().map(Addr::recipient),
         ping_interval: state.config.ping_interval(),
         guards: &serving.guards,
     };
     subscribe(req, stream, version, with)
+}
+
+/// `/replication/v{N}/snapshot` at a standby.
+pub fn snapshot(
+    req: &HttpRequest,
+    stream: web::Payload,
+    version: &str,
+    state: &StandbyState,
+) -> Result<HttpResponse, actix_web::Error> {
+    let Some(serving) = &state.serving else {
+        return refuse_session(req, stream, version);
+    };
+    let with = Reserving {
+        reservations: serving.reservations.clone().map(Reservations::of),
+        ping_interval: state.config.ping_interval(),
+        guards: &serving.guards,
+    };
+    reserve(req, stream, version, with)
 }
 
 /// The same checks as the owner's endpoints (a 1002 for a bad version stays a 1002), then
@@ -141,8 +167,18 @@ pub async fn status(state: &StandbyState) -> HttpResponse {
             None => Vec::new(),
         }
     };
-    let (view, subscribers) =
-        futures_util::future::join(state.recorder.send(GetChangeDbView), subscribers).await;
+    let reservations = async {
+        match state.serving.as_ref().and_then(|s| s.reservations.as_ref()) {
+            Some(r) => r.send(ListReservations).await.unwrap_or_default(),
+            None => Vec::new(),
+        }
+    };
+    let (view, subscribers, reservations) = futures_util::future::join3(
+        state.recorder.send(GetChangeDbView),
+        subscribers,
+        reservations,
+    )
+    .await;
     let view = match view {
         Ok(Ok(view)) => Some(view),
         Ok(Err(e)) => {
@@ -151,13 +187,19 @@ pub async fn status(state: &StandbyState) -> HttpResponse {
         }
         Err(_) => None, // the recorder stopped: the standby is stopping
     };
-    HttpResponse::Ok().json(standby_json(state, view.as_ref(), &subscribers))
+    HttpResponse::Ok().json(standby_json(
+        state,
+        view.as_ref(),
+        &subscribers,
+        &reservations,
+    ))
 }
 
 fn standby_json(
     state: &StandbyState,
     view: Option<&ChangeDbView>,
     subscribers: &[SubscriberInfo],
+    reservations: &[ReservationInfo],
 ) -> Value {
     let cfg = &state.config;
     let stored = view.map(|v| {
@@ -199,7 +241,7 @@ fn standby_json(
         "backup": backup,
         "upstream": null,
         "purge": null,
-        "reservations": [],
+        "reservations": reservations,
         "subscribers": subscribers,
     })
 }

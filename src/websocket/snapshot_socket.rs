@@ -1,6 +1,7 @@
 //! `SnapshotSession`: the websocket of one snapshot reservation (PROTOCOL.md §6).
 //!
-//! On start it asks the [`ReservationActor`] for a reservation and relays what it is told:
+//! On start it asks the actor holding reservations (the owner's [`ReservationActor`], or a
+//! standby's [`StandbyReservations`]) for a reservation and relays what it is told:
 //! the status message once, then a close (1000 when replaced or ended by the task's
 //! subscription, 1001 when the service stops, 1011 when the change log has no status to give).
 //! Whatever stops it (client close, liveness, a bad ack, replacement), its `stopped` sends
@@ -8,12 +9,13 @@
 //! the cleanup delay, and only if this session still holds it.
 //!
 //! [`ReservationActor`]: change_streamer_actors::reservation::ReservationActor
+//! [`StandbyReservations`]: change_streamer_actors::reservation::standby::StandbyReservations
 
 use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
-use change_streamer_actors::reservation::{Release, ReservationActor, ReservationEvent, Reserve};
+use change_streamer_actors::reservation::{Release, ReservationEvent, Reserve};
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use log::warn;
 
@@ -23,18 +25,33 @@ use super::{client_frame, close, start_liveness, Live, Liveness};
 pub struct SnapshotSession {
     task_id: String,
     session_id: SessionId,
-    reservations: Addr<ReservationActor>,
+    reservations: Reservations,
     ping_interval: Duration,
     framing: Framing,
     liveness: Liveness,
 }
 
+/// Where a snapshot session's reservation is held: the owner's or a standby's actor.
+#[derive(Clone)]
+pub struct Reservations {
+    pub reserve: Recipient<Reserve>,
+    pub release: Recipient<Release>,
+}
+
+impl Reservations {
+    pub fn of<A>(addr: Addr<A>) -> Reservations
+    where
+        A: Actor<Context = Context<A>> + Handler<Reserve> + Handler<Release>,
+    {
+        Reservations {
+            reserve: addr.clone().recipient(),
+            release: addr.recipient(),
+        }
+    }
+}
+
 impl SnapshotSession {
-    pub fn new(
-        task_id: String,
-        reservations: Addr<ReservationActor>,
-        ping_interval: Duration,
-    ) -> Self {
+    pub fn new(task_id: String, reservations: Reservations, ping_interval: Duration) -> Self {
         SnapshotSession {
             task_id,
             session_id: SessionId::next(),
@@ -64,7 +81,7 @@ impl Actor for SnapshotSession {
     fn started(&mut self, ctx: &mut Self::Context) {
         self.liveness.heard();
         start_liveness(ctx, self.ping_interval);
-        self.reservations.do_send(Reserve {
+        self.reservations.reserve.do_send(Reserve {
             task_id: self.task_id.clone(),
             session_id: self.session_id,
             session: ctx.address().recipient(),
@@ -72,7 +89,7 @@ impl Actor for SnapshotSession {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.reservations.do_send(Release {
+        self.reservations.release.do_send(Release {
             task_id: self.task_id.clone(),
             session_id: self.session_id,
         });

@@ -20,7 +20,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_web_actors::ws;
 use bytestring::ByteString;
-use change_streamer_actors::reservation::{EndBySubscription, ReservationActor};
+use change_streamer_actors::reservation::EndBySubscription;
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{FrameList, Mode, SessionGone, ToSession};
 use change_streamer_actors::streamer::{Streamer, Subscribe, SubscribeError};
@@ -49,7 +49,7 @@ pub struct SubscriberSession {
     session_id: SessionId,
     params: SubscriptionParams,
     streamer: Addr<Streamer>,
-    reservations: Option<Addr<ReservationActor>>,
+    reservations: Option<Recipient<EndBySubscription>>,
     ping_interval: Duration,
     framing: Framing,
     liveness: Liveness,
@@ -69,7 +69,7 @@ impl SubscriberSession {
     pub fn new(
         params: SubscriptionParams,
         streamer: Addr<Streamer>,
-        reservations: Option<Addr<ReservationActor>>,
+        reservations: Option<Recipient<EndBySubscription>>,
         ping_interval: Duration,
     ) -> Self {
         let session_id = SessionId::next();

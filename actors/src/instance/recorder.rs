@@ -9,9 +9,14 @@
 //! makes refreshes late, never pile up; a [`Serve`] or [`StandBy`] during one refreshes again
 //! as soon as it ends. A lost connection is made anew at the next refresh.
 //! [`RecordSubscribers`] (a serving standby's streamer, before it checks a joining subscriber)
-//! is answered by the next refresh to start, which asks the streamer after the subscriber was
-//! registered; a refresh that finds its record had lapsed tells a standby's streamer
-//! ([`RecordLapsed`]).
+//! and [`RecordReservations`] (a standby's reservations, before a status is sent) are
+//! answered by the next refresh to start, which asks the streamer and the reservations after
+//! the request was made; a refresh that finds its record had lapsed tells a standby's streamer
+//! ([`RecordLapsed`]). A serving standby's reservations are rows of its record; each refresh
+//! also reads the ends by subscription of the tasks this instance holds and tells their holder
+//! ([`EndedElsewhere`], `reservation/records.rs`). The owner's poll reads every instance's
+//! reservations and ends through it ([`ReadReservationRecords`], [`ForgetRecords`]), and any
+//! instance's accepted `initial=true` subscription records its end ([`RecordEnd`]).
 //! The role it records is the change log's own view ([`ChangeLog::is_owner`]), so a deposed
 //! owner records itself a standby from its first refresh after the fence failed, before the
 //! service has finished stepping down. [`Stop`] deletes the record: a stopped instance is gone
@@ -25,7 +30,10 @@ use log::{info, warn};
 use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, LEASE, REFRESH_EVERY};
 use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceDb};
 use crate::ownership::Role;
-use crate::reservation::{ListReservations, ReservationActor};
+use crate::reservation::records::{
+    EndedElsewhere, HeldReservation, ListHeld, RecordedEnd, RecordedReservation, ReservationHolder,
+    ReservationRecords,
+};
 use crate::streamer::{GetStreamerState, RecordLapsed, RecordSubscribers, Streamer};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -35,8 +43,9 @@ use tokio::time::Instant;
 pub struct Holders {
     pub log: ChangeLog,
     pub streamer: Addr<Streamer>,
-    /// Present when the backup monitor is enabled.
-    pub reservations: Option<Addr<ReservationActor>>,
+    /// Whoever holds this instance's reservations: the owner's reservation actor, or a
+    /// serving standby's (present when `--litestream-backup-url` is set).
+    pub reservations: Option<ReservationHolder>,
 }
 
 /// The instance serves with these actors: record their subscribers and reservations.
@@ -63,6 +72,30 @@ pub struct GetChangeDbView;
 #[derive(Message)]
 #[rtype(result = "Option<bool>")]
 pub struct IsReachable;
+
+/// Answered by the next refresh to start, which records the reservations held after this was
+/// sent (a standby's reservation is recorded before its status is sent).
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct RecordReservations;
+
+/// The reservations every instance recorded, and every end by subscription (the owner's poll).
+#[derive(Message)]
+#[rtype(result = "Result<ReservationRecords, ChangeLogError>")]
+pub struct ReadReservationRecords;
+
+/// Records an end by subscription at this instance.
+#[derive(Message)]
+#[rtype(result = "Result<(), ChangeLogError>")]
+pub struct RecordEnd(pub RecordedEnd);
+
+/// Forgets reservation rows the owner wrote down as orphans, and ends it applied.
+#[derive(Message)]
+#[rtype(result = "Result<(), ChangeLogError>")]
+pub struct ForgetRecords {
+    pub held: Vec<RecordedReservation>,
+    pub ends: Vec<RecordedEnd>,
+}
 
 /// Deletes this instance's record and stops.
 #[derive(Message)]
@@ -141,12 +174,21 @@ impl InstanceRecorder {
         let id = self.id.clone();
         let work = async move {
             let db = connection.await.map_err(|e| (None, e))?;
-            let record = record(id, holders).await;
-            let refreshed = db.refresh(&record).await;
+            let (record, held) = record(id, holders.as_ref()).await;
+            // Rows only from an answer: a holder that stopped leaves its rows as they were.
+            let rows = holders
+                .as_ref()
+                .and_then(|h| h.reservations.as_ref())
+                .filter(|r| r.record_rows)
+                .and(held.as_deref());
+            let refreshed = db.refresh_with(&record, rows).await;
             let refreshed = match refreshed {
                 Ok(r) => r,
                 Err(e) => return Err((Some(db), e)),
             };
+            if let Some(held) = &held {
+                ended_elsewhere(&db, holders.as_ref(), held).await;
+            }
             let gone = db.sweep_gone().await.unwrap_or_default();
             Ok((db, refreshed, gone))
         };
@@ -222,15 +264,49 @@ impl InstanceRecorder {
     }
 }
 
-/// What this instance holds now, asked of the actors it serves with.
-async fn record(id: InstanceId, holders: Option<Holders>) -> InstanceRecord {
+/// Tells the holder of `held` which of them were ended by a subscription recorded at any
+/// instance (a failed read is tried again at the next refresh).
+async fn ended_elsewhere(db: &InstanceDb, holders: Option<&Holders>, held: &[HeldReservation]) {
+    let Some(holder) = holders.and_then(|h| h.reservations.as_ref()) else {
+        return;
+    };
+    if held.is_empty() {
+        return;
+    }
+    let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
+    let ends = match db.ends_for(&tasks).await {
+        Ok(ends) => ends,
+        Err(e) => {
+            warn!("reading the ends by subscription of this instance's reservations failed: {e}");
+            return;
+        }
+    };
+    let ending: Vec<RecordedEnd> = ends
+        .into_iter()
+        .filter(|e| {
+            held.iter()
+                .any(|r| r.task_id == e.task_id && e.ends(r.started_ms))
+        })
+        .collect();
+    if !ending.is_empty() {
+        holder.ended.do_send(EndedElsewhere(ending));
+    }
+}
+
+/// What this instance holds now, asked of the actors it serves with: its record, and the
+/// reservations its sockets hold.
+async fn record(
+    id: InstanceId,
+    holders: Option<&Holders>,
+) -> (InstanceRecord, Option<Vec<HeldReservation>>) {
     let Some(h) = holders else {
-        return InstanceRecord {
+        let record = InstanceRecord {
             id,
             role: Role::Standby,
             subscribers: Vec::new(),
             reservations: 0,
         };
+        return (record, None);
     };
     let role = if h.log.is_owner() {
         Role::Owner
@@ -241,19 +317,17 @@ async fn record(id: InstanceId, holders: Option<Holders>) -> InstanceRecord {
         Ok(s) => s.subscribers.into_iter().map(|s| (s.id, s.acked)).collect(),
         Err(_) => Vec::new(), // stopped: it holds nobody
     };
-    let reservations = match &h.reservations {
-        Some(r) => match r.send(ListReservations).await {
-            Ok(list) => list.iter().filter(|r| !r.orphaned).count() as u32,
-            Err(_) => 0,
-        },
-        None => 0,
+    let held = match &h.reservations {
+        Some(r) => r.list.send(ListHeld).await.ok(), // stopped: None
+        None => None,
     };
-    InstanceRecord {
+    let record = InstanceRecord {
         id,
         role,
         subscribers,
-        reservations,
-    }
+        reservations: held.as_ref().map_or(0, |h| h.len() as u32),
+    };
+    (record, held)
 }
 
 impl Actor for InstanceRecorder {
@@ -314,6 +388,44 @@ impl Handler<RecordSubscribers> for InstanceRecorder {
             rx.await
                 .unwrap_or_else(|_| Err("the instance recorder stopped".into()))
         })
+    }
+}
+
+impl Handler<RecordReservations> for InstanceRecorder {
+    type Result = ResponseFuture<Result<(), String>>;
+    fn handle(&mut self, _: RecordReservations, ctx: &mut Context<Self>) -> Self::Result {
+        let (tx, rx) = oneshot::channel();
+        self.waiting.push(tx);
+        self.refresh(ctx);
+        Box::pin(async move {
+            rx.await
+                .unwrap_or_else(|_| Err("the instance recorder stopped".into()))
+        })
+    }
+}
+
+impl Handler<ReadReservationRecords> for InstanceRecorder {
+    type Result = ResponseFuture<Result<ReservationRecords, ChangeLogError>>;
+    fn handle(&mut self, _: ReadReservationRecords, _: &mut Context<Self>) -> Self::Result {
+        let connection = self.connection();
+        let own = self.id.clone();
+        Box::pin(async move { connection.await?.reservation_records(own.as_str()).await })
+    }
+}
+
+impl Handler<RecordEnd> for InstanceRecorder {
+    type Result = ResponseFuture<Result<(), ChangeLogError>>;
+    fn handle(&mut self, msg: RecordEnd, _: &mut Context<Self>) -> Self::Result {
+        let connection = self.connection();
+        Box::pin(async move { connection.await?.record_end(&msg.0).await })
+    }
+}
+
+impl Handler<ForgetRecords> for InstanceRecorder {
+    type Result = ResponseFuture<Result<(), ChangeLogError>>;
+    fn handle(&mut self, msg: ForgetRecords, _: &mut Context<Self>) -> Self::Result {
+        let connection = self.connection();
+        Box::pin(async move { connection.await?.forget(&msg.held, &msg.ends).await })
     }
 }
 

@@ -28,7 +28,7 @@ impl ReservationActor {
         cleanup_delay: Duration,
         store: ChangeLog,
     ) -> Self {
-        self.orphans_end_ms = self.clock.now_ms().saturating_add(millis(cleanup_delay));
+        let orphans_end_ms = self.clock.now_ms().saturating_add(millis(cleanup_delay));
         for r in stored {
             info!(
                 "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
@@ -40,6 +40,7 @@ impl ReservationActor {
                     holder: None,
                     started_ms: r.started_ms,
                     status_sent: true,
+                    orphan_end_ms: orphans_end_ms,
                 },
             );
         }
@@ -57,7 +58,7 @@ impl ReservationActor {
             .iter()
             .filter(|(_, r)| {
                 (max > 0 && now - r.started_ms >= max)
-                    || (r.holder.is_none() && now >= self.orphans_end_ms)
+                    || (r.holder.is_none() && now >= r.orphan_end_ms)
             })
             .map(|(t, _)| t.clone())
             .collect();
@@ -81,7 +82,7 @@ impl ReservationActor {
                     self.expired_total += 1;
                 }
                 None => {
-                    info!("orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since this start without the task coming back");
+                    info!("orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since it was orphaned without the task coming back");
                 }
             }
             self.erase(&task_id, ctx);
@@ -101,7 +102,7 @@ impl ReservationActor {
             .values()
             .flat_map(|r| {
                 let cap = (max > 0).then(|| r.started_ms.saturating_add(max));
-                let orphan = r.holder.is_none().then_some(self.orphans_end_ms);
+                let orphan = r.holder.is_none().then_some(r.orphan_end_ms);
                 cap.into_iter().chain(orphan)
             })
             .min();
@@ -116,7 +117,7 @@ impl ReservationActor {
 }
 
 /// `d` in the injected clock's unit (ms), saturating.
-fn millis(d: Duration) -> i64 {
+pub(super) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 

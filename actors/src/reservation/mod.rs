@@ -33,6 +33,9 @@
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
 mod expiry;
+mod others;
+pub mod records;
+pub mod standby;
 mod status;
 
 use std::collections::HashMap;
@@ -46,8 +49,11 @@ use serde::Serialize;
 use crate::changelog::{ChangeLog, StateChange, StoredReservation};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
+use crate::instance::recorder::{InstanceRecorder, RecordEnd};
+use crate::reservation::records::{EndedElsewhere, HeldReservation, ListHeld, RecordedEnd};
 
 pub use self::expiry::ExpireReservations;
+pub use self::others::{OthersView, RecordsError, SyncRecords};
 pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::GetSnapshotBase;
@@ -123,11 +129,13 @@ struct Holder {
 }
 
 struct Reservation {
-    /// `None`: orphaned, found written down at start.
+    /// `None`: orphaned, found written down at start, or recorded by an instance now gone.
     holder: Option<Holder>,
     started_ms: i64,
     /// The status went out.
     status_sent: bool,
+    /// An orphan ends once this time (unix ms) has passed (PROTOCOL.md §13 (b)).
+    orphan_end_ms: i64,
 }
 
 /// See the module documentation.
@@ -145,10 +153,12 @@ pub struct ReservationActor {
     backed_up: Option<Watermark>,
     /// Where reservations are written down; `None` keeps them in memory only (the replay).
     store: Option<ChangeLog>,
-    /// Orphans end once this time (unix ms) has passed: the start plus the cleanup delay.
-    orphans_end_ms: i64,
     expired_total: u64,
     timer: Option<SpawnHandle>,
+    /// This instance's record in a shared change DB, through which the other instances'
+    /// reservations and the ends by subscription are read (`others.rs`); `None` on SQLite.
+    records: Option<Addr<InstanceRecorder>>,
+    others: others::Others,
 }
 
 impl ReservationActor {
@@ -168,9 +178,10 @@ impl ReservationActor {
             verify_backup: false,
             backed_up: None,
             store: None,
-            orphans_end_ms: 0,
             expired_total: 0,
             timer: None,
+            records: None,
+            others: others::Others::default(),
         }
     }
 
@@ -184,6 +195,14 @@ impl ReservationActor {
     /// serve from (PROTOCOL.md §6.7).
     pub fn verifying_backups(mut self) -> Self {
         self.verify_backup = true;
+        self
+    }
+
+    /// Reads the other instances' reservations and the ends by subscription through
+    /// `recorder` at each [`SyncRecords`], and records this instance's ends there
+    /// (PROTOCOL.md §14.1).
+    pub fn with_records(mut self, recorder: Addr<InstanceRecorder>) -> Self {
+        self.records = Some(recorder);
         self
     }
 
@@ -275,6 +294,7 @@ impl Handler<Reserve> for ReservationActor {
                 }),
                 started_ms,
                 status_sent: false,
+                orphan_end_ms: 0,
             },
         );
         self.cleanup.do_send(ReservationOpened {
@@ -325,29 +345,92 @@ impl Handler<Release> for ReservationActor {
     }
 }
 
-impl Handler<EndBySubscription> for ReservationActor {
-    type Result = Option<Duration>;
-    fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Option<Duration> {
-        let res = self.remove(&msg.task_id, None)?;
+impl ReservationActor {
+    /// Ends the reservation of `task_id` by its subscription, accepted at `ended_ms` (here, or
+    /// at another instance: `at`), reporting the held time.
+    fn end_by_subscription(
+        &mut self,
+        task_id: &str,
+        ended_ms: i64,
+        at: &str,
+        ctx: &mut Context<Self>,
+    ) -> Option<Duration> {
+        let res = self.remove(task_id, None)?;
         // Measured on the injected clock; a clock set back measures nothing.
-        let held = Duration::from_millis((self.clock.now_ms() - res.started_ms).max(0) as u64);
+        let held = Duration::from_millis((ended_ms - res.started_ms).max(0) as u64);
         let orphaned = if res.holder.is_none() {
             " (orphaned)"
         } else {
             ""
         };
         info!(
-            "snapshot reservation{orphaned} of task {} ended by its subscription after {} ms",
-            msg.task_id,
+            "snapshot reservation{orphaned} of task {task_id} ended by its subscription{at} after {} ms",
             held.as_millis()
         );
         if let Some(h) = res.holder {
             h.session
                 .do_send(ReservationEvent::Closed(SessionEnd::EndedBySubscription));
         }
-        self.erase(&msg.task_id, ctx);
-        self.closed(&msg.task_id, Some(held));
+        self.erase(task_id, ctx);
+        self.closed(task_id, Some(held));
         Some(held)
+    }
+}
+
+impl Handler<EndBySubscription> for ReservationActor {
+    type Result = Option<Duration>;
+    fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Option<Duration> {
+        let now = self.clock.now_ms();
+        // Whoever else holds the task (a standby's socket) learns it from the change DB.
+        if let Some(records) = &self.records {
+            let task = msg.task_id.clone();
+            let end = RecordedEnd {
+                task_id: msg.task_id.clone(),
+                ended_ms: now,
+                started_ms: None,
+            };
+            records
+                .send(RecordEnd(end))
+                .into_actor(self)
+                .map(move |r, _, _| match r {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!("the end by subscription of task {task} could not be recorded in the change DB: {e}"),
+                    Err(_) => warn!("the end by subscription of task {task} could not be recorded: the instance recorder is gone"),
+                })
+                .spawn(ctx);
+        }
+        self.end_by_subscription(&msg.task_id, now, "", ctx)
+    }
+}
+
+impl Handler<EndedElsewhere> for ReservationActor {
+    type Result = ();
+    fn handle(&mut self, msg: EndedElsewhere, ctx: &mut Context<Self>) {
+        for end in msg.0 {
+            let ends = self
+                .reservations
+                .get(&end.task_id)
+                .is_some_and(|r| r.holder.is_some() && end.ends(r.started_ms));
+            if ends {
+                self.end_by_subscription(&end.task_id, end.ended_ms, " at another instance", ctx);
+            }
+        }
+    }
+}
+
+impl Handler<ListHeld> for ReservationActor {
+    type Result = MessageResult<ListHeld>;
+    fn handle(&mut self, _: ListHeld, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(
+            self.reservations
+                .iter()
+                .filter(|(_, r)| r.holder.is_some())
+                .map(|(t, r)| HeldReservation {
+                    task_id: t.clone(),
+                    started_ms: r.started_ms,
+                })
+                .collect(),
+        )
     }
 }
 

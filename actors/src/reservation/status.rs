@@ -37,6 +37,9 @@ pub enum ReservationEvent {
 pub enum ReservationError {
     #[error("reservation could not be stored: {0}")]
     NotStored(ChangeLogError),
+    /// A standby's reservation could not be recorded in the change DB (PROTOCOL.md §14.1).
+    #[error("reservation could not be recorded in the change DB: {0}")]
+    NotRecorded(String),
     #[error(transparent)]
     NoStatus(#[from] SnapshotBaseError),
 }

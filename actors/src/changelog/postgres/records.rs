@@ -6,9 +6,11 @@
 //! A record is not a change-log write: a standby has no writer and must still refresh its
 //! record, and a refresh must never be able to fail or delay an append. So each instance
 //! writes its record through this connection, which holds no lock and passes no fence. That
-//! cannot break the owner's fence: an instance only ever writes its own rows here (its record
-//! and its subscriber rows, keyed by its id) and deletes records that are gone, and nothing
-//! of the change log, its catalogue or the safety state is written through it.
+//! cannot break the owner's fence: an instance only ever writes its own rows here (its record,
+//! its subscriber and reservation rows, keyed by its id, and the ends by subscription its
+//! subscribers made) and deletes records that are gone; the owner also forgets, here, the
+//! reservation rows it wrote down as orphans and the ends it applied (`reservation/records.rs`).
+//! Nothing of the change log, its catalogue or the safety state is written through it.
 //!
 //! ### A purge never passes a subscriber being recorded
 //! The owner's purge reads the other instances' subscriber rows in the transaction that purges
@@ -32,6 +34,9 @@ use super::schema::{self, parse_watermark, INSTANCES_SCHEMA};
 use super::state;
 use super::types::{ChangeLogError, LogStats, PurgeGate, PurgeHold};
 use crate::instance::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, GONE_AFTER};
+use crate::reservation::records::{
+    HeldReservation, RecordedEnd, RecordedReservation, ReservationRecords,
+};
 use crate::watermark::Watermark;
 
 /// The transaction advisory lock a purge (exclusive) and a refresh (shared) take ("cs" + 3):
@@ -127,6 +132,21 @@ impl InstanceDb {
     /// seen together or not at all, and no explicit transaction is open on this shared
     /// connection while other reads use it.
     pub async fn refresh(&self, record: &InstanceRecord) -> Result<Refreshed, ChangeLogError> {
+        self.refresh_with(record, None).await
+    }
+
+    /// [`InstanceDb::refresh`], and, when `held` is given, this instance's reservation rows
+    /// replaced by it in the same statement (a serving standby's; `None` leaves them as they
+    /// are: see `reservation/records.rs`).
+    pub async fn refresh_with(
+        &self,
+        record: &InstanceRecord,
+        held: Option<&[HeldReservation]>,
+    ) -> Result<Refreshed, ChangeLogError> {
+        let write_held = held.is_some();
+        let held = held.unwrap_or_default();
+        let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
+        let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
         let names: Vec<&str> = record.subscribers.iter().map(|s| s.0.as_str()).collect();
         let acked: Vec<&str> = record.subscribers.iter().map(|s| s.1.as_str()).collect();
         let row = self
@@ -148,7 +168,13 @@ impl InstanceDb {
                      new AS (
                          INSERT INTO change_streamer.instance_subscribers (instance, subscriber, acked)
                          SELECT $2, s.name, s.acked
-                         FROM gate, unnest($5::text[], $6::text[]) AS s(name, acked))
+                         FROM gate, unnest($5::text[], $6::text[]) AS s(name, acked)),
+                     old_held AS (DELETE FROM change_streamer.instance_reservations
+                         WHERE instance = $2 AND $10),
+                     new_held AS (
+                         INSERT INTO change_streamer.instance_reservations (instance, task_id, started_ms)
+                         SELECT $2, r.task, r.started
+                         FROM unnest($8::text[], $9::int8[]) AS r(task, started) WHERE $10)
                      SELECT EXISTS (SELECT 1 FROM prev)"
                 ),
                 &[
@@ -159,6 +185,9 @@ impl InstanceDb {
                     &names,
                     &acked,
                     &PURGE_GATE_KEY,
+                    &tasks,
+                    &starts,
+                    &write_held,
                 ],
             )
             .await?;
@@ -221,6 +250,103 @@ impl InstanceDb {
             .collect())
     }
 
+    /// Every recorded held reservation, live or not (`own`, the reading owner's id, counts as
+    /// not live: what it recorded as a standby it no longer serves), and every end.
+    pub async fn reservation_records(
+        &self,
+        own: &str,
+    ) -> Result<ReservationRecords, ChangeLogError> {
+        let c = &*self.client;
+        let held = c
+            .query(
+                &format!(
+                    "SELECT r.instance, r.task_id, r.started_ms,
+                         COALESCE((SELECT {LIVE} FROM change_streamer.instances i
+                                   WHERE i.id = r.instance), false) AND r.instance <> $2
+                     FROM change_streamer.instance_reservations r
+                     ORDER BY r.instance, r.task_id"
+                ),
+                &[&gone_after_ms(), &own],
+            )
+            .await?
+            .into_iter()
+            .map(|r| RecordedReservation {
+                instance: r.get(0),
+                task_id: r.get(1),
+                started_ms: r.get(2),
+                live: r.get(3),
+            })
+            .collect();
+        let ends = c
+            .query(
+                "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
+                 ORDER BY ended_ms, task_id",
+                &[],
+            )
+            .await?
+            .into_iter()
+            .map(end_row)
+            .collect();
+        Ok(ReservationRecords { held, ends })
+    }
+
+    /// The ends recorded for any of `tasks` (a holder's refresh: what it must close).
+    pub async fn ends_for(&self, tasks: &[&str]) -> Result<Vec<RecordedEnd>, ChangeLogError> {
+        Ok(self
+            .client
+            .query(
+                "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
+                 WHERE task_id = ANY($1) ORDER BY ended_ms",
+                &[&tasks],
+            )
+            .await?
+            .into_iter()
+            .map(end_row)
+            .collect())
+    }
+
+    /// Records an end by subscription (a second one of the same task and time is the same).
+    pub async fn record_end(&self, end: &RecordedEnd) -> Result<(), ChangeLogError> {
+        self.client
+            .execute(
+                "INSERT INTO change_streamer.reservation_ends (task_id, ended_ms, started_ms)
+                 VALUES ($1, $2, $3)
+                 ON CONFLICT (task_id, ended_ms) DO UPDATE
+                     SET started_ms = COALESCE(reservation_ends.started_ms, excluded.started_ms)",
+                &[&end.task_id, &end.ended_ms, &end.started_ms],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Forgets held reservations the owner wrote down as its orphans (each as read: a row
+    /// written anew since, with another start, stays) and ends it applied.
+    pub async fn forget(
+        &self,
+        held: &[RecordedReservation],
+        ends: &[RecordedEnd],
+    ) -> Result<(), ChangeLogError> {
+        let instances: Vec<&str> = held.iter().map(|r| r.instance.as_str()).collect();
+        let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
+        let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
+        let end_tasks: Vec<&str> = ends.iter().map(|e| e.task_id.as_str()).collect();
+        let end_times: Vec<i64> = ends.iter().map(|e| e.ended_ms).collect();
+        self.client
+            .execute(
+                "WITH h AS (
+                     DELETE FROM change_streamer.instance_reservations r
+                     USING unnest($1::text[], $2::text[], $3::int8[]) AS f(instance, task, started)
+                     WHERE r.instance = f.instance AND r.task_id = f.task
+                       AND r.started_ms = f.started)
+                 DELETE FROM change_streamer.reservation_ends e
+                 USING unnest($4::text[], $5::int8[]) AS f(task, ended)
+                 WHERE e.task_id = f.task AND e.ended_ms = f.ended",
+                &[&instances, &tasks, &starts, &end_tasks, &end_times],
+            )
+            .await?;
+        Ok(())
+    }
+
     /// The change log's range and the safety state as stored; empty while no owner has
     /// created the change log's tables yet.
     pub async fn view(&self) -> Result<ChangeDbView, ChangeLogError> {
@@ -238,5 +364,13 @@ impl InstanceDb {
         let ((log, _), safety) =
             futures_util::future::try_join(schema::read_stats(c), state::load(c)).await?;
         Ok(ChangeDbView { log, safety })
+    }
+}
+
+fn end_row(r: tokio_postgres::Row) -> RecordedEnd {
+    RecordedEnd {
+        task_id: r.get(0),
+        ended_ms: r.get(1),
+        started_ms: r.get(2),
     }
 }

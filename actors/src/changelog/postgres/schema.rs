@@ -92,7 +92,11 @@ pub(super) const SCHEMA: &str = r#"
 /// which only the owner runs. `refreshed_at` is the change DB's clock, so the age of a record
 /// never depends on two machines' clocks agreeing; `backend_pid` is the record connection's
 /// session, which PostgreSQL shows ended once the instance dies. A subscriber row is one
-/// connected subscriber and the watermark it acked (what the owner's purge will read).
+/// connected subscriber and the watermark it acked (what the owner's purge will read). A
+/// reservation row is one held by a serving standby's socket; it does not go with its
+/// instance's record, because the owner must still find it once that instance is gone, to
+/// write it down as an orphan (PROTOCOL.md §14.1); an end row is an end by subscription at any
+/// instance (`reservation/records.rs`).
 pub(super) const INSTANCES_SCHEMA: &str = r#"
     CREATE TABLE IF NOT EXISTS change_streamer.instances (
         id TEXT PRIMARY KEY,
@@ -107,7 +111,20 @@ pub(super) const INSTANCES_SCHEMA: &str = r#"
         acked TEXT COLLATE "C" NOT NULL
     );
     CREATE INDEX IF NOT EXISTS instance_subscribers_instance
-        ON change_streamer.instance_subscribers (instance);"#;
+        ON change_streamer.instance_subscribers (instance);
+    CREATE TABLE IF NOT EXISTS change_streamer.instance_reservations (
+        instance TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        started_ms BIGINT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS instance_reservations_instance
+        ON change_streamer.instance_reservations (instance);
+    CREATE TABLE IF NOT EXISTS change_streamer.reservation_ends (
+        task_id TEXT NOT NULL,
+        ended_ms BIGINT NOT NULL,
+        started_ms BIGINT,
+        PRIMARY KEY (task_id, ended_ms)
+    );"#;
 
 /// The replicaVersion and the catalogue's range and row count, as read from the tables (the
 /// owner's writer at start, a standby's `/status`).

@@ -1,0 +1,327 @@
+//! Reservations held at a standby, as the owner's actors see them through a real PostgreSQL
+//! change DB (PROTOCOL.md §14.1): the owner's ReservationActor and CleanupActor, each poll sent
+//! by hand on a manual clock; the standby's record written through its own record connection,
+//! as its refresh writes it.
+
+mod common;
+
+use std::time::Duration;
+
+use actix::prelude::*;
+use change_streamer_actors::changelog::{ChangeLog, InstanceDb, PgOptions};
+use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, PollResult};
+use change_streamer_actors::clock::Clock;
+use change_streamer_actors::instance::recorder::InstanceRecorder;
+use change_streamer_actors::instance::{InstanceId, InstanceRecord};
+use change_streamer_actors::litestream::BackupSample;
+use change_streamer_actors::ownership::Role;
+use change_streamer_actors::reservation::records::HeldReservation;
+use change_streamer_actors::reservation::{
+    EndBySubscription, ExpireReservations, ListReservations, ReservationActor,
+};
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::pg::TestDb;
+use common::fake_log::FakeLog;
+use common::recording_purge::{RecordingPurge, Take};
+
+const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
+const DELAY_MS: u64 = 10_000;
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// The owner's backup side on `db`, and a standby's record connection.
+struct Owner {
+    clock: Clock,
+    purge: Addr<RecordingPurge>,
+    cleanup: Addr<CleanupActor>,
+    reservations: Addr<ReservationActor>,
+    log: ChangeLog,
+    db: InstanceDb,
+}
+
+fn id(port: u16) -> InstanceId {
+    InstanceId::new(([127, 0, 0, 1], port).into(), &Clock::System)
+}
+
+impl Owner {
+    async fn start(db: &TestDb) -> Owner {
+        let clock = Clock::manual(START);
+        let owner_id = id(1);
+        let log = ChangeLog::open_postgres(PgOptions {
+            instance: Some(owner_id.as_str().into()),
+            ..PgOptions::new(&db.url, Duration::from_millis(200))
+        })
+        .await
+        .unwrap();
+        let recorder = InstanceRecorder::new(owner_id, db.url.clone()).start();
+        let purge = RecordingPurge::default().start();
+        let reservations_ctx = Context::<ReservationActor>::new();
+        let delay = Duration::from_millis(DELAY_MS);
+        let cleanup = CleanupActor::new(clock.clone(), delay, delay, purge.clone().recipient())
+            .with_others(reservations_ctx.address().recipient())
+            .start();
+        let reservations = ReservationActor::new(
+            clock.clone(),
+            "s3://foo/bar".into(),
+            FakeLog {
+                replica_version: "123",
+                min_watermark: "1ab",
+            }
+            .start()
+            .recipient(),
+            cleanup.clone(),
+        )
+        .restore(&[], delay, log.clone())
+        .with_records(recorder);
+        let reservations = reservations_ctx.run(reservations);
+        Owner {
+            clock,
+            purge,
+            cleanup,
+            reservations,
+            log,
+            db: InstanceDb::connect(&db.url).await.unwrap(),
+        }
+    }
+
+    fn at(&self, ms: i64) {
+        self.clock.set_ms(START + ms);
+    }
+
+    /// One poll that saw watermark `w` backed up an hour before the start.
+    async fn poll(&self, w: u64) {
+        self.cleanup
+            .send(PollResult {
+                samples: vec![BackupSample {
+                    watermark: Watermark::from_u64(w),
+                    replica: "s3".into(),
+                    backed_up_at_ms: START - 3_600_000,
+                }],
+            })
+            .await
+            .unwrap();
+    }
+
+    async fn paused(&self) -> bool {
+        self.cleanup.send(GetCleanupState).await.unwrap().paused
+    }
+
+    async fn delay_ms(&self) -> i64 {
+        self.cleanup
+            .send(GetCleanupState)
+            .await
+            .unwrap()
+            .cleanup_delay_ms
+    }
+}
+
+/// Waits until `cond` holds, asking it every 20 ms, for at most `limit`.
+async fn wait_until_async<F, Fut>(what: &str, limit: Duration, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + limit;
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not within {limit:?}: {what}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A standby's record holding `held` (task, start offset), written as its refresh writes it.
+async fn record_standby(db: &InstanceDb, standby: &InstanceId, held: &[(&str, i64)]) {
+    let held: Vec<HeldReservation> = held
+        .iter()
+        .map(|(t, at)| HeldReservation {
+            task_id: t.to_string(),
+            started_ms: START + at,
+        })
+        .collect();
+    let record = InstanceRecord {
+        id: standby.clone(),
+        role: Role::Standby,
+        subscribers: Vec::new(),
+        reservations: held.len() as u32,
+    };
+    db.refresh_with(&record, Some(&held)).await.unwrap();
+}
+
+#[actix_rt::test]
+async fn a_standbys_recorded_reservation_pauses_the_owners_cleanup_until_dropped() {
+    let db = TestDb::create("standby_res_pause").await;
+    let owner = Owner::start(&db).await;
+    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby = id(2);
+    record_standby(&standby_db, &standby, &[("t1", 0)]).await;
+
+    owner.at(1_000);
+    owner.poll(5).await;
+    assert!(owner.paused().await, "the standby's reservation pauses");
+    assert_eq!(owner.purge.send(Take).await.unwrap(), Vec::<String>::new());
+    // Not the owner's own: its /status lists only its own.
+    assert_eq!(owner.reservations.send(ListReservations).await.unwrap(), []);
+
+    // Dropped at the standby (its next refresh no longer has it): ended without growth.
+    record_standby(&standby_db, &standby, &[]).await;
+    owner.at(60_000);
+    owner.poll(6).await;
+    assert!(!owner.paused().await);
+    assert_eq!(
+        owner.purge.send(Take).await.unwrap(),
+        [Watermark::from_u64(6).to_string()]
+    );
+    assert_eq!(
+        owner.delay_ms().await,
+        DELAY_MS as i64,
+        "a drop does not grow"
+    );
+}
+
+#[actix_rt::test]
+async fn a_standbys_reservation_ended_at_the_owner_grows_the_delay_from_its_start() {
+    let db = TestDb::create("standby_res_end_owner").await;
+    let owner = Owner::start(&db).await;
+    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby = id(2);
+    record_standby(&standby_db, &standby, &[("t1", 0)]).await;
+    owner.at(1_000);
+    owner.poll(5).await;
+    assert!(owner.paused().await);
+
+    // The task subscribes with initial=true at the owner, 60 s after it reserved.
+    owner.at(60_000);
+    let own = owner
+        .reservations
+        .send(EndBySubscription {
+            task_id: "t1".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(own, None, "not the owner's own reservation");
+    // The standby's refresh finds the end (and would close its socket with 1000).
+    wait_until_async(
+        "the end recorded for the standby to read",
+        LIMIT,
+        || async {
+            let ends = standby_db.ends_for(&["t1"]).await.unwrap();
+            ends.iter().any(|e| e.ended_ms == START + 60_000)
+        },
+    )
+    .await;
+
+    owner.at(61_000);
+    owner.poll(6).await;
+    assert_eq!(owner.delay_ms().await, 60_000, "grown from the start");
+    assert!(
+        !owner.paused().await,
+        "ended, though the standby still records it"
+    );
+    assert_eq!(
+        owner.purge.send(Take).await.unwrap(),
+        [Watermark::from_u64(6).to_string()]
+    );
+    // The standby closes the socket and drops the row; the owner forgets the end.
+    record_standby(&standby_db, &standby, &[]).await;
+    owner.poll(7).await;
+    owner.poll(8).await;
+    wait_until_async("the applied end forgotten", LIMIT, || async {
+        owner
+            .db
+            .reservation_records("x")
+            .await
+            .unwrap()
+            .ends
+            .is_empty()
+    })
+    .await;
+    assert_eq!(owner.delay_ms().await, 60_000);
+}
+
+#[actix_rt::test]
+async fn an_end_the_holder_filled_in_grows_the_delay_once_its_row_is_gone() {
+    let db = TestDb::create("standby_res_end_claimed").await;
+    let owner = Owner::start(&db).await;
+    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby = id(2);
+    record_standby(&standby_db, &standby, &[("t1", 0)]).await;
+    owner.at(1_000);
+    owner.poll(5).await;
+    assert!(owner.paused().await);
+    // Ended at another standby between two polls: its holder filled in the start and closed.
+    standby_db
+        .record_end(&change_streamer_actors::reservation::records::RecordedEnd {
+            task_id: "t1".into(),
+            ended_ms: START + 45_000,
+            started_ms: Some(START),
+        })
+        .await
+        .unwrap();
+    record_standby(&standby_db, &standby, &[]).await;
+    owner.at(50_000);
+    owner.poll(6).await;
+    assert_eq!(owner.delay_ms().await, 45_000);
+    assert!(!owner.paused().await);
+}
+
+#[actix_rt::test]
+async fn a_gone_standbys_reservation_is_orphaned_at_the_owner_from_when_it_was_seen_gone() {
+    let db = TestDb::create("standby_res_orphan").await;
+    let owner = Owner::start(&db).await;
+    let standby = id(2);
+    {
+        let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+        record_standby(&standby_db, &standby, &[("t1", 0)]).await;
+        owner.at(1_000);
+        owner.poll(5).await;
+        assert!(owner.paused().await);
+    } // its connection ends: the standby is gone at once (its session ended)
+    wait_until_async("the standby gone", LIMIT, || async {
+        let seen = owner.db.instances().await.unwrap();
+        !seen.iter().any(|i| i.id == standby.as_str())
+    })
+    .await;
+
+    owner.at(5_000);
+    owner.poll(6).await;
+    assert!(owner.paused().await, "the orphan keeps cleanup paused");
+    let list = owner.reservations.send(ListReservations).await.unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(list[0].task_id, "t1");
+    assert!(list[0].orphaned);
+    assert_eq!(list[0].held_ms, 5_000, "its original start kept");
+    // Written down as the owner's own (a restart keeps it), then forgotten in the records.
+    wait_until_async(
+        "written down and forgotten in the records",
+        LIMIT,
+        || async {
+            let stored = owner.log.load_state().await.unwrap().reservations;
+            let records = owner.db.reservation_records("x").await.unwrap();
+            stored
+                .iter()
+                .any(|r| r.task_id == "t1" && r.started_ms == START)
+                && records.held.is_empty()
+        },
+    )
+    .await;
+
+    // §13 (b) from the moment the owner saw it gone (+5 s), not from the start.
+    owner.at(5_000 + DELAY_MS as i64 - 1);
+    owner.reservations.send(ExpireReservations).await.unwrap();
+    assert_eq!(
+        owner
+            .reservations
+            .send(ListReservations)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    owner.at(5_000 + DELAY_MS as i64);
+    owner.reservations.send(ExpireReservations).await.unwrap();
+    assert_eq!(owner.reservations.send(ListReservations).await.unwrap(), []);
+    owner.poll(7).await;
+    assert!(!owner.paused().await);
+    assert_eq!(owner.delay_ms().await, DELAY_MS as i64);
+}
