@@ -81,6 +81,9 @@ impl Instance {
     pub async fn start(config: Config, clock: Clock) -> Result<Instance, StartError> {
         let config = Arc::new(config);
         let edge = Edge::load(&config)?;
+        if let Some(url) = &config.change_db {
+            ChangeLog::check_postgres_url(url).map_err(StartError::ChangeDb)?;
+        }
         let listener = listen(&config.host, config.port)?;
         let addr = listener.addr;
         let instance = InstanceId::new(addr, &clock);

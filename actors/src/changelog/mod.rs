@@ -112,6 +112,14 @@ impl ChangeLog {
         postgres::open(options).await.map(ChangeLog::from)
     }
 
+    /// Whether `url` is a change DB URL this engine can use (its options parse), checked before
+    /// anything starts, so that a bad one is a start error rather than a standby retrying for
+    /// ever.
+    pub fn check_postgres_url(url: &str) -> Result<(), ChangeLogError> {
+        url.parse::<tokio_postgres::Config>()?;
+        Ok(())
+    }
+
     /// A standby's handle on the PostgreSQL change DB at `url`, which another instance owns:
     /// it reads (catch-up, stats) and refuses every write with [`ChangeLogError::NotOwner`]
     /// (PROTOCOL.md §14.1). Returns at once; the change DB is reached on the first command.
