@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use change_streamer_actors::secret::Secret;
+use change_streamer_actors::streamer::StreamerConfig;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
@@ -263,6 +264,17 @@ impl Config {
     pub fn slow_subscriber_grace(&self) -> Option<Duration> {
         (self.slow_subscriber_grace_ms > 0)
             .then(|| Duration::from_millis(self.slow_subscriber_grace_ms))
+    }
+    /// The streamer's tunables, from the same flags at the owner and at a serving standby.
+    pub fn streamer(&self) -> StreamerConfig {
+        StreamerConfig {
+            padding: self.padding(),
+            max_queue_changes: self.max_subscriber_queue_changes as usize,
+            max_queue_bytes: self.max_subscriber_queue_bytes as usize,
+            max_queued_bytes: self.max_queued_bytes as usize,
+            slow_grace: self.slow_subscriber_grace(),
+            ..StreamerConfig::default()
+        }
     }
     /// The flow-control padding; `None` (the flag's negative seconds): wait for every
     /// subscriber. The flag's parser keeps it finite.

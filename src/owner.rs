@@ -49,7 +49,6 @@ use crate::edge::Edge;
 use crate::http::standby::STANDBY_REASON;
 use crate::http::{AppState, BackupActors};
 use crate::shutdown::{Drain, StopMode, SESSION_DRAIN};
-use crate::standby::streamer_config;
 use crate::start_error::StartError;
 
 /// A standby's streamer and the guards of its sessions, handed to the owner it becomes.
@@ -113,7 +112,7 @@ impl Owner {
                 (streamer, drain)
             }
             None => (
-                Streamer::new(streamer_config(&config), log.clone(), &stats).start(),
+                Streamer::new(config.streamer(), log.clone(), &stats).start(),
                 Drain::default(),
             ),
         };

@@ -24,25 +24,13 @@ use change_streamer_actors::reservation;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{self, Streamer, StreamerConfig};
+use change_streamer_actors::streamer::{self, Streamer};
 use log::{info, warn};
 
 use crate::config::Config;
 use crate::http::standby::Serving;
 use crate::owner::Kept;
 use crate::shutdown::{Drain, SESSION_DRAIN};
-
-/// The streamer's tunables, from the same flags at the owner and at a standby.
-pub(crate) fn streamer_config(config: &Config) -> StreamerConfig {
-    StreamerConfig {
-        padding: config.padding(),
-        max_queue_changes: config.max_subscriber_queue_changes as usize,
-        max_queue_bytes: config.max_subscriber_queue_bytes as usize,
-        max_queued_bytes: config.max_queued_bytes as usize,
-        slow_grace: config.slow_subscriber_grace(),
-        ..StreamerConfig::default()
-    }
-}
 
 /// The close reason of a standby's reservation sockets when the standby takes over (1011).
 pub const TAKEN_OVER_REASON: &str = "this instance became the owner: reserve again";
@@ -80,7 +68,7 @@ impl StandbyServing {
             warn!("standby: reading the change DB's range failed ({e}); following from its start");
             LogStats::default()
         });
-        let streamer = Streamer::new(streamer_config(config), log.clone(), &stats)
+        let streamer = Streamer::new(config.streamer(), log.clone(), &stats)
             .following(recorder.clone().recipient())
             .start();
         let follower = follower::start(
