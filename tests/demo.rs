@@ -3,8 +3,10 @@
 //! service's own `/status` and `/metrics`, shows every part working: transactions stored,
 //! replicas that restored and subscribed, cleanups scheduled from litestream's reports, rows
 //! purged, the stalled replica released by consensus and then dropped. With `--change-db` it
-//! runs two instances on one PostgreSQL change DB and kills the owner: the summary shows one
-//! takeover within the bound and subscribers that went on with no gap and no commit twice.
+//! runs three instances on one PostgreSQL change DB with two subscribers at each and kills the
+//! owner: the summary shows one takeover within the bound, the killed instance back as a
+//! standby, no subscriber of the surviving instances dropped, the dead owner's subscribed again
+//! elsewhere, and everyone going on with no gap and no commit twice.
 
 use std::process::Command;
 
@@ -44,7 +46,7 @@ async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
         "--kill-after",
         "4",
         "--seconds",
-        "10",
+        "12",
     ]);
     assert!(stdout.contains("kill -9 of "), "{stdout}");
     assert!(
@@ -56,12 +58,38 @@ async fn the_postgres_demo_shows_a_takeover_with_no_gap() {
     // --takeover-interval-ms (200) + 1 s after PostgreSQL noticed; it notices a killed
     // process's connection at once.
     assert!(takeovers[0].as_u64() < Some(1200), "{stdout}");
-    assert_eq!(s["gaps"], 0, "{stdout}");
-    assert_eq!(s["twice"], 0, "{stdout}");
-    assert_eq!(s["reconnects"], 2, "both subscribers came back: {stdout}");
-    for commits in s["subscriberCommits"].as_array().expect("commits") {
-        assert!(commits.as_u64() > Some(500), "{stdout}");
+    let killed = s["killed"].as_array().expect("killed");
+    assert_eq!(killed.len(), 1, "{stdout}");
+    let killed = &killed[0];
+    assert!(s["owner"].is_string() && s["owner"] != *killed, "{stdout}");
+    // The killed instance came back, as a standby; the others are still up.
+    let roles = s["rolesAtEnd"].as_object().expect("rolesAtEnd");
+    assert_eq!(roles.len(), 3, "{stdout}");
+    assert_eq!(roles[killed.as_str().unwrap()], "standby", "{stdout}");
+    assert_eq!(roles[s["owner"].as_str().unwrap()], "owner", "{stdout}");
+    let subs = s["subscribers"].as_array().expect("subscribers");
+    assert_eq!(subs.len(), 6, "two at each instance: {stdout}");
+    let mut moved = 0;
+    for sub in subs {
+        assert_eq!(sub["gaps"], 0, "{sub}: {stdout}");
+        assert_eq!(sub["repeats"], 0, "{sub}: {stdout}");
+        let on = sub["on"].as_array().expect("on");
+        if on[0] == *killed {
+            // The dead owner's subscriber was dropped once and went on at a live instance.
+            moved += 1;
+            assert_eq!(sub["drops"], 1, "{sub}: {stdout}");
+            assert_eq!(on.len(), 2, "{sub}: {stdout}");
+            assert_ne!(on[1], *killed, "{sub}: {stdout}");
+        } else {
+            // A standby's subscriber (the new owner's too) is never dropped.
+            assert_eq!(sub["drops"], 0, "{sub}: {stdout}");
+            assert_eq!(on.len(), 1, "{sub}: {stdout}");
+        }
+        assert!(sub["commits"].as_u64() > Some(500), "{sub}: {stdout}");
+        // Commits went on flowing after the takeover, to every subscriber.
+        assert!(sub["afterTakeover"].as_u64() > Some(300), "{sub}: {stdout}");
     }
+    assert_eq!(moved, 2, "the killed owner had two subscribers: {stdout}");
 }
 
 /// Runs the demo with `args` to its end; its output and the JSON of its `summary:` line.

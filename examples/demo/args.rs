@@ -8,9 +8,9 @@ pub const USAGE: &str = "usage: cargo run --release --example demo [-- [--second
 const FLAGS: &str = "\
 flags:
   --seconds N      stop by itself after N seconds (otherwise Ctrl-C stops it)
-  --change-db URL  the takeover demo: two service processes sharing this PostgreSQL database
-                   (create it first), instead of one instance on its embedded SQLite change log
-                   with a backup, litestream and restoring replicas around it
+  --change-db URL  the takeover demo: three service processes sharing this PostgreSQL database
+                   (create it first), two subscribers at each, instead of one instance on its
+                   embedded SQLite change log with a backup, litestream and restoring replicas
   --kill-after N   with --change-db: kill -9 the owner after N seconds (Enter kills it too)
 ";
 
@@ -18,7 +18,7 @@ flags:
 #[derive(Default)]
 pub struct Args {
     pub seconds: Option<u64>,
-    /// Two instances sharing this PostgreSQL change DB ([`takeover`]).
+    /// Three instances sharing this PostgreSQL change DB ([`takeover`]).
     pub change_db: Option<String>,
     /// With `change_db`: kill the owner after this many seconds (also on Enter).
     pub kill_after: Option<u64>,

@@ -7,9 +7,10 @@
 //!     [--kill-after 10] [--seconds 30]
 //! ```
 //!
-//! With `--change-db` it is the other demo, [`takeover`]: two service processes sharing that
-//! PostgreSQL change DB, and a `kill -9` of the owner on Enter (or after `--kill-after`
-//! seconds) to watch the standby take over. What follows is the default demo.
+//! With `--change-db` it is the other demo, [`takeover`]: three service processes sharing that
+//! PostgreSQL change DB with subscribers at each, and a `kill -9` of the owner on Enter (or
+//! after `--kill-after` seconds) to watch a standby take over with no standby's subscriber
+//! dropped. What follows is the default demo.
 //!
 //! It starts the real service (its embedded change log in a temporary directory) and, around
 //! it, stand-ins for the outside world:

@@ -1,11 +1,13 @@
-//! The demo on a shared PostgreSQL change DB (PROTOCOL.md §14): `--change-db postgres://…` starts two
-//! service processes on that database, shows which one owns it, and kills the owner with
+//! The demo on a shared PostgreSQL change DB (PROTOCOL.md §14, §14.1): `--change-db postgres://…`
+//! starts three service processes on that database, A, B and C, with two subscribers at each
+//! (standbys serve `/changes` too), shows which one owns the change DB, and kills the owner with
 //! `kill -9` when Enter is pressed or after `--kill-after N` seconds, so that the takeover is
-//! seen live: the standby owns, the change source is asked to resume from the last durable
-//! watermark, and the subscribers reconnect and go on with no gap and no commit twice. The
-//! killed instance is started again, and comes back as the standby.
+//! seen live: a standby owns, the change source is asked to resume from the last durable
+//! watermark, the surviving instances' subscribers (the new owner's too) are never dropped, and
+//! the dead owner's subscribe again at another instance and go on with no gap and no commit
+//! twice. The killed instance is started again, and comes back as a standby.
 //!
-//! The two service processes are this demo's own binary run with [`SERVE`]: the real service
+//! The service processes are this demo's own binary run with [`SERVE`]: the real service
 //! (`change_streamer::instance::run`), in a process of its own so that it can be killed.
 //! The stand-in change source numbers its transactions one after another and, like a real
 //! one, resumes after the `lastWatermark` each new connection asks for; so a subscriber that
@@ -18,35 +20,26 @@ use std::rc::Rc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::upstream::FakeUpstream;
-use serde_json::json;
 
 mod follow;
 mod instance;
+mod view;
 
-use follow::{subscriber, write_transactions, Followed, Shared};
+use follow::{subscriber, write_transactions, Addrs, Followed, Shared};
 use instance::{role, start_instance, Said};
 pub use instance::{serve, SERVE};
+pub use view::LEGEND;
+use view::{instance_line, since_kill, subscriber_line, Kill, Summary};
 
-/// The demo's legend in this mode.
-pub const LEGEND: &str = "\
-legend (two instances on one PostgreSQL change DB):
-  access: both instances ask every client for a secret generated for this run (never shown)
-  A and B are two change-streamer processes sharing the change DB; exactly one is the OWNER
-    (it holds a PostgreSQL advisory lock on its writer connection, reads upstream, stores and
-    serves); the other is a STANDBY (answers /status and /metrics, closes sessions with 1011
-    `standby: not the owner`, tries to take the lock every --takeover-interval-ms, 200 ms here)
-  kill -9 (Enter, or --kill-after N): the owner dies; PostgreSQL ends its session and with it
-    the lock; the standby owns within the takeover interval + 1 s, asks the change source to
-    resume after the last durable watermark, and the killed one is started again as standby
-  s1, s2: subscribers that reconnect on any close from the last commit they acked; `gaps` counts
-    commits that were not the one after the last, `twice` commits seen again: both stay 0
-";
+/// The service processes: A, B, C.
+const INSTANCES: usize = 3;
+/// Subscribers started at each instance.
+const PER_INSTANCE: usize = 2;
 
-/// Runs the two-instance demo on the change DB at `db`.
+/// Runs the three-instance demo on the change DB at `db`.
 pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
-    println!("change-streamer demo: two instances sharing the PostgreSQL change DB {db}");
+    println!("change-streamer demo: three instances sharing the PostgreSQL change DB {db}");
     println!(
         "  press Enter to kill -9 the owner{}; Ctrl-C to stop\n",
         match kill_after {
@@ -57,11 +50,14 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
     println!("{LEGEND}");
     let up = FakeUpstream::start().await;
     let (said_tx, said) = mpsc::channel();
-    let mut instances = vec![
-        start_instance(0, &db, &up.url(), &said_tx),
-        start_instance(1, &db, &up.url(), &said_tx),
-    ];
-    let addrs: Shared<Vec<Option<String>>> = Rc::new(RefCell::new(vec![None, None]));
+    let mut instances: Vec<_> = (0..INSTANCES)
+        .map(|i| start_instance(i, &db, &up.url(), &said_tx))
+        .collect();
+    let names: Vec<char> = instances.iter().map(|i| i.name).collect();
+    let addrs: Shared<Addrs> = Rc::new(RefCell::new(Addrs {
+        addrs: vec![None; INSTANCES],
+        names: names.clone(),
+    }));
     actix_rt::spawn(write_transactions(up.clone(), 200));
     let (keys_tx, keys) = mpsc::channel();
     std::thread::spawn(move || {
@@ -74,7 +70,9 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
 
     let start = Instant::now();
     let mut owner: Option<usize> = None;
-    let mut killed_at: Option<(Instant, usize)> = None;
+    let mut killed_at: Option<Instant> = None;
+    let mut killed: Vec<usize> = Vec::new();
+    let mut last_kill: Option<Kill> = None;
     let mut restart_at: Option<(Instant, usize)> = None;
     let mut takeovers: Vec<u128> = Vec::new();
     let mut subs: Vec<Shared<Followed>> = Vec::new();
@@ -96,60 +94,77 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
         while let Ok(s) = said.try_recv() {
             match s {
                 Said::Standby(i, addr) => {
-                    log(format!("{} is a standby on {addr}", instances[i].name));
+                    log(format!("{} is a standby on {addr}", names[i]));
                     instances[i].addr = Some(addr.clone());
-                    addrs.borrow_mut()[i] = Some(addr);
+                    addrs.borrow_mut().addrs[i] = Some(addr);
                 }
                 Said::Owner(i, at) => {
                     owner = Some(i);
-                    let took = killed_at
-                        .take()
-                        .map(|(k, _)| {
+                    let took = match killed_at.take() {
+                        Some(k) => {
                             let ms = at.duration_since(k).as_millis();
                             takeovers.push(ms);
-                            format!(": took over {ms} ms after the kill")
-                        })
-                        .unwrap_or_default();
-                    log(format!("{} OWNS the change DB{took}", instances[i].name));
+                            let mut kept = 0;
+                            for s in &subs {
+                                let mut s = s.borrow_mut();
+                                s.at_takeover = Some(s.commits);
+                                kept += usize::from(s.now_on() == Some(i));
+                            }
+                            format!(
+                                ": took over {ms} ms after the kill, keeping its {kept} subscribers on their sockets"
+                            )
+                        }
+                        None => String::new(),
+                    };
+                    log(format!("{} OWNS the change DB{took}", names[i]));
                 }
             }
         }
-        // The first subscribers once the change log has its replicaVersion.
-        if subs.is_empty() {
+        // The subscribers, once every instance is up and the change log has its replicaVersion.
+        let all_up = addrs.borrow().addrs.iter().all(Option::is_some);
+        if subs.is_empty() && all_up {
             if let Some(st) = match owner.and_then(|o| instances[o].addr.clone()) {
                 Some(a) => role(&a).await,
                 None => None,
             } {
                 if let Some(rv) = st["replicaVersion"].as_str() {
-                    for name in ["s1", "s2"] {
-                        let seen: Shared<Followed> = Rc::default();
+                    for k in 0..INSTANCES * PER_INSTANCE {
+                        let seen: Shared<Followed> = Rc::new(RefCell::new(Followed {
+                            name: format!("s{}", k + 1),
+                            ..Followed::default()
+                        }));
                         subs.push(seen.clone());
-                        actix_rt::spawn(subscriber(
-                            name.into(),
-                            addrs.clone(),
-                            rv.to_string(),
-                            seen,
-                        ));
+                        let (home, spread) = (k / PER_INSTANCE, k % PER_INSTANCE);
+                        let rv = rv.to_string();
+                        actix_rt::spawn(subscriber(home, spread, addrs.clone(), rv, seen));
                     }
                 }
             }
         }
         let key = keys.try_recv().is_ok();
         let due = kill_after.is_some_and(|k| start.elapsed() >= Duration::from_secs(k))
-            && takeovers.is_empty()
-            && killed_at.is_none();
-        if (key || due) && killed_at.is_none() {
+            && takeovers.is_empty();
+        if (key || due) && killed_at.is_none() && restart_at.is_none() {
             if let Some(o) = owner.take() {
                 let pid = instances[o].child.id();
                 let _ = instances[o].child.kill();
                 let _ = instances[o].child.wait();
-                addrs.borrow_mut()[o] = None;
-                killed_at = Some((Instant::now(), o));
+                addrs.borrow_mut().addrs[o] = None;
+                killed_at = Some(Instant::now());
+                killed.push(o);
                 restart_at = Some((Instant::now() + Duration::from_secs(2), o));
+                let victims: Vec<usize> = (0..subs.len())
+                    .filter(|&k| subs[k].borrow().now_on() == Some(o))
+                    .collect();
                 log(format!(
-                    "kill -9 of {} (the owner, pid {pid})",
-                    instances[o].name
+                    "kill -9 of {} (the owner, pid {pid}, serving {} of the subscribers)",
+                    names[o],
+                    victims.len()
                 ));
+                last_kill = Some(Kill {
+                    instance: o,
+                    victims,
+                });
             }
         }
         if owner.is_none()
@@ -165,9 +180,9 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
         }
         // An instance that ended by itself (a bad --change-db, say) ends the demo.
         let ended = instances.iter_mut().enumerate().find_map(|(i, inst)| {
-            let killed = restart_at.is_some_and(|(_, k)| k == i);
+            let restarting = restart_at.is_some_and(|(_, k)| k == i);
             match inst.child.try_wait() {
-                Ok(Some(status)) if !killed => Some((inst.name, status)),
+                Ok(Some(status)) if !restarting => Some((inst.name, status)),
                 _ => None,
             }
         });
@@ -180,7 +195,7 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
         if let Some((at, i)) = restart_at {
             if Instant::now() >= at {
                 restart_at = None;
-                log(format!("starting {} again", instances[i].name));
+                log(format!("starting {} again", names[i]));
                 instances[i] = start_instance(i, &db, &up.url(), &said_tx);
             }
         }
@@ -191,55 +206,46 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
         }
         if last_view.elapsed() >= Duration::from_secs(1) {
             last_view = Instant::now();
-            let mut line = String::new();
+            let mut lines = Vec::new();
             for (i, inst) in instances.iter().enumerate() {
-                let state = match &inst.addr {
-                    Some(a) if addrs.borrow()[i].is_some() => match role(a).await {
-                        Some(st) if st["role"] == "owner" => format!(
-                            "OWNER   {a} stored up to {} upstream {}",
-                            st["changeLog"]["maxWatermark"].as_str().unwrap_or("-"),
-                            if st["upstream"]["connected"] == true {
-                                "connected"
-                            } else {
-                                "DOWN"
-                            }
-                        ),
-                        Some(st) => format!("{:<7} {a}", st["role"].as_str().unwrap_or("?")),
-                        None => format!("down    {a}"),
-                    },
-                    _ => "down".to_string(),
-                };
-                line.push_str(&format!("{}: {state}   ", inst.name));
+                let up = addrs.borrow().addrs[i].is_some();
+                let down_killed = restart_at.is_some_and(|(_, k)| k == i);
+                lines.push(instance_line(inst, up, down_killed).await);
             }
-            for (k, s) in subs.iter().enumerate() {
-                let s = s.borrow();
-                line.push_str(&format!(
-                    "\n          s{}: {} commits, at {}, gaps {}, twice {}, reconnects {}",
-                    k + 1,
-                    s.commits,
-                    s.last
-                        .map(|w| Watermark::from_u64(w).to_string())
-                        .unwrap_or("-".into()),
-                    s.gaps,
-                    s.twice,
-                    s.reconnects
-                ));
+            let borrowed: Vec<_> = subs.iter().map(|s| s.borrow()).collect();
+            let followed: Vec<&Followed> = borrowed.iter().map(|s| &**s).collect();
+            lines.extend(followed.iter().map(|s| subscriber_line(s, &names)));
+            if let Some(kill) = &last_kill {
+                lines.push(since_kill(kill, &followed, &names));
             }
-            log(line);
+            drop(borrowed);
+            log(lines.join("\n          "));
             printed += 1;
         }
     }
-    let total = |f: fn(&Followed) -> u64| subs.iter().map(|s| f(&s.borrow())).sum::<u64>();
-    let summary = json!({
-        "seconds": start.elapsed().as_secs(),
-        "takeoverMs": takeovers,
-        "subscriberCommits": subs.iter().map(|s| s.borrow().commits).collect::<Vec<_>>(),
-        "gaps": total(|s| s.gaps),
-        "twice": total(|s| s.twice),
-        "reconnects": total(|s| s.reconnects),
-        "views": printed,
-    });
-    println!("\nsummary: {summary}");
+    let mut roles = Vec::new();
+    for (i, inst) in instances.iter().enumerate() {
+        let up = addrs.borrow().addrs[i].is_some();
+        let st = match (&inst.addr, up) {
+            (Some(a), true) => role(a).await,
+            _ => None,
+        };
+        let r = st.as_ref().and_then(|st| st["role"].as_str());
+        roles.push(r.unwrap_or("down").to_string());
+    }
+    let borrowed: Vec<_> = subs.iter().map(|s| s.borrow()).collect();
+    let summary = Summary {
+        seconds: start.elapsed().as_secs(),
+        names: &names,
+        killed: &killed,
+        owner,
+        takeover_ms: &takeovers,
+        roles,
+        subs: borrowed.iter().map(|s| &**s).collect(),
+        views: printed,
+    };
+    println!("\nsummary: {}", summary.json());
+    drop(borrowed);
     for inst in &mut instances {
         let _ = Command::new("kill")
             .args(["-TERM", &inst.child.id().to_string()])

@@ -1,6 +1,7 @@
-//! The takeover demo's stand-ins around the two instances: a change source that resumes after
-//! the `lastWatermark` each new connection asks for, and subscribers that reconnect on any close
-//! from their last acked commit, counting gaps and commits seen twice.
+//! The takeover demo's stand-ins around the instances: a change source that resumes after the
+//! `lastWatermark` each new connection asks for, and subscribers that each follow one instance
+//! and, when dropped, subscribe again from their last acked commit, counting commits, gaps,
+//! repeats and drops.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -58,35 +59,61 @@ pub fn wm_u64(v: &Value) -> Option<u64> {
 /// What one subscriber saw.
 #[derive(Default)]
 pub struct Followed {
+    /// `s1`, `s2`, …: also its id at the service.
+    pub name: String,
+    /// The instances that served it, in order (indexes into the demo's instances): the first
+    /// is the one it was started at.
+    pub on: Vec<usize>,
     pub last: Option<u64>,
     pub commits: u64,
+    /// Its commits when the takeover was announced (`None` before any).
+    pub at_takeover: Option<u64>,
+    /// Commits that were not the one after the last.
     pub gaps: u64,
-    pub twice: u64,
-    pub reconnects: u64,
+    /// Commits at or below the last one seen: seen again.
+    pub repeats: u64,
+    /// Subscriptions that ended (a close or a lost connection), each followed by a new one.
+    pub drops: u64,
     /// Lines for the event log.
     pub events: Vec<String>,
 }
 
+impl Followed {
+    /// The instance serving it now, or last.
+    pub fn now_on(&self) -> Option<usize> {
+        self.on.last().copied()
+    }
+}
+
 pub type Shared<T> = Rc<RefCell<T>>;
 
-/// A subscriber that follows whichever instance owns the change DB: on a close or a lost
-/// connection it connects again (to either instance; a standby closes it at once with 1011)
-/// from the last commit it acked.
+/// The instances' addresses, `None` while one is down; and their names.
+pub struct Addrs {
+    pub addrs: Vec<Option<String>>,
+    pub names: Vec<char>,
+}
+
+/// A subscriber that follows the instance it connected to (`home` first), acking every
+/// message. When that instance closes it or the connection is lost, it is dropped: it
+/// subscribes again from the last commit it acked, at the same instance if that one is still
+/// up, else at another live one (any: `spread` picks which, so that a dead instance's
+/// subscribers do not all go to one).
 pub async fn subscriber(
-    name: String,
-    addrs: Shared<Vec<Option<String>>>,
+    home: usize,
+    spread: usize,
+    addrs: Shared<Addrs>,
     rv: String,
     seen: Shared<Followed>,
 ) {
-    let mut turn = 0usize;
+    let name = seen.borrow().name.clone();
+    let mut at = home;
     loop {
-        let candidates: Vec<String> = addrs.borrow().iter().flatten().cloned().collect();
-        if candidates.is_empty() {
+        let Some((i, addr)) = pick(&addrs.borrow(), at, spread) else {
             actix_rt::time::sleep(Duration::from_millis(100)).await;
             continue;
-        }
-        let addr = candidates[turn % candidates.len()].clone();
-        turn += 1;
+        };
+        at = i;
+        let inst = addrs.borrow().names[i];
         let from = seen
             .borrow()
             .last
@@ -95,8 +122,7 @@ pub async fn subscriber(
         let url = format!(
             "ws://{addr}/replication/v6/changes?id={name}&replicaVersion={rv}&watermark={from}"
         );
-        // A killed instance's port refuses, a standby handing over may drop the connection:
-        // try again, on the other one.
+        // A killed instance's port refuses: try again, at another one.
         let Ok((_, mut c)) = awc::Client::new()
             .ws(&url)
             .header("authorization", format!("Bearer {}", secret()))
@@ -106,24 +132,24 @@ pub async fn subscriber(
             actix_rt::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let mut served = false;
+        {
+            let mut s = seen.borrow_mut();
+            if s.drops > 0 {
+                let line = format!("{name} subscribed again at {inst} from {from}");
+                s.events.push(line);
+            }
+            if s.now_on() != Some(i) {
+                s.on.push(i);
+            }
+        }
         loop {
             match next(&mut c).await {
                 Got::Msg(id, msg) => {
-                    if !served {
-                        served = true;
-                        let mut s = seen.borrow_mut();
-                        if s.last.is_some() {
-                            s.reconnects += 1;
-                            let line = format!("{name} subscribed again on {addr} from {from}");
-                            s.events.push(line);
-                        }
-                    }
                     if msg[0] == "commit" {
                         if let Some(w) = wm_u64(&msg[2]["watermark"]) {
                             let mut s = seen.borrow_mut();
                             match s.last {
-                                Some(l) if w <= l => s.twice += 1,
+                                Some(l) if w <= l => s.repeats += 1,
                                 Some(l) if w != l + 1 => s.gaps += 1,
                                 _ => {}
                             }
@@ -137,16 +163,34 @@ pub async fn subscriber(
                     }
                 }
                 Got::Closed(code, reason) => {
-                    if served {
-                        let line = format!("{name} closed by {addr}: {code} {reason}");
-                        seen.borrow_mut().events.push(line);
-                    }
+                    let mut s = seen.borrow_mut();
+                    s.drops += 1;
+                    let why = if code == 1006 {
+                        "connection lost (1006)".to_string()
+                    } else {
+                        format!("closed {code} {reason}")
+                    };
+                    s.events.push(format!("{name} dropped by {inst}: {why}"));
                     break;
                 }
             }
         }
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Where to subscribe: instance `at` while it is up, else the `spread`-th of the live others.
+fn pick(addrs: &Addrs, at: usize, spread: usize) -> Option<(usize, String)> {
+    if let Some(a) = &addrs.addrs[at] {
+        return Some((at, a.clone()));
+    }
+    let live: Vec<(usize, String)> = addrs
+        .addrs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, a)| Some((i, a.clone()?)))
+        .collect();
+    (!live.is_empty()).then(|| live[spread % live.len()].clone())
 }
 
 /// What a subscription read next.

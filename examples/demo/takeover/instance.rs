@@ -114,7 +114,7 @@ pub async fn role(addr: &str) -> Option<Value> {
     resp.json::<Value>().limit(1 << 20).await.ok()
 }
 
-/// The secret both instances ask for, generated for this run (as in the single-instance demo).
+/// The secret every instance asks for, generated for this run (as in the single-instance demo).
 pub fn secret() -> &'static str {
     static SECRET: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SECRET.get_or_init(crate::demo_secret)
