@@ -419,7 +419,9 @@ async fn a_standby_whose_record_lapsed_leaves_its_catching_up_subscriber_no_gap(
         upto(102, 101 + commits.len() as u64),
         "a gap after the owner purged past the lapsed standby's subscriber"
     );
-    serves_again(&b_addr, 140, 140).await;
+    // And it serves again: a new subscription at the newest stored commit gets the next one.
+    ingest(&up, 141..=141, 2).await;
+    serves_again(&b_addr, 140, 141).await;
 }
 
 #[actix_rt::test]
