@@ -138,18 +138,8 @@ async fn a_takeover_keeps_the_standbys_subscribers_with_no_gap_and_no_duplicate(
         .standby
         .recv_timeout(Duration::from_secs(20))
         .expect("the second instance answers as a standby");
-    up.send(txn(100, 3));
-    wait_until("the initial sync acked", Duration::from_secs(20), || {
-        !acked(&up).is_empty()
-    })
-    .await;
     // Subscribed at the standby, from the replicaVersion.
-    let mut sub = WsClient::connect(&format!(
-        "ws://{b_addr}/replication/v6/changes?id=kept&replicaVersion={}&watermark={}",
-        wm(100),
-        wm(100)
-    ))
-    .await;
+    let mut sub = initial_sync_then_subscribe(&up, 3, &b_addr, "kept").await;
     for n in 101..140 {
         up.send(txn(n, 3));
     }
@@ -235,18 +225,8 @@ async fn an_owner_that_loses_its_session_closes_its_sessions_with_1011_and_becom
         .expect("the first instance owns the change DB and listens");
     assert_eq!(a.standby.try_recv().ok(), Some(a_addr.clone()));
     up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    wait_until("the initial sync acked", Duration::from_secs(20), || {
-        !acked(&up).is_empty()
-    })
-    .await;
     // A subscriber and a reservation, both live on the owner.
-    let mut sub = WsClient::connect(&format!(
-        "ws://{a_addr}/replication/v6/changes?id=r1&replicaVersion={}&watermark={}",
-        wm(100),
-        wm(100)
-    ))
-    .await;
+    let mut sub = initial_sync_then_subscribe(&up, 1, &a_addr, "r1").await;
     assert_eq!(sub.msg().await.1, json!(["status", {"tag": "status"}]));
     let mut res =
         WsClient::connect(&format!("ws://{a_addr}/replication/v6/snapshot?taskID=t1")).await;

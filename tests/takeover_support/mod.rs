@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
-use change_streamer_test_support::upstream::FakeUpstream;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
 
 use change_streamer_test_support::pg::TestDb;
 
@@ -130,6 +131,27 @@ pub fn acked(up: &FakeUpstream) -> Vec<u64> {
         .filter(|a| a[1]["tag"] == "commit")
         .filter_map(|a| Watermark::parse(a[2]["watermark"].as_str()?).ok()?.to_u64())
         .collect()
+}
+
+/// Sends the initial sync (watermark 100, `rows` rows) and waits for its ack; then
+/// subscribes at `addr` from it as `id`.
+pub async fn initial_sync_then_subscribe(
+    up: &FakeUpstream,
+    rows: u64,
+    addr: &str,
+    id: &str,
+) -> WsClient {
+    up.send(txn(100, rows));
+    wait_until("the initial sync acked", Duration::from_secs(20), || {
+        !acked(up).is_empty()
+    })
+    .await;
+    WsClient::connect(&format!(
+        "ws://{addr}/replication/v6/changes?id={id}&replicaVersion={}&watermark={}",
+        wm(100),
+        wm(100)
+    ))
+    .await
 }
 
 /// Reads (and acks) a subscription until the commit of `last`: the commit watermarks in order.

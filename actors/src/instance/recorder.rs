@@ -374,12 +374,13 @@ impl Handler<GetChangeDbView> for InstanceRecorder {
     }
 }
 
-impl Handler<RecordSubscribers> for InstanceRecorder {
-    type Result = ResponseFuture<Result<(), String>>;
-    fn handle(&mut self, _: RecordSubscribers, ctx: &mut Context<Self>) -> Self::Result {
-        // Nothing this instance serves is recorded now (it is between phases, or stopping).
+impl InstanceRecorder {
+    /// Answered by the next refresh to start: the one that asks the actors it serves with
+    /// after this request was made. Refused while it serves nothing (between phases, or
+    /// stopping): nothing asked to be recorded would be.
+    fn record_now(&mut self, ctx: &mut Context<Self>) -> ResponseFuture<Result<(), String>> {
         if self.holders.is_none() {
-            return Box::pin(async { Err("this instance serves no subscriber now".into()) });
+            return Box::pin(async { Err("this instance serves nothing now".into()) });
         }
         let (tx, rx) = oneshot::channel();
         self.waiting.push(tx);
@@ -391,16 +392,17 @@ impl Handler<RecordSubscribers> for InstanceRecorder {
     }
 }
 
+impl Handler<RecordSubscribers> for InstanceRecorder {
+    type Result = ResponseFuture<Result<(), String>>;
+    fn handle(&mut self, _: RecordSubscribers, ctx: &mut Context<Self>) -> Self::Result {
+        self.record_now(ctx)
+    }
+}
+
 impl Handler<RecordReservations> for InstanceRecorder {
     type Result = ResponseFuture<Result<(), String>>;
     fn handle(&mut self, _: RecordReservations, ctx: &mut Context<Self>) -> Self::Result {
-        let (tx, rx) = oneshot::channel();
-        self.waiting.push(tx);
-        self.refresh(ctx);
-        Box::pin(async move {
-            rx.await
-                .unwrap_or_else(|_| Err("the instance recorder stopped".into()))
-        })
+        self.record_now(ctx)
     }
 }
 
