@@ -15,8 +15,9 @@
 //!   2. **Owner.** Once it owns the change DB, the standby's streamer, with every subscriber,
 //!      becomes the owner's: the follower hands on the last commits the old owner made durable,
 //!      the streamer switches to ingesting, and the upstream client starts ([`Owner::start`]).
-//!      Its websocket connections never see the change: the server is the same (PROTOCOL.md
-//!      §14.1, takeover keeps subscribers).
+//!      Its `/snapshot` reservations become the owner's own, on the same sockets. Its
+//!      websocket connections never see the change: the server is the same (PROTOCOL.md
+//!      §14.1, takeover keeps subscribers and reservations).
 //!   3. **Deposed.** Once the engine finds it no longer owns the change DB (the fence refused a
 //!      write, its session ended, or the idle check failed), it refuses every further write,
 //!      so nothing more is stored or acked upstream, and reports it ([`ChangeLog::deposed`]).

@@ -7,7 +7,9 @@
 //! when `--litestream-backup-url` is set) and the upstream client when `--upstream` is set. A
 //! standby that took over hands it its streamer with every subscriber ([`Kept`]): the streamer
 //! switches to ingesting before the upstream client starts, so its subscribers go on with what
-//! the new owner ingests, with no close, gap or duplicate (PROTOCOL.md §14.1).
+//! the new owner ingests, with no close, gap or duplicate (PROTOCOL.md §14.1); its
+//! reservations are handed to the new reservation actor, which adopts them as its own (their
+//! sockets open, written down, cleanup paused).
 //!
 //! Each actor gets its part of the safety state before it starts: the purger the watermarks
 //! scheduled and not yet purged, the cleanup actor the learned delay, the recorded watermarks
@@ -36,6 +38,7 @@ use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
+use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{Ingest, Streamer};
@@ -51,9 +54,13 @@ use crate::http::{AppState, BackupActors};
 use crate::shutdown::{Drain, StopMode, SESSION_DRAIN};
 use crate::start_error::StartError;
 
-/// A standby's streamer and the guards of its sessions, handed to the owner it becomes.
+/// A standby's streamer, its reservations and the guards of its sessions, handed to the
+/// owner it becomes.
 pub(crate) struct Kept {
     pub streamer: Addr<Streamer>,
+    /// Handed to the owner's reservation actor once it runs (PROTOCOL.md §14.1); both exist
+    /// exactly when `--litestream-backup-url` is set.
+    pub reservations: Option<Addr<StandbyReservations>>,
     pub drain: Drain,
 }
 
@@ -89,11 +96,14 @@ impl Owner {
         let (stats, safety, vfs) = match read.await {
             Ok(read) => read,
             Err(e) => {
-                // A kept streamer's subscribers have nothing more coming: close them.
+                // A kept streamer's subscribers have nothing more coming, nor will its
+                // reservations pause anything: close them.
                 if let Some(k) = kept {
-                    k.streamer.do_send(streamer::Stop {
-                        end: Some(SessionEnd::Unavailable(STANDBY_REASON.into())),
-                    });
+                    let end = Some(SessionEnd::Unavailable(STANDBY_REASON.into()));
+                    k.streamer.do_send(streamer::Stop { end: end.clone() });
+                    if let Some(r) = k.reservations {
+                        r.do_send(reservation::Stop { end });
+                    }
                 }
                 return Err(e);
             }
@@ -101,18 +111,23 @@ impl Owner {
 
         // A standby that takes over keeps its streamer and every subscriber of it; it ingests
         // from here on (the upstream client starts below, after this).
-        let (streamer, drain) = match kept {
-            Some(Kept { streamer, drain }) => {
+        let (streamer, kept_reservations, drain) = match kept {
+            Some(Kept {
+                streamer,
+                reservations,
+                drain,
+            }) => {
                 let _ = streamer
                     .send(Ingest {
                         log: log.clone(),
                         stats: stats.clone(),
                     })
                     .await;
-                (streamer, drain)
+                (streamer, reservations, drain)
             }
             None => (
                 Streamer::new(config.streamer(), log.clone(), &stats).start(),
+                None,
                 Drain::default(),
             ),
         };
@@ -166,6 +181,14 @@ impl Owner {
                     reservations = reservations.with_records(r.clone());
                 }
                 let reservations = reservations_ctx.run(reservations);
+                // The standby's reservations are this actor's now (adopted before anything
+                // the owner's door could send it), their sessions' messages forwarded to it.
+                if let Some(r) = &kept_reservations {
+                    let to = reservations.clone();
+                    if let Ok(n) = r.send(HandOver { to }).await {
+                        info!("{n} snapshot reservation(s) of the standby phase adopted, their sockets kept");
+                    }
+                }
                 let monitor = match vfs {
                     None => MonitorActor::new(
                         MonitorConfig::new(

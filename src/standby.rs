@@ -10,9 +10,9 @@
 //! Its end is one of two: [`StandbyServing::stop`] (a graceful stop, or an error the instance
 //! cannot go on after: subscribers closed with 1001), or [`StandbyServing::take_over`]: this
 //! instance became the owner, and the streamer, with every subscriber, goes on as the owner's
-//! ([`Kept`]). Its reservations' sockets close at a takeover (1011, [`TAKEN_OVER_REASON`]);
-//! their rows stay, and the new owner finds them orphaned (its own standby phase's, PROTOCOL.md
-//! §14.1), so cleanup stays paused until the tasks come back.
+//! ([`Kept`]). Its reservations go on too, on the same sockets: [`Kept`] carries their actor,
+//! and the owner's start hands them to its own reservation actor, which adopts them as its own
+//! (PROTOCOL.md §14.1; `HandOver` in `reservation/standby/handover.rs`).
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, LogStats};
@@ -31,9 +31,6 @@ use crate::config::Config;
 use crate::http::standby::Serving;
 use crate::owner::Kept;
 use crate::shutdown::{Drain, SESSION_DRAIN};
-
-/// The close reason of a standby's reservation sockets when the standby takes over (1011).
-pub const TAKEN_OVER_REASON: &str = "this instance became the owner: reserve again";
 
 /// A serving standby's streamer, follower and sessions.
 pub(crate) struct StandbyServing {
@@ -85,7 +82,8 @@ impl StandbyServing {
                 backup_url.clone(),
                 streamer.clone().recipient(),
                 recorder.clone(),
-            );
+            )
+            .with_max_reservation(config.max_reservation());
             match config.litestream_vfs {
                 Some(_) => r.verifying_backups(),
                 None => r,
@@ -153,7 +151,8 @@ impl StandbyServing {
 
     /// This instance owns the change DB: the follower stops where it stands, and the
     /// streamer with every subscriber goes to the owner, whose `Ingest` has them read the rest
-    /// from the change log.
+    /// from the change log; the reservations go to the owner too, whose reservation actor
+    /// adopts them.
     pub(crate) async fn take_over(self) -> Kept {
         let StandbyServing {
             streamer,
@@ -162,15 +161,12 @@ impl StandbyServing {
             drain,
             ..
         } = self;
-        if let Some(r) = reservations {
-            let _ = r
-                .send(reservation::Stop {
-                    end: Some(SessionEnd::Unavailable(TAKEN_OVER_REASON.into())),
-                })
-                .await;
-        }
         follower.stop().await;
         info!("taking over: the standby's streamer and its subscribers go to the owner");
-        Kept { streamer, drain }
+        Kept {
+            streamer,
+            reservations,
+            drain,
+        }
     }
 }

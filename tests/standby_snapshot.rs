@@ -2,7 +2,9 @@
 //! PostgreSQL change DB, a fake change source and a fake litestream page: the standby's
 //! reservation gets the status and pauses the owner's cleanup; ended by `initial=true` at the
 //! owner, its socket at the standby closes with 1000 within a second and the owner's delay
-//! grows; a standby killed with `kill -9` leaves its reservation orphaned at the owner.
+//! grows; a standby killed with `kill -9` leaves its reservation orphaned at the owner; a
+//! standby that takes over from an owner killed with `kill -9` keeps its reservation as its
+//! own, on the same socket.
 
 #[allow(dead_code)] // shared with tests/takeover.rs, which uses the rest
 mod takeover_support;
@@ -241,4 +243,75 @@ async fn ended_by_initial_subscription_at_a_standby_the_owners_socket_closes_100
     .await;
     assert!(owner["backup"]["cleanupDelayMs"].as_u64().unwrap() <= held_at_most);
     assert_eq!(owner["reservations"], json!([]), "{owner}");
+}
+
+#[actix_rt::test]
+async fn a_standby_that_takes_over_keeps_its_reservation_on_the_same_socket() {
+    let db = TestDb::create("standby_snap_takeover").await;
+    let up = FakeUpstream::start().await;
+    let lite = FakeLitestream::start(Answer::default()).await;
+    let (mut a, a_addr, b, b_addr) = owner_and_standby(&db, &up, &lite, 0).await;
+    let reserving = Instant::now();
+    let (mut c, msg) = reserve(&b_addr, "t1").await;
+    let got_status = Instant::now();
+    status_until(&a_addr, "the owner's cleanup paused", |s| {
+        s["backup"]["paused"] == true
+    })
+    .await;
+
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    b.listening_within(START).expect("the standby takes over");
+    let owner = status_until(&b_addr, "the reservation the new owner's own", |s| {
+        s["role"] == "owner"
+            && s["reservations"]
+                .as_array()
+                .is_some_and(|l| l.iter().any(|r| r["taskID"] == "t1"))
+    })
+    .await;
+    let asked = Instant::now();
+    let listed = &owner["reservations"][0];
+    assert_eq!(listed["orphaned"], false, "not an orphan: {owner}");
+    // Its original start: held at least since its status came, before the takeover.
+    let held = listed["heldMs"].as_u64().unwrap();
+    let since_status = asked.duration_since(got_status).as_millis() as u64;
+    assert!(
+        held + 2 >= since_status,
+        "held {held} ms, since the status {since_status} ms"
+    );
+    assert_eq!(owner["backup"]["paused"], true, "{owner}");
+
+    // The same socket, never closed: the task's initial subscription at the new owner ends it.
+    let subscribing = Instant::now();
+    let mut sub = WsClient::connect(&format!(
+        "ws://{b_addr}/replication/v6/changes?id=r1&taskID=t1&initial=true&replicaVersion={}&watermark={}",
+        msg[1]["replicaVersion"].as_str().unwrap(),
+        msg[1]["minWatermark"].as_str().unwrap(),
+    ))
+    .await;
+    let (id, status) = sub.msg().await;
+    assert_eq!(status[0], "status", "{status}");
+    sub.ack(id).await;
+    let (code, reason) = close_within(&mut c, Duration::from_secs(5)).await;
+    assert_eq!(
+        (code, reason.as_str()),
+        (1000, "reservation ended: the task subscribed"),
+        "the reservation's first and only close"
+    );
+    // Grown by the time held from the original start.
+    let at_least = subscribing.duration_since(got_status).as_millis() as u64;
+    let owner = status_until(&b_addr, "the new owner's delay grown", |s| {
+        s["backup"]["cleanupDelayMs"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    let delay = owner["backup"]["cleanupDelayMs"].as_u64().unwrap();
+    let at_most = reserving.elapsed().as_millis() as u64;
+    assert!(
+        delay + 2 >= at_least && delay <= at_most,
+        "grown from the original start: {delay} ms, between {at_least} and {at_most} ms"
+    );
+    status_until(&b_addr, "no longer paused", |s| {
+        s["backup"]["paused"] == false
+    })
+    .await;
 }

@@ -1,7 +1,8 @@
 //! Reservations held at a standby, as the owner's actors see them through a real PostgreSQL
 //! change DB (PROTOCOL.md §14.1): the owner's ReservationActor and CleanupActor, each poll sent
 //! by hand on a manual clock; the standby's record written through its own record connection,
-//! as its refresh writes it.
+//! as its refresh writes it. At a takeover, the standby's reservations handed to the owner's
+//! actor and kept as its own; the cap at a standby.
 
 mod common;
 
@@ -16,13 +17,17 @@ use change_streamer_actors::instance::{InstanceId, InstanceRecord};
 use change_streamer_actors::litestream::BackupSample;
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::reservation::records::HeldReservation;
+use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::{
-    EndBySubscription, ExpireReservations, ListReservations, ReservationActor,
+    EndBySubscription, ExpireReservations, ListReservations, Release, ReservationActor,
+    ReservationEvent, Reserve,
 };
+use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::pg::TestDb;
 use common::fake_log::FakeLog;
 use common::recording_purge::{RecordingPurge, Take};
+use common::reservation_session::{Events, Session};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 const DELAY_MS: u64 = 10_000;
@@ -30,6 +35,8 @@ const LIMIT: Duration = Duration::from_secs(10);
 
 /// The owner's backup side on `db`, and a standby's record connection.
 struct Owner {
+    id: InstanceId,
+    recorder: Addr<InstanceRecorder>,
     clock: Clock,
     purge: Addr<RecordingPurge>,
     cleanup: Addr<CleanupActor>,
@@ -52,7 +59,7 @@ impl Owner {
         })
         .await
         .unwrap();
-        let recorder = InstanceRecorder::new(owner_id, db.url.clone()).start();
+        let recorder = InstanceRecorder::new(owner_id.clone(), db.url.clone()).start();
         let purge = RecordingPurge::default().start();
         let reservations_ctx = Context::<ReservationActor>::new();
         let delay = Duration::from_millis(DELAY_MS);
@@ -71,9 +78,11 @@ impl Owner {
             cleanup.clone(),
         )
         .restore(&[], delay, log.clone())
-        .with_records(recorder);
+        .with_records(recorder.clone());
         let reservations = reservations_ctx.run(reservations);
         Owner {
+            id: owner_id,
+            recorder,
             clock,
             purge,
             cleanup,
@@ -324,4 +333,164 @@ async fn a_gone_standbys_reservation_is_orphaned_at_the_owner_from_when_it_was_s
     owner.poll(7).await;
     assert!(!owner.paused().await);
     assert_eq!(owner.delay_ms().await, DELAY_MS as i64);
+}
+
+/// A standby's reservations on `owner`'s clock, recorded through `recorder`.
+fn standby_reservations(owner: &Owner, max: Option<Duration>) -> Addr<StandbyReservations> {
+    StandbyReservations::new(
+        owner.clock.clone(),
+        owner.id.clone(),
+        "s3://foo/bar".into(),
+        FakeLog {
+            replica_version: "123",
+            min_watermark: "1ab",
+        }
+        .start()
+        .recipient(),
+        owner.recorder.clone(),
+    )
+    .with_max_reservation(max)
+    .start()
+}
+
+/// Reserves `task` at `at` through `holder`: the session and its number.
+async fn reserve_at(holder: &Addr<StandbyReservations>, task: &str) -> (Addr<Session>, SessionId) {
+    let session = Session::default().start();
+    let session_id = SessionId::next();
+    holder
+        .send(Reserve {
+            task_id: task.into(),
+            session_id,
+            session: session.clone().recipient(),
+        })
+        .await
+        .unwrap();
+    (session, session_id)
+}
+
+/// Waits until `session` was told something; answers all it was told.
+async fn told(session: &Addr<Session>) -> Vec<ReservationEvent> {
+    let deadline = std::time::Instant::now() + LIMIT;
+    loop {
+        let seen = session.send(Events).await.unwrap();
+        if !seen.is_empty() {
+            return seen;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the session told nothing within {LIMIT:?}"
+        );
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[actix_rt::test]
+async fn at_a_takeover_the_standbys_reservations_are_the_owners_own_on_the_same_sockets() {
+    let db = TestDb::create("standby_res_handover").await;
+    let owner = Owner::start(&db).await;
+    let standby = standby_reservations(&owner, None);
+    let (s1, _) = reserve_at(&standby, "t1").await;
+    assert!(matches!(told(&s1).await[..], [ReservationEvent::Status(_)]));
+    owner.at(500);
+    // t2's status is not sent yet when the standby takes over (or only just).
+    let (s2, s2_id) = reserve_at(&standby, "t2").await;
+    // What this instance's record held as a standby, under its own id.
+    let rows = InstanceDb::connect(&db.url).await.unwrap();
+    record_standby(&rows, &owner.id, &[("t1", 0), ("t2", 500)]).await;
+
+    let handed = standby
+        .send(HandOver {
+            to: owner.reservations.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(handed, 2);
+    owner.at(1_000);
+    let list = owner.reservations.send(ListReservations).await.unwrap();
+    let seen: Vec<(&str, i64, bool)> = list
+        .iter()
+        .map(|r| (r.task_id.as_str(), r.held_ms, r.orphaned))
+        .collect();
+    assert_eq!(
+        seen,
+        [("t1", 1_000, false), ("t2", 500, false)],
+        "original starts"
+    );
+    // t2 gets its one status (from whichever side sent it); t1 nothing more.
+    assert!(matches!(told(&s2).await[..], [ReservationEvent::Status(_)]));
+    // Written down as the owner's own with the original start; the standby's rows forgotten.
+    wait_until_async("written down, rows forgotten", LIMIT, || async {
+        let mut stored = owner.log.load_state().await.unwrap().reservations;
+        stored.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        let stored: Vec<(String, i64)> = stored
+            .into_iter()
+            .map(|r| (r.task_id, r.started_ms))
+            .collect();
+        let records = owner.db.reservation_records("x").await.unwrap();
+        stored == [("t1".to_string(), START), ("t2".to_string(), START + 500)]
+            && records.held.is_empty()
+    })
+    .await;
+
+    // A refresh still in flight at the takeover writes a row again: never an orphan.
+    record_standby(&rows, &owner.id, &[("t1", 0)]).await;
+    owner.poll(5).await;
+    assert!(owner.paused().await);
+    let list = owner.reservations.send(ListReservations).await.unwrap();
+    assert!(list.iter().all(|r| !r.orphaned), "{list:?}");
+    wait_until_async("the row written again forgotten", LIMIT, || async {
+        let records = owner.db.reservation_records("x").await.unwrap();
+        records.held.is_empty()
+    })
+    .await;
+
+    // The sessions still talk to the standby's actor, which forwards: t2 dropped, no growth.
+    standby
+        .send(Release {
+            task_id: "t2".into(),
+            session_id: s2_id,
+        })
+        .await
+        .unwrap();
+    let list = owner.reservations.send(ListReservations).await.unwrap();
+    assert_eq!(list.len(), 1, "{list:?}");
+    // t1 ended by its subscription 60 s after its original start: 1000, and the delay grows.
+    owner.at(60_000);
+    let held = standby
+        .send(EndBySubscription {
+            task_id: "t1".into(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(held, Some(Duration::from_millis(60_000)));
+    assert_eq!(
+        told(&s1).await,
+        [ReservationEvent::Closed(SessionEnd::EndedBySubscription)]
+    );
+    owner.poll(6).await;
+    assert_eq!(
+        owner.delay_ms().await,
+        60_000,
+        "grown from the original start"
+    );
+    assert!(!owner.paused().await);
+    assert_eq!(owner.reservations.send(ListReservations).await.unwrap(), []);
+    assert!(s2.send(Events).await.unwrap().is_empty());
+}
+
+#[actix_rt::test]
+async fn at_a_standby_a_reservation_held_past_the_cap_closes_1011() {
+    let db = TestDb::create("standby_res_cap").await;
+    let owner = Owner::start(&db).await;
+    let standby = standby_reservations(&owner, Some(Duration::from_millis(200)));
+    let (s1, _) = reserve_at(&standby, "t1").await;
+    assert!(matches!(told(&s1).await[..], [ReservationEvent::Status(_)]));
+    owner.at(200);
+    assert_eq!(
+        told(&s1).await,
+        [ReservationEvent::Closed(SessionEnd::Unavailable(
+            "reservation held longer than --max-reservation-ms (200 ms)".into()
+        ))]
+    );
+    assert_eq!(standby.send(ListReservations).await.unwrap(), []);
 }

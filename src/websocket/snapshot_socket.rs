@@ -8,6 +8,14 @@
 //! [`Release`] naming its own session number, which ends the reservation *without* growing
 //! the cleanup delay, and only if this session still holds it.
 //!
+//! A session keeps the recipients it started with for its whole life, even across a takeover
+//! (PROTOCOL.md §14.1): when the standby it reserved at becomes the owner, the standby's
+//! [`StandbyReservations`] hands the reservation to the owner's [`ReservationActor`] and from
+//! then on forwards this session's messages to it, in order. A message telling the session
+//! its new recipients would race its stop (a `Release` sent before it read them would reach
+//! the old actor, and the owner would keep a reservation no socket holds), so the old actor
+//! would have to forward anyway; forwarding alone keeps the session ignorant of phases.
+//!
 //! [`ReservationActor`]: change_streamer_actors::reservation::ReservationActor
 //! [`StandbyReservations`]: change_streamer_actors::reservation::standby::StandbyReservations
 

@@ -72,9 +72,7 @@ impl ReservationActor {
                     warn!("snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
                     self.expired_total += 1;
                     h.session
-                        .do_send(ReservationEvent::Closed(SessionEnd::Unavailable(format!(
-                            "reservation held longer than --max-reservation-ms ({max} ms)"
-                        ))));
+                        .do_send(ReservationEvent::Closed(held_too_long(max)));
                 }
                 Some(_) => continue,
                 None if max > 0 && held >= max => {
@@ -114,6 +112,13 @@ impl ReservationActor {
             }));
         }
     }
+}
+
+/// The close of a reservation held longer than `--max-reservation-ms` (`max` ms), 1011.
+pub(super) fn held_too_long(max: i64) -> SessionEnd {
+    SessionEnd::Unavailable(format!(
+        "reservation held longer than --max-reservation-ms ({max} ms)"
+    ))
 }
 
 /// `d` in the injected clock's unit (ms), saturating.

@@ -30,8 +30,12 @@
 //! (the replica gave up, or finished without telling us), or until `--max-reservation-ms` has
 //! passed since the original start.
 //!
+//! A standby that takes over keeps its reservations: this actor adopts them as its own
+//! (`adopt.rs`, PROTOCOL.md §14.1).
+//!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
+mod adopt;
 mod expiry;
 mod others;
 pub mod records;
@@ -52,6 +56,7 @@ use crate::clock::Clock;
 use crate::instance::recorder::{InstanceRecorder, RecordEnd};
 use crate::reservation::records::{EndedElsewhere, HeldReservation, ListHeld, RecordedEnd};
 
+pub use self::adopt::{Adopt, HandedOver};
 pub use self::expiry::ExpireReservations;
 pub use self::others::{OthersView, RecordsError, SyncRecords};
 pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};

@@ -19,11 +19,13 @@
 //! - A reservation recorded by an instance that is gone (or by this owner during its standby
 //!   phase, which it no longer serves) becomes this owner's **orphan** (PROTOCOL.md §13): written
 //!   down as its own with the original start, then forgotten in the records. It ends by §13's
-//!   rules, (b) counted from the poll that found it gone.
+//!   rules, (b) counted from the poll that found it gone. The rows of the reservations it
+//!   adopted at its takeover (`adopt.rs`) are the exception: they are its own, and only
+//!   forgotten.
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -72,6 +74,9 @@ pub(super) struct Others {
     open: BTreeMap<(String, String), i64>,
     /// The ends applied, by (task, end time), with the poll that applied them.
     applied: HashMap<(String, i64), u64>,
+    /// The rows (instance, task, start) of the reservations adopted from this instance's
+    /// standby phase (`adopt.rs`): never orphans, only forgotten.
+    pub(super) handed_over: HashSet<(String, String, i64)>,
 }
 
 impl Handler<SyncRecords> for ReservationActor {
@@ -105,6 +110,12 @@ impl ReservationActor {
         let ReservationRecords { held, ends } = records;
         let (live, gone): (Vec<RecordedReservation>, Vec<RecordedReservation>) =
             held.into_iter().partition(|r| r.live);
+        // Adopted at the takeover, already this owner's own: their rows are only forgotten.
+        let (handed_over, gone): (Vec<RecordedReservation>, Vec<RecordedReservation>) =
+            gone.into_iter().partition(|r| {
+                let row = (r.instance.clone(), r.task_id.clone(), r.started_ms);
+                self.others.handed_over.contains(&row)
+            });
         let mut view = OthersView::default();
 
         // Gone instances' reservations: this owner's orphans from now on.
@@ -188,8 +199,8 @@ impl ReservationActor {
         );
         self.others.open = open;
 
-        if !forget.is_empty() {
-            self.forget(Vec::new(), forget, ctx);
+        if !forget.is_empty() || !handed_over.is_empty() {
+            self.forget(handed_over, forget, ctx);
         }
         view
     }
@@ -256,7 +267,7 @@ impl ReservationActor {
         orphaned
     }
 
-    fn forget(
+    pub(super) fn forget(
         &self,
         held: Vec<RecordedReservation>,
         ends: Vec<RecordedEnd>,

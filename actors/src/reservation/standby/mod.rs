@@ -23,16 +23,28 @@
 //! - **A drop** (the socket closes, a replacement, a failure): the reservation leaves the
 //!   record at the next refresh, and the owner ends it without growth. A stop closes every
 //!   socket (1001) and leaves the rows: the owner orphans them once the instance is gone.
+//! - **The cap** of `--max-reservation-ms` (PROTOCOL.md §6.6), as at the owner: a reservation
+//!   held longer closes with 1011 and the owner's reason, and leaves the record as a drop
+//!   (no growth) (`cap.rs`).
+//! - **A takeover keeps them**: when this instance becomes the owner, [`HandOver`] gives every
+//!   reservation to the owner's `ReservationActor`, and this actor forwards what their
+//!   sessions send from then on (`handover.rs`).
+
+mod cap;
+mod handover;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use log::{info, warn};
 
 use super::records::{EndedElsewhere, HeldReservation, ListHeld, RecordedEnd};
 use super::status::{ReservationError, ReservationEvent, SnapshotStatus};
-use super::{EndBySubscription, ListReservations, Release, ReservationInfo, Reserve, Stop};
+use super::{
+    EndBySubscription, ListReservations, Release, ReservationActor, ReservationInfo, Reserve, Stop,
+};
 use crate::changelog::{ChangeDbView, LogRange};
 use crate::clock::Clock;
 use crate::instance::recorder::{GetChangeDbView, InstanceRecorder, RecordEnd, RecordReservations};
@@ -40,6 +52,8 @@ use crate::instance::{InstanceId, REFRESH_EVERY};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::{GetSnapshotBase, SnapshotBaseError};
 use crate::watermark::Watermark;
+
+pub use self::handover::HandOver;
 
 struct Held {
     session_id: SessionId,
@@ -61,6 +75,16 @@ pub struct StandbyReservations {
     reservations: HashMap<String, Held>,
     /// A check of the waiting reservations' status is armed (VFS source).
     retry: Option<SpawnHandle>,
+    /// `--max-reservation-ms`; `None`: no cap.
+    max_reservation: Option<Duration>,
+    /// Armed for the earliest end by the cap.
+    cap_timer: Option<SpawnHandle>,
+    /// This instance became the owner: its reservation actor holds what this one held, and
+    /// gets what their sessions send (`handover.rs`).
+    successor: Option<Addr<ReservationActor>>,
+    /// What was handed over, still listed for the record until the owner's actors replace
+    /// this one in it (the owner forgets the rows once it wrote them down).
+    handed: Vec<HeldReservation>,
 }
 
 impl StandbyReservations {
@@ -82,6 +106,10 @@ impl StandbyReservations {
             verify_backup: false,
             reservations: HashMap::new(),
             retry: None,
+            max_reservation: None,
+            cap_timer: None,
+            successor: None,
+            handed: Vec::new(),
         }
     }
 
@@ -249,6 +277,10 @@ impl Handler<Reserve> for StandbyReservations {
     type Result = ();
 
     fn handle(&mut self, msg: Reserve, ctx: &mut Context<Self>) {
+        if let Some(to) = &self.successor {
+            to.do_send(msg);
+            return;
+        }
         let Reserve {
             task_id,
             session_id,
@@ -276,6 +308,7 @@ impl Handler<Reserve> for StandbyReservations {
                 ending: false,
             },
         );
+        self.arm_cap(ctx);
         // The status follows once a refresh recorded the reservation: the owner's next poll
         // then finds it (PROTOCOL.md §14.1).
         self.recorder
@@ -309,6 +342,10 @@ impl Handler<Reserve> for StandbyReservations {
 impl Handler<Release> for StandbyReservations {
     type Result = ();
     fn handle(&mut self, msg: Release, _: &mut Context<Self>) {
+        if let Some(to) = &self.successor {
+            to.do_send(msg);
+            return;
+        }
         if self.holds(&msg.task_id, msg.session_id) {
             self.reservations.remove(&msg.task_id);
             info!(
@@ -320,15 +357,19 @@ impl Handler<Release> for StandbyReservations {
 }
 
 impl Handler<EndBySubscription> for StandbyReservations {
-    type Result = Option<std::time::Duration>;
+    type Result = ResponseFuture<Option<Duration>>;
     fn handle(&mut self, msg: EndBySubscription, ctx: &mut Context<Self>) -> Self::Result {
+        if let Some(to) = &self.successor {
+            let sent = to.send(msg);
+            return Box::pin(async move { sent.await.unwrap_or(None) });
+        }
         let now = self.clock.now_ms();
         let held = self
             .reservations
             .get(&msg.task_id)
-            .map(|r| std::time::Duration::from_millis((now - r.started_ms).max(0) as u64));
+            .map(|r| Duration::from_millis((now - r.started_ms).max(0) as u64));
         self.end(msg.task_id, now, "", ctx);
-        held
+        Box::pin(async move { held })
     }
 }
 
@@ -357,6 +398,7 @@ impl Handler<ListHeld> for StandbyReservations {
                     task_id: t.clone(),
                     started_ms: r.started_ms,
                 })
+                .chain(self.handed.iter().cloned())
                 .collect(),
         )
     }
