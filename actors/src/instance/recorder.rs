@@ -376,10 +376,16 @@ impl Handler<GetChangeDbView> for InstanceRecorder {
 
 impl InstanceRecorder {
     /// Answered by the next refresh to start: the one that asks the actors it serves with
-    /// after this request was made. Refused while it serves nothing (between phases, or
-    /// stopping): nothing asked to be recorded would be.
-    fn record_now(&mut self, ctx: &mut Context<Self>) -> ResponseFuture<Result<(), String>> {
-        if self.holders.is_none() {
+    /// after this request was made. With `serving_only`, refused while it serves nothing
+    /// (between phases, or stopping): a subscriber asking to be recorded would not be. (A
+    /// standby's reservations are stopped before the record lets them go, and their rows
+    /// outlive the record: they are asked for without it.)
+    fn record_now(
+        &mut self,
+        ctx: &mut Context<Self>,
+        serving_only: bool,
+    ) -> ResponseFuture<Result<(), String>> {
+        if serving_only && self.holders.is_none() {
             return Box::pin(async { Err("this instance serves nothing now".into()) });
         }
         let (tx, rx) = oneshot::channel();
@@ -395,14 +401,14 @@ impl InstanceRecorder {
 impl Handler<RecordSubscribers> for InstanceRecorder {
     type Result = ResponseFuture<Result<(), String>>;
     fn handle(&mut self, _: RecordSubscribers, ctx: &mut Context<Self>) -> Self::Result {
-        self.record_now(ctx)
+        self.record_now(ctx, true)
     }
 }
 
 impl Handler<RecordReservations> for InstanceRecorder {
     type Result = ResponseFuture<Result<(), String>>;
     fn handle(&mut self, _: RecordReservations, ctx: &mut Context<Self>) -> Self::Result {
-        self.record_now(ctx)
+        self.record_now(ctx, false)
     }
 }
 
