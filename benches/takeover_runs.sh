@@ -12,6 +12,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 RUNS=${RUNS:-10} KILL_AFTER=${KILL_AFTER:-6} SECONDS_EACH=${SECONDS_EACH:-12}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
+export PGOPTIONS="--client-min-messages=warning"
 (cd "$ROOT" && nice cargo build --release --locked --example demo >&2)
 DEMO=$ROOT/target/release/examples/demo
 OUT=$(mktemp -d /tmp/cs-takeover.XXXXXX)
