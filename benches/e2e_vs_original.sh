@@ -30,11 +30,10 @@ FRAMINGS=${FRAMINGS:-per-frame batched}
 OUT=$(mktemp -d /tmp/cs-e2e.XXXXXX)
 echo "logs and results in $OUT" >&2
 
-(cd "$ROOT" && nice cargo build --release --bin change-streamer -p change-streamer >&2 \
-  && nice cargo build --release -p change-streamer-loadgen >&2)
+# shellcheck source=benches/e2e_lib.sh
+source "$ROOT/benches/e2e_lib.sh"
 # BIN=path/to/change-streamer measures another build of ours (e.g. main's, before and after).
-BIN=${BIN:-$ROOT/target/release/change-streamer}
-LOADGEN=$ROOT/target/release/change-streamer-loadgen
+e2e_build
 if [[ " $SERVICES " == *" zero "* && ! -d $ZW_DIR/node_modules/@rocicorp/zero ]]; then
   if [[ ! -x $PEER/setup.sh ]]; then
     echo "e2e: the original's whole service cannot be installed: $PEER/setup.sh is missing." >&2
@@ -52,14 +51,12 @@ if [[ " $SERVICES " == *" ours-tls "* ]]; then
   openssl rand -hex 32 > "$OUT/secret"
 fi
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
 # run SERVICE SUBS RATE TAG [FRAMING]: one measured run; appends the JSON line to
 # $OUT/results.jsonl
 run() {
   local svc=$1 subs=$2 rate=$3 tag=$4 framing=${5:-per-frame} up sp dir pid lg rc=0 batched=()
   local scheme=ws access=() served=()
-  up=$(free_port); sp=$(free_port); dir=$OUT/$tag; mkdir -p "$dir"
+  read -r up sp <<< "$(free_ports 2)"; dir=$OUT/$tag; mkdir -p "$dir"
   [[ $framing == batched ]] && batched=(--batched)
   if [[ -f $OUT/secret && $svc != zero ]]; then
     access=(--secret "$(cat "$OUT/secret")" --ca-file "$OUT/cert.pem")
@@ -84,9 +81,7 @@ run() {
   wait "$lg" || rc=$?
   kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
   rm -rf "$dir/data" "$dir/replica.db"*   # the change log: only the figures are kept
-  grep '^{' "$dir/loadgen.out" >> "$OUT/results.jsonl" || true
-  grep -v '^{' "$dir/loadgen.out" || true
-  ((rc == 0)) || echo "$tag: loadgen exit $rc (see $dir/loadgen.err)" >&2
+  e2e_collect "$dir" "$tag" "$rc"
 }
 
 # each SUBS RATE TAG: one run of every service, ours in each framing.

@@ -4,6 +4,15 @@
 //! service's CPU per delivery (utime + stime of `--service-pid` and its descendants from
 //! `/proc`), its own CPU, and commit-to-receipt latency, and prints one JSON line and one human
 //! line. The same workload drives our service and zero's replication-manager.
+//!
+//! Several instances sharing one change DB (PROTOCOL.md §14.1) are measured together:
+//! `--service` takes a comma-separated list of base URLs, the subscribers assigned to them
+//! round-robin (subscriber k to address k mod n), and `--service-pid-file` a comma-separated
+//! list of PID files, each process tree's CPU measured apart (`processes` in the JSON, in the
+//! list's order; the `service*` CPU figures are their sum) and the deliveries and latencies
+//! split by address (`services`). `--join-late` starts the flood without subscribers and
+//! subscribes them at the start of the measured window, from the replicaVersion: they catch
+//! up from the change log while it is measured.
 
 mod cpu;
 mod memory;
@@ -31,7 +40,8 @@ struct Args {
     /// Address the change source listens on; the service's `--upstream` points here.
     #[arg(long, default_value = "127.0.0.1:7001")]
     listen: String,
-    /// Base URL of the service's websocket endpoints (`ws://` or `wss://`).
+    /// Base URL of the service's websocket endpoints (`ws://` or `wss://`); a comma-separated
+    /// list spreads the subscribers over several, round-robin.
     #[arg(long, default_value = "ws://127.0.0.1:4849")]
     service: String,
     /// Secret the subscribers present (`Authorization: Bearer …`), as the service's --secret.
@@ -41,6 +51,8 @@ struct Args {
     #[arg(long)]
     ca_file: Option<String>,
     /// File holding the service's PID (read once it exists); its process tree's CPU is measured.
+    /// A comma-separated list measures each file's processes apart (the memory peak is the
+    /// first's); a file may list several PIDs, and is read again at each snapshot.
     #[arg(long)]
     service_pid_file: String,
     /// Label of the service in the report.
@@ -71,6 +83,11 @@ struct Args {
     warm_s: f64,
     #[arg(long, default_value_t = 10.0)]
     meas_s: f64,
+    /// Start the flood at once and subscribe at the start of the measured window (after
+    /// `--warm-s` of ingest with no subscriber), from the replicaVersion: the measured window
+    /// is the subscribers' catch-up (their commit-to-receipt latencies are the catch-up's age).
+    #[arg(long)]
+    join_late: bool,
     /// Seconds to wait for the service and every subscriber's `status`.
     #[arg(long, default_value_t = 120.0)]
     setup_timeout_s: f64,
@@ -94,13 +111,29 @@ fn main() {
     std::process::exit(code);
 }
 
+/// The non-empty items of a comma-separated `--flag`'s value.
+fn list(flag: &str, value: &str) -> Vec<String> {
+    let items: Vec<String> = value
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if items.is_empty() {
+        fail(&format!("--{flag} names nothing"));
+    }
+    items
+}
+
 fn fail(msg: &str) -> ! {
     eprintln!("loadgen: {msg}");
     std::process::exit(1);
 }
 
 async fn run(args: Args) -> i32 {
-    let shared = Rc::new(Shared::new());
+    let services = list("service", &args.service);
+    let pid_files = list("service-pid-file", &args.service_pid_file);
+    let shared = Rc::new(Shared::new(services.len()));
     let listener = match TcpListener::bind(&args.listen).await {
         Ok(l) => l,
         Err(e) => fail(&format!("cannot listen on {}: {e}", args.listen)),
@@ -127,17 +160,18 @@ async fn run(args: Args) -> i32 {
     ));
 
     let deadline = Instant::now() + Duration::from_secs_f64(args.setup_timeout_s);
-    let pid = loop {
-        if let Some(pid) = std::fs::read_to_string(&args.service_pid_file)
-            .ok()
-            .and_then(|s| s.trim().parse::<u32>().ok())
-        {
-            break pid;
+    let mut pid = None;
+    for file in &pid_files {
+        while cpu::read_pids(file).is_empty() {
+            if Instant::now() > deadline {
+                fail(&format!("no PID in {file}"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        if Instant::now() > deadline {
-            fail(&format!("no PID in {}", args.service_pid_file));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        pid = pid.or(cpu::read_pids(file).first().copied());
+    }
+    let Some(pid) = pid else {
+        fail("--service-pid-file names no PID");
     };
     tokio::task::spawn_local(memory::sample_peak(shared.clone(), pid));
     let framing = if args.batched {
@@ -154,35 +188,44 @@ async fn run(args: Args) -> i32 {
         secret: args.secret.clone(),
         tls,
     });
-    for k in 0..args.subs {
-        let name = format!("lg-{}-{k}", std::process::id());
-        tokio::task::spawn_local(subscriber::run(
-            shared.clone(),
-            access.clone(),
-            args.service.clone(),
-            name,
-            args.changes,
-            framing,
-            deadline,
-        ));
-    }
-    for k in 0..args.never_reading {
-        let name = format!("lg-{}-never-{k}", std::process::id());
-        tokio::task::spawn_local(subscriber::hold(
-            shared.clone(),
-            access.clone(),
-            args.service.clone(),
-            name,
-            deadline,
-        ));
-    }
-    while shared.subs_ready.get() < args.subs + args.never_reading {
-        if shared.error_count.get() > 0 || Instant::now() > deadline {
-            fail("subscribers did not all get their status");
+    // Subscriber k reads from service address k mod n; its name says which (`s<i>`).
+    let subscribe_all = || {
+        for k in 0..args.subs {
+            let i = k % services.len();
+            let name = format!("lg-{}-s{i}-{k}", std::process::id());
+            tokio::task::spawn_local(subscriber::run(
+                shared.clone(),
+                access.clone(),
+                services[i].clone(),
+                i,
+                name,
+                args.changes,
+                framing,
+                deadline,
+            ));
         }
-        tokio::select! {
-            _ = shared.subs_ready_changed.notified() => {}
-            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+        for k in 0..args.never_reading {
+            let i = k % services.len();
+            let name = format!("lg-{}-s{i}-never-{k}", std::process::id());
+            tokio::task::spawn_local(subscriber::hold(
+                shared.clone(),
+                access.clone(),
+                services[i].clone(),
+                name,
+                deadline,
+            ));
+        }
+    };
+    if !args.join_late {
+        subscribe_all();
+        while shared.subs_ready.get() < args.subs + args.never_reading {
+            if shared.error_count.get() > 0 || Instant::now() > deadline {
+                fail("subscribers did not all get their status");
+            }
+            tokio::select! {
+                _ = shared.subs_ready_changed.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
         }
     }
     go_at.set(Some(Instant::now()));
@@ -190,11 +233,14 @@ async fn run(args: Args) -> i32 {
     shared.go_changed.notify_waiters();
 
     tokio::time::sleep(Duration::from_secs_f64(args.warm_s)).await;
-    let a = Snapshot::take(&shared, pid);
+    if args.join_late {
+        subscribe_all();
+    }
+    let a = Snapshot::take(&shared, &pid_files);
     shared.recording.set(true);
     tokio::time::sleep(Duration::from_secs_f64(args.meas_s)).await;
     shared.recording.set(false);
-    let b = Snapshot::take(&shared, pid);
+    let b = Snapshot::take(&shared, &pid_files);
     shared.stop.set(true);
     shared.stop_changed.notify_waiters();
 
@@ -206,6 +252,9 @@ async fn run(args: Args) -> i32 {
         changes_per_txn: args.changes,
         rate: args.rate,
         window: args.window,
+        join_late: args.join_late,
+        services: &services,
+        pid_files: &pid_files,
         a,
         b,
         shared: &shared,

@@ -1,6 +1,8 @@
 //! The measured window's figures: two snapshots of the counters and CPU clocks, turned into one
-//! JSON line and one human line.
+//! JSON line and one human line; with several service addresses or processes, also each one's
+//! (`services`, `processes`).
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::json;
@@ -11,7 +13,8 @@ use crate::shared::Shared;
 /// Counters and CPU clocks at one instant.
 pub struct Snapshot {
     at: Duration,
-    service_cpu_s: f64,
+    /// CPU seconds of the process trees each `--service-pid-file` lists, in its order.
+    service_cpu_s: Vec<HashMap<u32, f64>>,
     own_cpu_s: f64,
     txns_sent: u64,
     acked: u64,
@@ -19,13 +22,15 @@ pub struct Snapshot {
     msgs: u64,
     changes: u64,
     commits: u64,
+    /// `data` changes received per service address.
+    service_changes: Vec<u64>,
 }
 
 impl Snapshot {
-    pub fn take(shared: &Shared, pid: u32) -> Self {
+    pub fn take(shared: &Shared, pid_files: &[String]) -> Self {
         Snapshot {
             at: shared.since_t0(),
-            service_cpu_s: cpu::tree_cpu_s(pid),
+            service_cpu_s: pid_files.iter().map(|f| cpu::listed_cpu_s(f)).collect(),
             own_cpu_s: cpu::own_cpu_s(),
             txns_sent: shared.txns_sent.get(),
             acked: shared.acked.get(),
@@ -33,6 +38,7 @@ impl Snapshot {
             msgs: shared.msgs.get(),
             changes: shared.changes.get(),
             commits: shared.commits.get(),
+            service_changes: shared.per_service.iter().map(|s| s.changes.get()).collect(),
         }
     }
 }
@@ -45,6 +51,9 @@ pub struct Report<'a> {
     pub changes_per_txn: usize,
     pub rate: f64,
     pub window: u64,
+    pub join_late: bool,
+    pub services: &'a [String],
+    pub pid_files: &'a [String],
     pub a: Snapshot,
     pub b: Snapshot,
     pub shared: &'a Shared,
@@ -63,12 +72,23 @@ fn r2(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// `{"n", "p50", "p99", "p999", "max"}` of latencies in µs, in ms.
+fn latency_json(lat: &[u32]) -> serde_json::Value {
+    let mut lat = lat.to_vec();
+    lat.sort_unstable();
+    json!({"n": lat.len(), "p50": quantile(&lat, 0.5), "p99": quantile(&lat, 0.99),
+           "p999": quantile(&lat, 0.999), "max": quantile(&lat, 1.0)})
+}
+
 impl Report<'_> {
     pub fn print(&self) {
         let (a, b) = (&self.a, &self.b);
         let secs = (b.at - a.at).as_secs_f64();
         let deliveries = (b.changes - a.changes) as f64;
-        let service_cpu = b.service_cpu_s - a.service_cpu_s;
+        let cpu_of: Vec<f64> = (a.service_cpu_s.iter().zip(&b.service_cpu_s))
+            .map(|(a, b)| cpu::spent_s(a, b))
+            .collect();
+        let service_cpu: f64 = cpu_of.iter().sum();
         let own_cpu = b.own_cpu_s - a.own_cpu_s;
         let per_delivery_us = |cpu: f64| {
             if deliveries > 0.0 {
@@ -85,6 +105,35 @@ impl Report<'_> {
             quantile(&lat, 0.999),
         );
         let gap_ms = self.shared.longest_gap_us.get() as f64 / 1000.0;
+        let n = self.services.len().max(1);
+        let services: Vec<_> = (self.services.iter().enumerate())
+            .map(|(i, url)| {
+                let got = |s: &Snapshot| s.service_changes.get(i).copied().unwrap_or(0);
+                let lat = (self.shared.per_service.get(i)).map_or_else(
+                    || latency_json(&[]),
+                    |s| latency_json(&s.latencies_us.borrow()),
+                );
+                json!({
+                    "url": url,
+                    "subs": self.subs / n + usize::from(i < self.subs % n),
+                    "deliveriesPerS": r2((got(b) - got(a)) as f64 / secs),
+                    "latencyMs": lat,
+                })
+            })
+            .collect();
+        let processes: Vec<_> = (self.pid_files.iter().zip(&b.service_cpu_s).zip(&cpu_of))
+            .map(|((file, listed), &cpu)| {
+                let mut pids: Vec<u32> = listed.keys().copied().collect();
+                pids.sort_unstable();
+                json!({
+                    "pidFile": file,
+                    "pids": pids,
+                    "cpuS": r2(cpu),
+                    "cores": r2(cpu / secs),
+                    "cpuUsPerDelivery": r2(per_delivery_us(cpu)),
+                })
+            })
+            .collect();
         let j = json!({
             "service": self.label,
             "subs": self.subs,
@@ -94,6 +143,7 @@ impl Report<'_> {
             "mode": if self.rate > 0.0 { "rate" } else { "saturate" },
             "targetTxnsPerS": self.rate,
             "window": self.window,
+            "joinLate": self.join_late,
             "seconds": r2(secs),
             "upstreamTxnsPerS": r2((b.txns_sent - a.txns_sent) as f64 / secs),
             "storedTxnsPerS": r2(b.acked.saturating_sub(a.acked) as f64 / secs),
@@ -111,8 +161,11 @@ impl Report<'_> {
             "loadgenCpuUsPerDelivery": r2(per_delivery_us(own_cpu)),
             "latencyMs": {"n": lat.len(), "p50": p50, "p99": p99, "p999": p999, "max": quantile(&lat, 1.0)},
             "longestCommitGapMs": gap_ms,
+            "ackLatencyMs": latency_json(&self.shared.ack_latencies_us.borrow()),
             "errors": self.shared.error_count.get(),
             "firstErrors": *self.shared.errors.borrow(),
+            "services": services,
+            "processes": processes,
         });
         println!("{j}");
         println!(
@@ -130,5 +183,27 @@ impl Report<'_> {
             self.shared.service_rss_anon_peak_kib.get() as f64 / 1024.0,
             self.shared.error_count.get()
         );
+        if self.services.len() > 1 || self.pid_files.len() > 1 {
+            let by_service: Vec<String> = (j["services"].as_array().into_iter().flatten())
+                .map(|s| {
+                    format!(
+                        "{} ({} subs) {:.0} deliveries/s p50 {} p99 {} ms",
+                        s["url"].as_str().unwrap_or("?"),
+                        s["subs"],
+                        s["deliveriesPerS"].as_f64().unwrap_or(f64::NAN),
+                        s["latencyMs"]["p50"],
+                        s["latencyMs"]["p99"]
+                    )
+                })
+                .collect();
+            let by_process: Vec<String> = (self.pid_files.iter().zip(&cpu_of))
+                .map(|(f, cpu)| format!("{f} {:.2} cores", cpu / secs))
+                .collect();
+            println!(
+                "  by service: {}; by process: {}",
+                by_service.join(", "),
+                by_process.join(", ")
+            );
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! State shared by the change source and the subscribers inside the generator's one thread:
-//! the run's phase, what was sent when, and the running counters the report is taken from.
+//! the run's phase, what was sent when, and the running counters the report is taken from
+//! (over all subscribers, and per service address of `--service`).
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -34,14 +35,27 @@ pub struct Shared {
     /// Commit-to-receipt latencies (µs) and longest receipt gap (µs) inside the window.
     pub latencies_us: RefCell<Vec<u32>>,
     pub longest_gap_us: Cell<u64>,
+    /// Sent-to-acked latencies (µs) of the transactions acked inside the window.
+    pub ack_latencies_us: RefCell<Vec<u32>>,
     pub errors: RefCell<Vec<String>>,
     pub error_count: Cell<u64>,
     /// Highest RssAnon of the service process seen so far (KiB), sampled every 100 ms.
     pub service_rss_anon_peak_kib: Cell<u64>,
+    /// The same `data` changes and latencies, split by the service address the subscriber
+    /// reads from (the index in `--service`'s list).
+    pub per_service: Vec<PerService>,
+}
+
+/// What the subscribers of one service address received.
+#[derive(Default)]
+pub struct PerService {
+    pub changes: Cell<u64>,
+    pub latencies_us: RefCell<Vec<u32>>,
 }
 
 impl Shared {
-    pub fn new() -> Self {
+    /// The state of a run whose subscribers read from `services` service addresses.
+    pub fn new(services: usize) -> Self {
         Shared {
             t0: Instant::now(),
             go: Cell::new(false),
@@ -60,9 +74,11 @@ impl Shared {
             subs_ready_changed: Notify::new(),
             latencies_us: RefCell::new(Vec::new()),
             longest_gap_us: Cell::new(0),
+            ack_latencies_us: RefCell::new(Vec::new()),
             errors: RefCell::new(Vec::new()),
             error_count: Cell::new(0),
             service_rss_anon_peak_kib: Cell::new(0),
+            per_service: (0..services).map(|_| PerService::default()).collect(),
         }
     }
 
@@ -81,6 +97,21 @@ impl Shared {
             }
             sent[i] = now;
         }
+    }
+
+    /// The service acked every transaction up to `seq` now (above [`Shared::acked`]).
+    pub fn acked_now(&self, seq: u64) {
+        if self.recording.get() {
+            let now = self.since_t0();
+            let mut lat = self.ack_latencies_us.borrow_mut();
+            for s in self.acked.get() + 1..=seq {
+                if let Some(sent) = self.sent_at(s) {
+                    let us = now.saturating_sub(sent).as_micros();
+                    lat.push(us.min(u32::MAX as u128) as u32);
+                }
+            }
+        }
+        self.acked.set(seq);
     }
 
     /// When transaction `seq` left for the service, if it did.

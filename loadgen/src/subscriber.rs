@@ -54,14 +54,18 @@ struct Check {
     open: Option<(u64, usize)>,
     changes: usize,
     last_commit_at: Option<Instant>,
+    /// Index of the service address read from, in [`Shared::per_service`].
+    service: usize,
 }
 
-/// Connects (retrying while the service is not up or not initialised), waits for `status`,
-/// reports ready, then reads until the run stops.
+/// Connects to `base`, service address number `service` (retrying while the service is not up
+/// or not initialised), waits for `status`, reports ready, then reads until the run stops.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     shared: Rc<Shared>,
     access: Rc<ServiceAccess>,
     base: String,
+    service: usize,
     name: String,
     changes: usize,
     framing: Framing,
@@ -77,6 +81,7 @@ pub async fn run(
         open: None,
         changes,
         last_commit_at: None,
+        service,
     };
     while !shared.stop.get() {
         let Some(first) = ws.next().await else { break };
@@ -364,6 +369,9 @@ impl Check {
         shared.msgs.set(shared.msgs.get() + 1);
         if msg.starts_with(r#"["data""#) {
             shared.changes.set(shared.changes.get() + 1);
+            if let Some(s) = shared.per_service.get(self.service) {
+                s.changes.set(s.changes.get() + 1);
+            }
             match &mut self.open {
                 Some((_, n)) => *n += 1,
                 None => shared.error(format!("{}: data outside a transaction", self.name)),
@@ -419,10 +427,11 @@ impl Check {
         if shared.recording.get() {
             if let Some(sent) = shared.sent_at(seq) {
                 let lat = (now - shared.t0).saturating_sub(sent);
-                shared
-                    .latencies_us
-                    .borrow_mut()
-                    .push(lat.as_micros().min(u32::MAX as u128) as u32);
+                let lat = lat.as_micros().min(u32::MAX as u128) as u32;
+                shared.latencies_us.borrow_mut().push(lat);
+                if let Some(s) = shared.per_service.get(self.service) {
+                    s.latencies_us.borrow_mut().push(lat);
+                }
             }
             if let Some(prev) = self.last_commit_at {
                 let gap = (now - prev).as_micros() as u64;

@@ -1,6 +1,8 @@
 //! The custom change source (PROTOCOL.md §4) the service connects to: answers the initial sync, then
 //! streams live transactions (as fast as the service acks them, or at a fixed rate), never more
 //! than `window` transactions ahead of the service's `["status",{"tag":"commit"},...]` acks.
+//! Inside the measured window it records each transaction's ack latency (sent → acked: stored
+//! durably), the part of a standby subscriber's latency that comes before the standby.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -106,7 +108,7 @@ async fn connection(
                 }
                 match frame_watermark(t.as_str()).and_then(parse_lexi) {
                     Some(seq) if seq > shared.acked.get() => {
-                        shared.acked.set(seq);
+                        shared.acked_now(seq);
                         wake.notify_one();
                     }
                     Some(_) => {}

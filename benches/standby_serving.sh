@@ -1,0 +1,237 @@
+#!/usr/bin/env bash
+# Serving standbys end to end (PROTOCOL.md §14.1; issue 17's "Measure"): one owner and two
+# standbys, all three our release binary on ports of their own, sharing one PostgreSQL change
+# DB (a fresh database per run, dropped after it), driven by the load generator (crate
+# `loadgen`: the change source the owner ingests from, and the websocket subscribers, spread
+# round-robin over the addresses each case names). Each instance's process CPU is measured
+# apart, and beside them that of the PostgreSQL backends serving the run's change DB (listed
+# every second from pg_stat_activity). The cases run alternately, run by run, so every ratio
+# is taken in one invocation; then the medians:
+#
+#   1 spread / owner     SUBS subscribers over owner + both standbys, saturated; the same on
+#                        the owner alone: deliveries/s, each instance's CPU per delivery
+#   2 ingest-0 / -sb     the owner's ingest (txns/s it acks upstream), saturated, with no
+#                        subscriber and with INGEST_SUBS at the standbys: the ratio
+#   3 rate               RATE_SUBS subscribers over the three at RATE txns/s: commit → receipt
+#                        latency at a standby's subscriber beside the owner's
+#   4 catchup-0 / -sb    FILL_S s of saturated ingest with no subscriber, then CATCHUP_SUBS
+#                        subscribers at the standbys from the start of the log (watermark =
+#                        replicaVersion) while the owner ingests on: its ingest against the
+#                        same without them
+#
+#   benches/standby_serving.sh                       # all four figures, 3 runs each
+#   RUNS=3 FIGURES="1 2 3 4" SUBS=64 INGEST_SUBS=60 RATE=2000 RATE_SUBS=9 CATCHUP_SUBS=100
+#   FILL_S=10 WARM_S=3 MEAS_S=10 WINDOW=256 FRAMING=per-frame   # or batched (wsBatched=true)
+#   PG=postgres://postgres@127.0.0.1:5432 (trust auth; the run's databases are
+#   cs_bench_standby_<pid>_<case>_<run>) BIN=path/to/change-streamer (another build)
+#   OWNER_FLAGS=… STANDBY_FLAGS=… (more flags of the owner, of both standbys; for experiments,
+#   e.g. STANDBY_FLAGS=--standby-serves=false: standbys that follow nothing)
+#
+# With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
+# make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
+#
+# Each run's instance logs stay in the folder printed first; their WARN and ERROR lines are
+# counted per instance beside the figures (a dropped subscriber or a gap shows as a load
+# generator error instead, and makes its exit code 2).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+RUNS=${RUNS:-3} FIGURES=${FIGURES:-1 2 3 4} SUBS=${SUBS:-64} INGEST_SUBS=${INGEST_SUBS:-60}
+RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-9} CATCHUP_SUBS=${CATCHUP_SUBS:-100}
+FILL_S=${FILL_S:-10} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256}
+FRAMING=${FRAMING:-per-frame} PG=${PG:-postgres://postgres@127.0.0.1:5432}
+OUT=$(mktemp -d /tmp/cs-standby.XXXXXX)
+echo "logs and results in $OUT" >&2
+
+# shellcheck source=benches/e2e_lib.sh
+source "$ROOT/benches/e2e_lib.sh"
+e2e_build
+
+# backends DB FILE: every second, FILE lists the PIDs of the PostgreSQL backends connected to
+# DB (the load generator reads it again at each snapshot); until killed.
+backends() {
+  while :; do
+    psql "$PG/postgres" -Atc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" > "$2.new" 2>/dev/null \
+      && [[ -s $2.new ]] && mv "$2.new" "$2"
+    sleep 1
+  done
+}
+
+# ready PID PORT BODY: waits (60 s at most) until the instance PID on PORT answers /readyz with
+# BODY (`ready`; a standby that does not serve answers `standby`); fails at once if PID ended.
+ready() {
+  local t
+  for t in $(seq 600); do
+    [[ $(curl -s "http://127.0.0.1:$2/readyz") == "$3" ]] && return 0
+    kill -0 "$1" 2>/dev/null || { echo "the instance on port $2 ended (see its log)" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "the instance on port $2 does not answer /readyz $3 after 60 s" >&2
+  return 1
+}
+
+# [WARM=S] run CASE SUBS RATE TAG SERVES [LOADGEN FLAG…]: one measured run after WARM s (default
+# WARM_S); SERVES names the instances the subscribers go to (of owner sb1 sb2, comma-separated).
+# Appends the JSON line to $OUT/results.jsonl and the instances' WARN/ERROR lines to
+# $OUT/logs.jsonl: those logged up to 2 s before the load generator's end, but the notice that
+# nothing is purged without litestream, and apart those of the teardown (its subscribers stop
+# reading and close as it reports, its change source goes, the instances stop).
+# Fails, keeping nothing of the run, if an instance was not up in its role when the load
+# generator ended (one that could not start leaves another to own the change DB).
+run() {
+  local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
+  local up dir db lg rc=0 n urls=() pids=() batched=() end flags sampler roles
+  local -A port pid
+  dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
+  db=cs_bench_standby_$$_${tag//-/_}
+  PGOPTIONS=--client-min-messages=warning psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+  read -r up port[owner] port[sb1] port[sb2] <<< "$(free_ports 4)"
+  for n in owner sb1 sb2; do pids+=("$dir/$n.pid"); done
+  pids+=("$dir/postgres.pids")
+  backends "$db" "$dir/postgres.pids" &
+  sampler=$!
+  for n in ${serves//,/ }; do urls+=("ws://127.0.0.1:${port[$n]}"); done
+  [[ $FRAMING == batched ]] && batched=(--batched)
+  "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$up" \
+    --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
+    --subs "$subs" --rate "$rate" --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
+    > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
+  lg=$!
+  # The owner first (it takes the change DB's lock), then the standbys once it is ready.
+  for n in owner sb1 sb2; do
+    if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
+    # shellcheck disable=SC2086 # the flags are words
+    RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
+      --change-db "$PG/$db" --upstream ws://127.0.0.1:"$up"/changes $flags > "$dir/$n.log" 2>&1 &
+    pid[$n]=$!
+    ready "${pid[$n]}" "${port[$n]}" "$([[ $flags == *standby-serves=false* ]] && echo standby || echo ready)" || true
+    echo "${pid[$n]}" > "$dir/$n.pid"
+  done
+  wait "$lg" || rc=$?
+  end=$(date -u -d @$(($(date +%s) - 2)) +%FT%TZ)
+  kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
+  roles=$(for n in owner sb1 sb2; do
+    curl -s "http://127.0.0.1:${port[$n]}/status" | python3 -c 'import json, sys; print(json.load(sys.stdin)["role"])' 2>/dev/null || echo down
+  done | tr '\n' ' ')
+  cut -d' ' -f1 /proc/loadavg >> "$OUT/loadavg"
+  # The standbys before the owner: none of them takes over the change source.
+  for n in sb1 sb2 owner; do
+    kill -TERM "${pid[$n]}" 2>/dev/null || true; wait "${pid[$n]}" 2>/dev/null || true
+  done
+  psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
+  rm -rf "$dir"/*-data
+  if [[ $roles != "owner standby standby " ]]; then
+    echo "$tag: owner, sb1, sb2 were [$roles] at the end (see $dir/*.log); run not kept" >&2
+    return 1
+  fi
+  e2e_collect "$dir" "$tag" "$rc"
+  for n in owner sb1 sb2; do
+    python3 - "$dir/$n.log" "$tag" "$n" "$end" >> "$OUT/logs.jsonl" <<'PY'
+import json, re, sys
+run, teardown = [], 0
+for l in open(sys.argv[1], errors="replace"):
+    w = re.match(r"^\[(\S+) +(WARN|ERROR) ", l)
+    if not w or "no --litestream-backup-url" in l: continue
+    if w[1] < sys.argv[4]: run.append(l.rstrip())
+    else: teardown += 1
+print(json.dumps({"tag": sys.argv[2], "instance": sys.argv[3], "count": len(run), "first": run[:3],
+                  "teardown": teardown}))
+PY
+  done
+}
+
+# again: a run that failed (run's roles check) is made once more.
+again() { run "$@" || run "$@" || echo "${4:-?}: failed twice; left out" >&2; }
+
+for r in $(seq "$RUNS"); do
+  for f in $FIGURES; do
+    case $f in
+      1) again spread "$SUBS" 0 "spread-$r" owner,sb1,sb2
+         again owner "$SUBS" 0 "owner-$r" owner ;;
+      2) again ingest-0 0 0 "ingest0-$r" sb1,sb2
+         again ingest-sb "$INGEST_SUBS" 0 "ingestsb-$r" sb1,sb2 ;;
+      3) again rate "$RATE_SUBS" "$RATE" "rate-$r" owner,sb1,sb2 ;;
+      4) WARM=$FILL_S again catchup-0 0 0 "catchup0-$r" sb1,sb2 --join-late
+         WARM=$FILL_S again catchup-sb "$CATCHUP_SUBS" 0 "catchupsb-$r" sb1,sb2 --join-late ;;
+      *) echo "FIGURES: no figure $f (1 to 4)" >&2; exit 2 ;;
+    esac
+  done
+done
+
+python3 - "$OUT/results.jsonl" "$OUT/logs.jsonl" "$OUT/loadavg" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+logs = [json.loads(l) for l in open(sys.argv[2])]
+load = [float(l) for l in open(sys.argv[3])]
+print(f"\nload average (1 min) at the runs' ends: {min(load):.1f}-{max(load):.1f}, median {statistics.median(load):.1f}")
+cases = {}
+for r in rows:
+    cases.setdefault(r["service"], []).append(r)
+# The instances each case's subscribers go to, in --service's order (as `run` is called above);
+# the processes are owner, sb1, sb2 and then the change DB's backends, in --service-pid-file's
+# order.
+SERVES = {"spread": ["owner", "sb1", "sb2"], "owner": ["owner"], "rate": ["owner", "sb1", "sb2"]}
+PROCS = ["owner", "sb1", "sb2", "postgres"]
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+def m(rs, f): return med([f(r) for r in rs])
+def runs(rs, f, fmt="{:.0f}"):
+    return "/".join("-" if f(r) is None else fmt.format(f(r)) for r in rs)
+def at(r, c, name):   # the `services` entry of the subscribers at instance `name`
+    serves = SERVES.get(c, ["sb1", "sb2"])
+    return r["services"][serves.index(name)] if name in serves and r["subs"] else None
+def own_us(r, c, i):  # µs of instance i's CPU per delivery to its own subscribers
+    s = at(r, c, PROCS[i])
+    d = s["deliveriesPerS"] * r["seconds"] if s else 0
+    return r["processes"][i]["cpuS"] * 1e6 / d if d else None
+
+print("medians (runs):")
+for c in ["spread", "owner", "ingest-0", "ingest-sb", "rate", "catchup-0", "catchup-sb"]:
+    rs = cases.get(c)
+    if not rs: continue
+    print(f"  {c:10} {rs[0]['subs']:3} subs: {m(rs, lambda r: r['deliveriesPerS']):.0f} deliveries/s "
+          f"(runs {runs(rs, lambda r: r['deliveriesPerS'])}); owner ingest {m(rs, lambda r: r['storedTxnsPerS']):.0f} txns/s "
+          f"(runs {runs(rs, lambda r: r['storedTxnsPerS'])}); service CPU "
+          f"{m(rs, lambda r: r['serviceCpuUsPerDelivery']) or float('nan'):.2f} µs/delivery (all processes); "
+          f"loadgen {m(rs, lambda r: r['loadgenCpuS'] / r['seconds']):.2f} cores; "
+          f"errors {sum(r['errors'] for r in rs)}")
+    for i, n in enumerate(PROCS):
+        if i >= len(rs[0]["processes"]): continue
+        line = f"      {n:8} {m(rs, lambda r: r['processes'][i]['cores']):.2f} cores (runs {runs(rs, lambda r: r['processes'][i]['cores'], '{:.2f}')})"
+        own = m(rs, lambda r: own_us(r, c, i))
+        if own is not None:
+            line += f", {own:.2f} µs per delivery to its own subscribers (runs {runs(rs, lambda r: own_us(r, c, i), '{:.2f}')})"
+        if rs[0]["subs"]:
+            line += f", {m(rs, lambda r: r['processes'][i]['cpuUsPerDelivery']):.2f} µs per delivery of all"
+        s = [at(r, c, n) for r in rs]
+        if s[0] is not None:
+            line += f"; its subscribers {med([x['deliveriesPerS'] for x in s]):.0f} deliveries/s"
+            if c == "rate":
+                lat = [x["latencyMs"] for x in s]
+                p99s = "/".join(f"{x['p99']:.2f}" for x in lat)
+                line += (f", commit → receipt p50 {med([x['p50'] for x in lat]):.2f} ms "
+                         f"p99 {med([x['p99'] for x in lat]):.2f} ms (runs p99 {p99s})")
+        print(line)
+    if c == "rate":
+        print(f"      commit → acked upstream (stored durably by the owner): p50 "
+              f"{m(rs, lambda r: r['ackLatencyMs']['p50']):.2f} ms, p99 {m(rs, lambda r: r['ackLatencyMs']['p99']):.2f} ms")
+        print(f"      kept {m(rs, lambda r: r['upstreamTxnsPerS']):.0f} txns/s upstream; longest gap between commits "
+              f"{m(rs, lambda r: r['longestCommitGapMs']):.1f} ms")
+def ratio(a, b, what):
+    if a in cases and b in cases:
+        x, y = m(cases[a], lambda r: r["storedTxnsPerS"]), m(cases[b], lambda r: r["storedTxnsPerS"])
+        print(f"  {what}: {x:.0f} / {y:.0f} txns/s = {x / y:.3f} ({(1 - x / y) * 100:.1f} % lower; goal ≤ 10 %)")
+print("ratios (same invocation):")
+if "spread" in cases and "owner" in cases:
+    print(f"  deliveries/s spread over the three / all on the owner: "
+          f"{m(cases['spread'], lambda r: r['deliveriesPerS']) / m(cases['owner'], lambda r: r['deliveriesPerS']):.2f}x")
+subs = lambda c: cases[c][0]["subs"] if c in cases else "?"
+ratio("ingest-sb", "ingest-0", f"owner ingest, {subs('ingest-sb')} subscribers at the standbys / none")
+ratio("catchup-sb", "catchup-0", f"owner ingest, {subs('catchup-sb')} subscribers catching up at the standbys / none")
+print(f"instance logs, WARN/ERROR lines while measured (and {sum(l['teardown'] for l in logs)} in teardowns):")
+for l in logs:
+    if l["count"]:
+        print(f"  {l['tag']} {l['instance']}: {l['count']}; first: {l['first']}")
+if not any(l["count"] for l in logs):
+    print("  none")
+PY
