@@ -37,7 +37,7 @@ use super::status::{ReservationError, ReservationEvent};
 use super::{Holder, Reservation, ReservationActor};
 use crate::changelog::{StateChange, StoredReservation};
 use crate::cleanup::ReservationOpened;
-use crate::session_end::{SessionEnd, SessionId};
+use crate::session_end::SessionId;
 
 /// One reservation a standby's socket holds, handed to the owner it became.
 pub struct HandedOver {
@@ -82,17 +82,11 @@ impl ReservationActor {
             session,
             status_sent,
         } = handed;
-        if let Some(old) = self.remove(&task_id, None) {
-            match old.holder {
-                Some(h) => {
-                    info!("reservation of task {task_id} replaced by the one this instance held as a standby (session {} -> {session_id})", h.session_id);
-                    h.session
-                        .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
-                }
-                None => info!("orphaned reservation of task {task_id} replaced by the one this instance held as a standby (session {session_id})"),
-            }
-            self.closed(&task_id, None);
-        }
+        self.replace(
+            &task_id,
+            session_id,
+            "the one this instance held as a standby",
+        );
         info!(
             "snapshot reservation of task {task_id} (session {session_id}), held by this instance as a standby, is the owner's now: its socket stays open, cleanup stays paused"
         );

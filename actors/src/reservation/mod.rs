@@ -268,6 +268,24 @@ impl Actor for ReservationActor {
     }
 }
 
+impl ReservationActor {
+    /// Ends the reservation `task_id` holds, if any, as replaced by `by` (session
+    /// `session_id`): its socket is told to close; an orphan just goes.
+    pub(super) fn replace(&mut self, task_id: &str, session_id: SessionId, by: &str) {
+        if let Some(old) = self.remove(task_id, None) {
+            match old.holder {
+                Some(h) => {
+                    info!("reservation of task {task_id} replaced by {by} (session {} -> {session_id})", h.session_id);
+                    h.session
+                        .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
+                }
+                None => info!("orphaned reservation of task {task_id} replaced by {by} (session {session_id})"),
+            }
+            self.closed(task_id, None);
+        }
+    }
+}
+
 impl Handler<Reserve> for ReservationActor {
     type Result = ();
 
@@ -277,17 +295,7 @@ impl Handler<Reserve> for ReservationActor {
             session_id,
             session,
         } = msg;
-        if let Some(old) = self.remove(&task_id, None) {
-            match old.holder {
-                Some(h) => {
-                    info!("reservation of task {task_id} replaced by a newer one (session {} -> {session_id})", h.session_id);
-                    h.session
-                        .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
-                }
-                None => info!("orphaned reservation of task {task_id} replaced by a new one (session {session_id})"),
-            }
-            self.closed(&task_id, None);
-        }
+        self.replace(&task_id, session_id, "a new one");
         let started_ms = self.clock.now_ms();
         info!("snapshot reservation opened by task {task_id} (session {session_id})");
         self.reservations.insert(
