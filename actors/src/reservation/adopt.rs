@@ -27,13 +27,11 @@
 //!
 //! [`StandbyReservations`]: super::standby::StandbyReservations
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 use log::{info, warn};
 
 use super::records::RecordedReservation;
-use super::status::{ReservationError, ReservationEvent};
+use super::status::ReservationEvent;
 use super::{Holder, Reservation, ReservationActor};
 use crate::changelog::{StateChange, StoredReservation};
 use crate::cleanup::ReservationOpened;
@@ -136,14 +134,7 @@ impl ReservationActor {
                 }
                 Err(e) => {
                     warn!("failing snapshot reservation of task {task_id}: adopted from this instance's standby phase, it could not be written down: {e}");
-                    if let Some(res) = act.remove(&task_id, Some(session_id)) {
-                        if let Some(h) = res.holder {
-                            h.session.do_send(ReservationEvent::Failed(Arc::new(
-                                ReservationError::NotStored(e),
-                            )));
-                        }
-                        act.closed(&task_id, None);
-                    }
+                    act.fail_unstored(&task_id, session_id, e);
                 }
             })
             .spawn(ctx);

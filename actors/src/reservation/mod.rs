@@ -50,7 +50,7 @@ use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use crate::changelog::{ChangeLog, StateChange, StoredReservation};
+use crate::changelog::{ChangeLog, ChangeLogError, StateChange, StoredReservation};
 use crate::cleanup::{CleanupActor, ReservationClosed, ReservationOpened};
 use crate::clock::Clock;
 use crate::instance::recorder::{InstanceRecorder, RecordEnd};
@@ -269,6 +269,25 @@ impl Actor for ReservationActor {
 }
 
 impl ReservationActor {
+    /// Ends the reservation of `task_id` held by `session_id`, which could not be written
+    /// down: its socket is told why (a reservation that is not stored protects nothing across
+    /// a restart).
+    pub(super) fn fail_unstored(
+        &mut self,
+        task_id: &str,
+        session_id: SessionId,
+        e: ChangeLogError,
+    ) {
+        if let Some(res) = self.remove(task_id, Some(session_id)) {
+            if let Some(h) = res.holder {
+                h.session.do_send(ReservationEvent::Failed(Arc::new(
+                    ReservationError::NotStored(e),
+                )));
+            }
+            self.closed(task_id, None);
+        }
+    }
+
     /// Ends the reservation `task_id` holds, if any, as replaced by `by` (session
     /// `session_id`): its socket is told to close; an orphan just goes.
     pub(super) fn replace(&mut self, task_id: &str, session_id: SessionId, by: &str) {
@@ -329,14 +348,7 @@ impl Handler<Reserve> for ReservationActor {
                     Ok(()) => act.send_status(task_id, session_id, ctx),
                     Err(e) => {
                         warn!("failing snapshot reservation of task {task_id}: it could not be written down: {e}");
-                        if let Some(res) = act.remove(&task_id, Some(session_id)) {
-                            if let Some(h) = res.holder {
-                                h.session.do_send(ReservationEvent::Failed(Arc::new(
-                                    ReservationError::NotStored(e),
-                                )));
-                            }
-                            act.closed(&task_id, None);
-                        }
+                        act.fail_unstored(&task_id, session_id, e);
                     }
                 })
                 .spawn(ctx),
