@@ -46,6 +46,7 @@ fn help_lists_every_flag_with_its_environment_variable() {
             "ZERO_CHANGE_STREAMER_FLOW_CONTROL_CONSENSUS_PADDING_SECONDS",
         ),
         ("--ping-interval-ms", "ZERO_PING_INTERVAL_MS"),
+        ("--standby-serves", "ZERO_STANDBY_SERVES"),
         ("--change-log-retention-ms", "ZERO_CHANGE_LOG_RETENTION_MS"),
         ("--max-reservation-ms", "ZERO_MAX_RESERVATION_MS"),
         (

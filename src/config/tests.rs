@@ -100,3 +100,13 @@ fn accepts_short_floors_and_negative_padding() {
     assert_eq!(c.starting_cleanup_delay(), Duration::from_millis(10));
     assert_eq!(c.padding(), None);
 }
+
+#[test]
+fn standby_serves_defaults_to_true_and_takes_an_explicit_false() {
+    assert!(parse(&[]).unwrap().standby_serves);
+    assert!(parse(&["--standby-serves"]).unwrap().standby_serves);
+    assert!(parse(&["--standby-serves=true"]).unwrap().standby_serves);
+    assert!(!parse(&["--standby-serves=false"]).unwrap().standby_serves);
+    let e = parse(&["--standby-serves=yes"]).unwrap_err().to_string();
+    assert!(e.contains("--standby-serves"), "{e}");
+}
