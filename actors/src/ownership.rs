@@ -55,14 +55,12 @@ pub async fn try_acquire(c: &impl GenericClient) -> Result<bool, tokio_postgres:
 /// A bigint advisory key appears in `pg_locks` split in two: its high 32 bits as `classid`,
 /// its low 32 bits as `objid`, with `objsubid` 1.
 pub async fn holds_lock(c: &impl GenericClient) -> Result<bool, tokio_postgres::Error> {
-    let row = c
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_locks
-                 WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
-                   AND classid::int8 = ($1::int8 >> 32) AND objid::int8 = ($1::int8 & 4294967295)
-                   AND objsubid = 1)",
-            &[&OWNER_LOCK_KEY],
-        )
-        .await?;
+    let row = c.query_one(HOLDS_LOCK, &[&OWNER_LOCK_KEY]).await?;
     Ok(row.get(0))
 }
+
+/// [`holds_lock`]'s statement, `$1` the key: for a writer that prepares it once.
+pub const HOLDS_LOCK: &str = "SELECT EXISTS (SELECT 1 FROM pg_locks
+     WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid()
+       AND classid::int8 = ($1::int8 >> 32) AND objid::int8 = ($1::int8 & 4294967295)
+       AND objsubid = 1)";

@@ -1,17 +1,33 @@
 //! The PostgreSQL engine's reader: catch-up reads on a connection of their own, so that a
 //! subscriber reading far behind never holds up ingest, and the change log's size on disk.
-//! Each read is one statement on the partitioned parent table, so it sees one consistent set
-//! of partitions even while a purge drops some.
+//!
+//! ### One snapshot, the partitions themselves
+//! Each read is one `REPEATABLE READ` read-only transaction: the segment catalogue, then the
+//! rows of the partitions it lists as overlapping the range, in segment order. One snapshot
+//! makes the catalogue and the rows agree (the owner updates both in the transaction that
+//! stores a commit group), so a purge that commits during the read cannot cut a gap into it.
+//! Reading each partition (`change_log_<id>`) by a statement prepared once per connection,
+//! rather than the partitioned parent, is what keeps a read cheap however long the log: a
+//! statement on the parent is planned over every partition (milliseconds at 65 partitions)
+//! and waits for the owner's transaction that creates a partition (it locks the parent). The
+//! begin and the catalogue's two statements travel together, and so do the last partition's
+//! read and the commit: two round trips for a read within one segment.
+//!
+//! A partition the snapshot still lists can be dropped by a purge before the read reaches it
+//! (dropping needs no lock the snapshot holds): that read fails as an undefined table and is
+//! made again, in a new snapshot that no longer lists it.
 
+use std::collections::HashMap;
 use std::sync::mpsc;
 
 use log::warn;
 use tokio::runtime::Runtime;
-use tokio_postgres::{Client, Config};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, Statement};
 
 use super::commands::{RangeQuery, ReadCommand};
 use super::connection::connect;
-use super::schema::parse_watermark;
+use super::schema::{parse_watermark, partition};
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
 
 /// Whether a reader checks that nothing it read past was purged: a standby's must (its
@@ -23,14 +39,17 @@ pub(super) enum PurgeCheck {
     Standby,
 }
 
+/// How many times a read is made again after a partition it was to read was dropped.
+const DROPPED_RETRIES: usize = 3;
+
 /// Serves `rx` on its own connection to the change DB until every handle is gone.
 pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, check: PurgeCheck) {
-    let mut client: Option<Client> = None;
+    let mut conn: Option<Conn> = None;
     while let Ok(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
-        let c = match client.take().filter(|c| !c.is_closed()) {
+        let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
             Some(c) => c,
-            None => match rt.block_on(connect(&config)) {
+            None => match rt.block_on(Conn::open(&config)) {
                 Ok(c) => c,
                 Err(e) => {
                     match cmd {
@@ -43,11 +62,11 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
         };
         match cmd {
             ReadCommand::Range(query, reply) => {
-                answer(reply, rt.block_on(read_range(&c, &query, check)))
+                answer(reply, rt.block_on(c.read_range(&query, check)))
             }
-            ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c))),
+            ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c.client))),
         }
-        client = Some(c);
+        conn = Some(c);
     }
 }
 
@@ -74,65 +93,149 @@ async fn disk_bytes(c: &Client) -> Result<u64, ChangeLogError> {
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
-/// The rows after `query.after` up to `query.up_to`. With [`PurgeCheck::Standby`], then the
-/// oldest watermark stored: if it is past `after`, the rows read may have a gap (a purge went
-/// past the reader), whether that purge committed before the read or just after it (the check
-/// comes second, so it errs on the side of an error). A read from the very start (`pos` < 0)
-/// cannot have missed anything.
-async fn read_range(
-    c: &Client,
-    query: &RangeQuery,
-    check: PurgeCheck,
-) -> Result<Vec<StoredChange>, ChangeLogError> {
-    let rows = read_rows(c, query).await?;
-    if check == PurgeCheck::Standby && query.after.1 >= 0 {
-        let oldest: Option<String> = c
-            .query_one(
-                "SELECT MIN(min_watermark) FROM change_streamer.segments",
-                &[],
+/// The reader's connection and the statements prepared on it.
+struct Conn {
+    client: Client,
+    /// The oldest watermark stored, and the oldest segment's id.
+    oldest: Statement,
+    /// The ids of the segments whose watermarks overlap `[$1, $2]`, in order.
+    overlapping: Statement,
+    /// Each partition's read, prepared at its first read; forgotten once the catalogue no
+    /// longer lists it.
+    partitions: HashMap<i64, Statement>,
+}
+
+impl Conn {
+    async fn open(config: &Config) -> Result<Conn, ChangeLogError> {
+        let client = connect(config).await?;
+        let oldest = client
+            .prepare("SELECT MIN(min_watermark), MIN(id) FROM change_streamer.segments")
+            .await?;
+        let overlapping = client
+            .prepare(
+                "SELECT id FROM change_streamer.segments
+                 WHERE max_watermark >= $1 AND min_watermark <= $2 ORDER BY id",
             )
-            .await?
-            .get(0);
-        if let Some(oldest) = oldest.map(parse_watermark).transpose()? {
-            if oldest > query.after.0 {
-                return Err(ChangeLogError::PurgedPast {
-                    after: query.after.0.clone(),
-                    oldest,
-                });
+            .await?;
+        Ok(Conn {
+            client,
+            oldest,
+            overlapping,
+            partitions: HashMap::new(),
+        })
+    }
+
+    /// The rows after `query.after` up to `query.up_to`, at most `query.limit` (see the
+    /// module documentation). With [`PurgeCheck::Standby`], first the oldest watermark stored:
+    /// if it is past `after`, rows were purged that this reader has not read, and the read
+    /// fails with [`ChangeLogError::PurgedPast`]. A read from the very start (`pos` < 0)
+    /// cannot have missed anything.
+    async fn read_range(
+        &mut self,
+        query: &RangeQuery,
+        check: PurgeCheck,
+    ) -> Result<Vec<StoredChange>, ChangeLogError> {
+        let mut retries = 0;
+        loop {
+            let mut open = true;
+            let read = self.read_in_snapshot(query, check, &mut open).await;
+            if open {
+                // Read-only: ending it either way loses nothing.
+                let _ = self.client.batch_execute("ROLLBACK").await;
+            }
+            match read {
+                Err(ChangeLogError::Postgres(e))
+                    if e.code() == Some(&SqlState::UNDEFINED_TABLE)
+                        && retries < DROPPED_RETRIES =>
+                {
+                    retries += 1;
+                }
+                read => return read,
             }
         }
     }
-    Ok(rows)
-}
 
-async fn read_rows(c: &Client, query: &RangeQuery) -> Result<Vec<StoredChange>, ChangeLogError> {
-    let RangeQuery {
-        after,
-        up_to,
-        limit,
-    } = query;
-    let rows = c
-        .query(
-            "SELECT watermark, pos, kind, change FROM change_streamer.change_log
-             WHERE (watermark, pos) > ($1, $2) AND watermark <= $3
-             ORDER BY watermark, pos LIMIT $4",
-            &[
-                &after.0.as_str(),
-                &after.1,
-                &up_to.as_str(),
-                &(*limit as i64),
-            ],
-        )
-        .await?;
-    rows.into_iter()
-        .map(|r| {
-            let kind: String = r.get(2);
-            Ok(StoredChange {
-                watermark: parse_watermark(r.get(0))?,
-                pos: r.get(1),
-                kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
-                json: r.get(3),
-            })
-        })
-        .collect()
+    /// One snapshot's read; `open` goes false once the transaction's end was sent.
+    async fn read_in_snapshot(
+        &mut self,
+        query: &RangeQuery,
+        check: PurgeCheck,
+        open: &mut bool,
+    ) -> Result<Vec<StoredChange>, ChangeLogError> {
+        let RangeQuery {
+            after,
+            up_to,
+            limit,
+        } = query;
+        let c = &self.client;
+        let (from, to) = (after.0.as_str(), up_to.as_str());
+        let range: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&from, &to];
+        let (_, oldest, ids) = tokio::try_join!(
+            c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
+            c.query_one(&self.oldest, &[]),
+            c.query(&self.overlapping, &range),
+        )?;
+        let oldest_id: Option<i64> = oldest.get(1);
+        self.partitions
+            .retain(|id, _| oldest_id.is_some_and(|o| *id >= o));
+        if check == PurgeCheck::Standby && after.1 >= 0 {
+            let oldest: Option<String> = oldest.get(0);
+            if let Some(oldest) = oldest.map(parse_watermark).transpose()? {
+                if oldest > after.0 {
+                    return Err(ChangeLogError::PurgedPast {
+                        after: after.0.clone(),
+                        oldest,
+                    });
+                }
+            }
+        }
+        let ids: Vec<i64> = ids.iter().map(|r| r.get(0)).collect();
+        let mut out = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let statement = self.partition(*id).await?;
+            let c = &self.client;
+            let left = (*limit - out.len()) as i64;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&after.0.as_str(), &after.1, &up_to.as_str(), &left];
+            let rows = if i + 1 == ids.len() {
+                *open = false;
+                let (rows, _) =
+                    tokio::try_join!(c.query(&statement, &params), c.batch_execute("COMMIT"))?;
+                rows
+            } else {
+                c.query(&statement, &params).await?
+            };
+            for r in rows {
+                let kind: String = r.get(2);
+                out.push(StoredChange {
+                    watermark: parse_watermark(r.get(0))?,
+                    pos: r.get(1),
+                    kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
+                    json: r.get(3),
+                });
+            }
+            if out.len() >= *limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Segment `id`'s read statement, prepared at its first use.
+    async fn partition(&mut self, id: i64) -> Result<Statement, ChangeLogError> {
+        if let Some(s) = self.partitions.get(&id) {
+            return Ok(s.clone());
+        }
+        let s = self
+            .client
+            .prepare(&format!(
+                "SELECT watermark, pos, kind, change FROM {}
+                 WHERE (watermark, pos) > ($1, $2) AND watermark <= $3
+                 ORDER BY watermark, pos LIMIT $4",
+                partition(id)
+            ))
+            .await?;
+        self.partitions.insert(id, s.clone());
+        Ok(s)
+    }
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use log::error;
 use tokio::sync::watch;
-use tokio_postgres::{Client, IsolationLevel, Transaction as PgTransaction};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, IsolationLevel, Statement, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
@@ -38,11 +39,66 @@ pub(super) struct PgWriter {
     /// This instance's id in the instance records: its own subscribers are its streamer's to
     /// check, not the records'.
     instance: Option<String>,
+    statements: GroupStatements,
 }
 
-/// The rows of one group commit that go to one segment, as the columns of one insert.
+/// What storing a commit group runs, prepared once on the writer's connection: each is parsed
+/// and planned once, not per group, and a group needs two round trips (see [`PgWriter::store`]).
+struct GroupStatements {
+    /// [`ownership::HOLDS_LOCK`]: the fence.
+    fence: Statement,
+    /// The group's rows, its segments' counts, the replication state and the commit notice,
+    /// in one statement (each data-modifying `WITH` part runs whether read or not).
+    group: Statement,
+    /// A segment's row in the catalogue, as a group opens it.
+    open_segment: Statement,
+}
+
+impl GroupStatements {
+    async fn prepare(c: &Client) -> Result<GroupStatements, ChangeLogError> {
+        Ok(GroupStatements {
+            fence: c.prepare(ownership::HOLDS_LOCK).await?,
+            group: c
+                .prepare(
+                    r#"WITH stored AS (
+                        INSERT INTO change_streamer.change_log
+                            (segment, watermark, pos, kind, change, stored_ms)
+                        SELECT s, w, p, k, c, $6
+                        FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::text[])
+                            AS t(s, w, p, k, c)
+                        ON CONFLICT (watermark, pos, segment) DO UPDATE
+                        SET kind = excluded.kind, change = excluded.change,
+                            stored_ms = excluded.stored_ms
+                    ), counted AS (
+                        UPDATE change_streamer.segments AS g
+                        SET max_watermark = u.max_w, rows = u.n, max_stored_ms = u.ms
+                        FROM unnest($7::int8[], $8::text[], $9::int8[], $10::int8[])
+                            AS u(id, max_w, n, ms)
+                        WHERE g.id = u.id
+                    ), state AS (
+                        UPDATE change_streamer.replication_state
+                        SET replica_version = COALESCE(replica_version, $11::text),
+                            last_watermark = $12::text
+                        WHERE id = 0
+                    )
+                    SELECT pg_notify($13::text, $14::text) WHERE $14::text IS NOT NULL"#,
+                )
+                .await?,
+            open_segment: c
+                .prepare(
+                    "INSERT INTO change_streamer.segments
+                         (id, min_watermark, max_watermark, rows, max_stored_ms)
+                     VALUES ($1, $2, $2, 0, $3)",
+                )
+                .await?,
+        })
+    }
+}
+
+/// The rows of one group commit, as the columns of its insert.
 #[derive(Default)]
 struct Rows<'a> {
+    segments: Vec<i64>,
     watermarks: Vec<&'a str>,
     positions: Vec<i64>,
     kinds: Vec<&'a str>,
@@ -82,6 +138,7 @@ impl PgWriter {
         schema::create_missing(&client, schema::INSTANCES_SCHEMA).await?;
         let (stats, segments) = schema::read_stats(&client).await?;
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
+        let statements = GroupStatements::prepare(&client).await?;
         Ok(PgWriter {
             client,
             stats,
@@ -91,6 +148,7 @@ impl PgWriter {
             last_stored_ms,
             owner,
             instance,
+            statements,
         })
     }
 
@@ -216,24 +274,21 @@ impl PgWriter {
         }
     }
 
+    /// Stores `group` in one transaction (see [`GroupStatements`]): the begin, the fence and
+    /// the group's one statement travel together, then the commit; a group that opens a
+    /// segment creates its partition first, once the fence passed. Whatever fails, the
+    /// transaction is rolled back and nothing of the group is stored.
     async fn store(
         &mut self,
         group: &[(Transaction, Reply<()>)],
         stored_ms: i64,
     ) -> Result<(), ChangeLogError> {
-        let tx = fenced(&mut self.client).await?;
         let mut touched_from = self.segments.len().saturating_sub(1);
-        let mut batches: Vec<(i64, Rows<'_>)> = Vec::new();
+        let mut opened: Vec<(i64, &Watermark)> = Vec::new();
+        let mut rows = Rows::default();
         for (txn, _) in group {
             if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows) {
-                tx.batch_execute(&create_partition_sql(id)).await?;
-                tx.execute(
-                    "INSERT INTO change_streamer.segments
-                         (id, min_watermark, max_watermark, rows, max_stored_ms)
-                     VALUES ($1, $2, $2, 0, $3)",
-                    &[&id, &txn.watermark.as_str(), &stored_ms],
-                )
-                .await?;
+                opened.push((id, &txn.watermark));
                 self.segments
                     .push(Segment::opened(id, &txn.watermark, stored_ms));
                 touched_from = touched_from.min(self.segments.len() - 1);
@@ -241,71 +296,76 @@ impl PgWriter {
             let Some(id) = self.segments.last().map(|s| s.id) else {
                 continue;
             };
-            if batches.last().is_none_or(|(b, _)| *b != id) {
-                batches.push((id, Rows::default()));
-            }
-            if let Some((_, rows)) = batches.last_mut() {
-                for (pos, (kind, json)) in txn.changes.iter().enumerate() {
-                    rows.watermarks.push(txn.watermark.as_str());
-                    rows.positions.push(pos as i64);
-                    rows.kinds.push(kind.as_str());
-                    rows.changes.push(json);
-                }
+            for (pos, (kind, json)) in txn.changes.iter().enumerate() {
+                rows.segments.push(id);
+                rows.watermarks.push(txn.watermark.as_str());
+                rows.positions.push(pos as i64);
+                rows.kinds.push(kind.as_str());
+                rows.changes.push(json);
             }
             catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
         }
-        for (id, rows) in &batches {
-            tx.execute(
-                "INSERT INTO change_streamer.change_log
-                     (segment, watermark, pos, kind, change, stored_ms)
-                 SELECT $1, w, p, k, c, $6
-                 FROM unnest($2::text[], $3::int8[], $4::text[], $5::text[]) AS t(w, p, k, c)
-                 ON CONFLICT (watermark, pos, segment) DO UPDATE
-                 SET kind = excluded.kind, change = excluded.change, stored_ms = excluded.stored_ms",
-                &[
-                    id,
-                    &rows.watermarks,
-                    &rows.positions,
-                    &rows.kinds,
-                    &rows.changes,
-                    &stored_ms,
-                ],
-            )
-            .await?;
-        }
-        for seg in &self.segments[touched_from..] {
-            tx.execute(
-                "UPDATE change_streamer.segments
-                 SET max_watermark = $2, rows = $3, max_stored_ms = $4 WHERE id = $1",
-                &[
-                    &seg.id,
-                    &seg.max.as_str(),
-                    &(seg.rows as i64),
-                    &seg.max_stored_ms,
-                ],
-            )
-            .await?;
-        }
-        tx.execute(
-            "UPDATE change_streamer.replication_state
-             SET replica_version = COALESCE(replica_version, $1), last_watermark = $2 WHERE id = 0",
-            &[
-                &self.stats.replica_version.as_ref().map(|w| w.as_str()),
-                &self.segments.last().map(|s| s.max.as_str()),
-            ],
-        )
-        .await?;
+        let touched = &self.segments[touched_from..];
+        let ids: Vec<i64> = touched.iter().map(|s| s.id).collect();
+        let maxes: Vec<&str> = touched.iter().map(|s| s.max.as_str()).collect();
+        let counts: Vec<i64> = touched.iter().map(|s| s.rows as i64).collect();
+        let newest: Vec<i64> = touched.iter().map(|s| s.max_stored_ms).collect();
+        let replica_version = self.stats.replica_version.as_ref().map(|w| w.as_str());
+        let last = self.segments.last().map(|s| s.max.as_str());
         // Standbys follow the owner's commits (PROTOCOL.md §14.1): PostgreSQL delivers the
         // notice when, and only if, this transaction commits.
-        if let Some((last, _)) = group.last() {
-            tx.execute(
-                "SELECT pg_notify($1, $2)",
-                &[&COMMITS_CHANNEL, &last.watermark.as_str()],
-            )
-            .await?;
+        let notice = group.last().map(|(t, _)| t.watermark.as_str());
+        let params: [&(dyn ToSql + Sync); 14] = [
+            &rows.segments,
+            &rows.watermarks,
+            &rows.positions,
+            &rows.kinds,
+            &rows.changes,
+            &stored_ms,
+            &ids,
+            &maxes,
+            &counts,
+            &newest,
+            &replica_version,
+            &last,
+            &COMMITS_CHANNEL,
+            &notice,
+        ];
+        let c = &self.client;
+        let written = async {
+            let begin = c.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED");
+            let fence = c.query_one(&self.statements.fence, &[&ownership::OWNER_LOCK_KEY]);
+            let holds = if opened.is_empty() {
+                let store = c.execute(&self.statements.group, &params);
+                let (_, fence, _) = tokio::try_join!(begin, fence, store)?;
+                fence.get::<_, bool>(0)
+            } else {
+                let (_, fence) = tokio::try_join!(begin, fence)?;
+                let holds = fence.get::<_, bool>(0);
+                if holds {
+                    for (id, first) in &opened {
+                        c.batch_execute(&create_partition_sql(*id)).await?;
+                        c.execute(
+                            &self.statements.open_segment,
+                            &[id, &first.as_str(), &stored_ms],
+                        )
+                        .await?;
+                    }
+                    c.execute(&self.statements.group, &params).await?;
+                }
+                holds
+            };
+            if !holds {
+                return Err(ChangeLogError::NotOwner);
+            }
+            c.batch_execute("COMMIT").await?;
+            Ok(())
+        };
+        let result = written.await;
+        if result.is_err() && !c.is_closed() {
+            let _ = c.batch_execute("ROLLBACK").await;
         }
-        tx.commit().await?;
-        Ok(())
+        result
     }
 
     /// The oldest watermark stored after `stored_by_ms`, if any (see
