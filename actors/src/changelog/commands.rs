@@ -40,6 +40,7 @@ pub(super) enum WriteCommand {
 
 /// A catch-up read: up to `limit` stored changes after `after` (exclusive) and at or below
 /// `up_to`, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RangeQuery {
     pub after: (Watermark, i64),
     pub up_to: Watermark,

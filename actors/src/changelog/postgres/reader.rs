@@ -10,7 +10,7 @@
 //! rather than the partitioned parent, is what keeps a read cheap however long the log: a
 //! statement on the parent is planned over every partition (milliseconds at 65 partitions)
 //! and waits for the owner's transaction that creates a partition (it locks the parent). The
-//! begin and the catalogue's two statements travel together, and so do the last partition's
+//! begin and the catalogue's statement travel together, and so do the last partition's
 //! read and the commit: two round trips for a read within one segment.
 //!
 //! A partition the snapshot still lists can be dropped by a purge before the read reaches it
@@ -27,6 +27,7 @@ use tokio_postgres::{Client, Config, Statement};
 
 use super::commands::{RangeQuery, ReadCommand};
 use super::connection::connect;
+use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, partition};
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
 
@@ -45,6 +46,7 @@ const DROPPED_RETRIES: usize = 3;
 /// Serves `rx` on its own connection to the change DB until every handle is gone.
 pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, check: PurgeCheck) {
     let mut conn: Option<Conn> = None;
+    let mut cache = ReadCache::default();
     while let Ok(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
         let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
@@ -62,7 +64,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
         };
         match cmd {
             ReadCommand::Range(query, reply) => {
-                answer(reply, rt.block_on(c.read_range(&query, check)))
+                answer(reply, rt.block_on(c.read(&mut cache, &query, check)))
             }
             ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c.client))),
         }
@@ -93,13 +95,30 @@ async fn disk_bytes(c: &Client) -> Result<u64, ChangeLogError> {
     Ok(row.get::<_, i64>(0).max(0) as u64)
 }
 
+/// [`ChangeLogError::PurgedPast`] if `oldest`, the oldest watermark stored, is past where
+/// `query` reads from. A read from the very start (`pos` < 0) cannot have missed anything.
+fn purged_past(query: &RangeQuery, oldest: Option<String>) -> Result<(), ChangeLogError> {
+    let after = &query.after;
+    if after.1 < 0 {
+        return Ok(());
+    }
+    match oldest.map(parse_watermark).transpose()? {
+        Some(oldest) if oldest > after.0 => Err(ChangeLogError::PurgedPast {
+            after: after.0.clone(),
+            oldest,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// The reader's connection and the statements prepared on it.
 struct Conn {
     client: Client,
     /// The oldest watermark stored, and the oldest segment's id.
     oldest: Statement,
-    /// The ids of the segments whose watermarks overlap `[$1, $2]`, in order.
-    overlapping: Statement,
+    /// The same, and the ids of the segments whose watermarks overlap `[$1, $2]`, in order:
+    /// one row.
+    catalogue: Statement,
     /// Each partition's read, prepared at its first read; forgotten once the catalogue no
     /// longer lists it.
     partitions: HashMap<i64, Statement>,
@@ -111,18 +130,42 @@ impl Conn {
         let oldest = client
             .prepare("SELECT MIN(min_watermark), MIN(id) FROM change_streamer.segments")
             .await?;
-        let overlapping = client
+        let catalogue = client
             .prepare(
-                "SELECT id FROM change_streamer.segments
-                 WHERE max_watermark >= $1 AND min_watermark <= $2 ORDER BY id",
+                "SELECT o.oldest, o.first, COALESCE(r.ids, '{}')
+                 FROM (SELECT MIN(min_watermark) AS oldest, MIN(id) AS first
+                       FROM change_streamer.segments) AS o,
+                      (SELECT array_agg(id ORDER BY id) AS ids FROM change_streamer.segments
+                       WHERE max_watermark >= $1 AND min_watermark <= $2) AS r",
             )
             .await?;
         Ok(Conn {
             client,
             oldest,
-            overlapping,
+            catalogue,
             partitions: HashMap::new(),
         })
+    }
+
+    /// `query`'s rows, from a read kept in `cache` if one holds them ([`super::read_cache`]),
+    /// else from the change DB (and then kept). Answered from memory, a standby's read still
+    /// checks that nothing was purged past its position.
+    async fn read(
+        &mut self,
+        cache: &mut ReadCache,
+        query: &RangeQuery,
+        check: PurgeCheck,
+    ) -> Result<Vec<StoredChange>, ChangeLogError> {
+        if let Some(rows) = cache.answer(query) {
+            if check == PurgeCheck::Standby {
+                let oldest = self.client.query_one(&self.oldest, &[]).await?;
+                purged_past(query, oldest.get(0))?;
+            }
+            return Ok(rows);
+        }
+        let rows = self.read_range(query, check).await?;
+        cache.keep(query, &rows);
+        Ok(rows)
     }
 
     /// The rows after `query.after` up to `query.up_to`, at most `query.limit` (see the
@@ -170,26 +213,17 @@ impl Conn {
         let c = &self.client;
         let (from, to) = (after.0.as_str(), up_to.as_str());
         let range: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&from, &to];
-        let (_, oldest, ids) = tokio::try_join!(
+        let (_, catalogue) = tokio::try_join!(
             c.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"),
-            c.query_one(&self.oldest, &[]),
-            c.query(&self.overlapping, &range),
+            c.query_one(&self.catalogue, &range),
         )?;
-        let oldest_id: Option<i64> = oldest.get(1);
+        let oldest_id: Option<i64> = catalogue.get(1);
         self.partitions
             .retain(|id, _| oldest_id.is_some_and(|o| *id >= o));
-        if check == PurgeCheck::Standby && after.1 >= 0 {
-            let oldest: Option<String> = oldest.get(0);
-            if let Some(oldest) = oldest.map(parse_watermark).transpose()? {
-                if oldest > after.0 {
-                    return Err(ChangeLogError::PurgedPast {
-                        after: after.0.clone(),
-                        oldest,
-                    });
-                }
-            }
+        if check == PurgeCheck::Standby {
+            purged_past(query, catalogue.get(0))?;
         }
-        let ids: Vec<i64> = ids.iter().map(|r| r.get(0)).collect();
+        let ids: Vec<i64> = catalogue.get(2);
         let mut out = Vec::new();
         for (i, id) in ids.iter().enumerate() {
             let statement = self.partition(*id).await?;

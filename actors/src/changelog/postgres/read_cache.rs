@@ -1,0 +1,177 @@
+//! The reader's memory of its last reads, so that subscribers reading the same range (replicas
+//! restored from one backup catch up from the same watermark, a few reads apart) are served
+//! from one read of the change DB instead of one each.
+//!
+//! ### When a kept read answers another
+//! A read is "the first `limit` rows after `after` with watermarks up to `up_to`", in
+//! `(watermark, pos)` order. Rows up to a watermark the reader was asked for never change:
+//! the owner stores commits in watermark order and a reader is only asked up to what is
+//! durable. So a kept read `e` answers a query `q` with the same `after` when either
+//! - at least `q.limit` of its rows are within `q.up_to`: they are `q`'s answer; or
+//! - fewer are, but `e` holds every row within `q.up_to`: a row of `e` lies past `q.up_to`, or
+//!   `e` stopped short of its own limit (it holds all its range) and `q.up_to ≤ e.up_to`.
+//!
+//! A purge can take rows a kept read still holds; it never takes rows a protected subscriber
+//! still needs (PROTOCOL.md §14.1), and a standby checks, even when answered from memory, that
+//! nothing was purged past the position asked for ([`super::reader`]).
+//!
+//! Bounded in bytes: [`KEPT_BYTES`] over all reads kept, the oldest forgotten first; a read
+//! larger than a quarter of it is not kept.
+
+use std::collections::VecDeque;
+
+use super::commands::RangeQuery;
+use super::types::StoredChange;
+
+/// The bytes of rows kept at most, over all reads kept.
+pub(super) const KEPT_BYTES: usize = 16 << 20;
+
+/// What a row is counted as beyond its JSON text: its watermark, position and the vector's slot.
+const ROW_OVERHEAD: usize = 64;
+
+struct Kept {
+    query: RangeQuery,
+    rows: Vec<StoredChange>,
+    bytes: usize,
+}
+
+/// The reads kept, newest last.
+#[derive(Default)]
+pub(super) struct ReadCache {
+    kept: VecDeque<Kept>,
+    bytes: usize,
+}
+
+impl ReadCache {
+    /// `q`'s answer from a kept read, if one holds it (see the module documentation).
+    pub(super) fn answer(&self, q: &RangeQuery) -> Option<Vec<StoredChange>> {
+        self.kept.iter().rev().find_map(|e| answer_from(e, q))
+    }
+
+    /// Keeps `rows`, the change DB's answer to `q`.
+    pub(super) fn keep(&mut self, q: &RangeQuery, rows: &[StoredChange]) {
+        let bytes: usize = rows.iter().map(|r| r.json.len() + ROW_OVERHEAD).sum();
+        if rows.is_empty() || bytes > KEPT_BYTES / 4 {
+            return;
+        }
+        self.kept.retain(|e| e.query != *q);
+        self.bytes = self.kept.iter().map(|e| e.bytes).sum();
+        while self.bytes + bytes > KEPT_BYTES {
+            match self.kept.pop_front() {
+                Some(e) => self.bytes -= e.bytes,
+                None => break,
+            }
+        }
+        self.bytes += bytes;
+        self.kept.push_back(Kept {
+            query: q.clone(),
+            rows: rows.to_vec(),
+            bytes,
+        });
+    }
+
+    /// The bytes kept now.
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+fn answer_from(e: &Kept, q: &RangeQuery) -> Option<Vec<StoredChange>> {
+    if e.query.after != q.after {
+        return None;
+    }
+    let within = e.rows.partition_point(|r| r.watermark <= q.up_to);
+    if within >= q.limit {
+        return Some(e.rows[..q.limit].to_vec());
+    }
+    let holds_all =
+        within < e.rows.len() || (e.rows.len() < e.query.limit && q.up_to <= e.query.up_to);
+    holds_all.then(|| e.rows[..within].to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changelog::ChangeKind;
+    use crate::watermark::Watermark;
+
+    fn w(n: u64) -> Watermark {
+        Watermark::from_u64(n)
+    }
+
+    /// Transactions `from..=to`, each a begin and a commit.
+    fn rows(from: u64, to: u64) -> Vec<StoredChange> {
+        (from..=to)
+            .flat_map(|n| {
+                [(0, ChangeKind::Begin), (1, ChangeKind::Commit)].map(|(pos, kind)| StoredChange {
+                    watermark: w(n),
+                    pos,
+                    kind,
+                    json: format!("{{\"n\":{n}}}"),
+                })
+            })
+            .collect()
+    }
+
+    fn q(after: u64, up_to: u64, limit: usize) -> RangeQuery {
+        RangeQuery {
+            after: (w(after), i64::MAX),
+            up_to: w(up_to),
+            limit,
+        }
+    }
+
+    #[test]
+    fn a_kept_read_answers_the_same_read_and_a_shorter_one() {
+        let mut cache = ReadCache::default();
+        cache.keep(&q(1, 9, 6), &rows(2, 4));
+        assert_eq!(cache.answer(&q(1, 9, 6)), Some(rows(2, 4)));
+        // Fewer rows, a lower bound, a higher bound once the limit is within the rows kept.
+        assert_eq!(cache.answer(&q(1, 9, 4)), Some(rows(2, 3)));
+        assert_eq!(cache.answer(&q(1, 3, 6)), Some(rows(2, 3)));
+        assert_eq!(cache.answer(&q(1, 20, 6)), Some(rows(2, 4)));
+        assert_eq!(cache.answer(&q(2, 9, 6)), None, "another position");
+    }
+
+    #[test]
+    fn a_kept_read_never_answers_past_what_it_holds() {
+        let mut cache = ReadCache::default();
+        // Stopped at its limit: what lies past watermark 4 is unknown.
+        cache.keep(&q(1, 9, 6), &rows(2, 4));
+        assert_eq!(cache.answer(&q(1, 20, 8)), None);
+        // Short of its limit: it holds all up to 9, nothing past.
+        cache.keep(&q(5, 9, 100), &rows(6, 9));
+        assert_eq!(cache.answer(&q(5, 9, 200)), Some(rows(6, 9)));
+        assert_eq!(cache.answer(&q(5, 8, 200)), Some(rows(6, 8)));
+        assert_eq!(cache.answer(&q(5, 10, 200)), None);
+    }
+
+    #[test]
+    fn the_reads_kept_stay_within_their_bytes() {
+        let mut cache = ReadCache::default();
+        let big: Vec<StoredChange> = rows(1, 1)
+            .into_iter()
+            .map(|mut r| {
+                r.json = "x".repeat(KEPT_BYTES / 32);
+                r
+            })
+            .collect();
+        for n in 0..20 {
+            cache.keep(&q(n, 100, 2), &big);
+            assert!(cache.bytes() <= KEPT_BYTES);
+        }
+        assert_eq!(
+            cache.answer(&q(0, 100, 2)),
+            None,
+            "the oldest was forgotten"
+        );
+        assert!(cache.answer(&q(19, 100, 2)).is_some());
+        let huge = vec![StoredChange {
+            json: "x".repeat(KEPT_BYTES / 2),
+            ..big[0].clone()
+        }];
+        cache.keep(&q(50, 100, 2), &huge);
+        assert_eq!(cache.answer(&q(50, 100, 2)), None, "too large to keep");
+    }
+}
