@@ -13,13 +13,14 @@
 //! [`ChangeLogError::NotOwner`] and never writes again.
 //!
 //! Files: [`connection`] (reaching the change DB), [`schema`] (tables and partitions),
-//! [`state`] (the safety state's statements), [`writer`], [`reader`] (with [`read_cache`], the
-//! reads it keeps), [`records`]: the
-//! instance records (PROTOCOL.md §14.1), kept by every instance on a connection of its own,
+//! [`state`] (the safety state's statements), [`writer`] (with [`group_statements`], what it
+//! stores a commit group with), [`reader`] (with [`read_cache`], the reads it keeps),
+//! [`records`]: the instance records (PROTOCOL.md §14.1), kept by every instance on a connection of its own,
 //! apart from the writer and its fence; and what a standby that serves needs (PROTOCOL.md
 //! §14.1): [`standby`], its read-only handle, and [`listen`], the owner's commit notices.
 
 mod connection;
+mod group_statements;
 mod listen;
 mod read_cache;
 mod reader;

@@ -9,14 +9,14 @@
 //! purge deletes nothing row by row where it can help it: every partition wholly below the purge watermark is
 //! dropped (`DROP TABLE` frees its files at once, no dead tuples left for VACUUM), and rows
 //! are deleted only in the one partition the watermark cuts through, so a purge of 1 M rows
-//! costs a few table drops plus at most one segment's `DELETE`. Readers query the parent
-//! table, so one statement sees one consistent set of partitions, and the primary key
-//! `(watermark, pos, segment)` lets the planner merge the partitions' indexes in
-//! `(watermark, pos)` order. Creating or dropping a partition takes a short exclusive lock on
-//! the parent: catch-up reads wait for the writer's transaction that does it (a group commit
-//! that starts a segment, or a purge), and that transaction waits for the read statements in
-//! flight, each one bounded by its row limit. Watermarks use the `"C"` collation: they are
-//! ordered by their bytes, as in SQLite, whatever the database's default collation is.
+//! costs a few table drops plus at most one segment's `DELETE`. Readers read the partitions
+//! the catalogue lists for their range, in one snapshot with it ([`super::reader`]), not the
+//! parent: a statement on the parent is planned over every partition, and waits for the
+//! writer's transaction that creates or drops one (each takes a short exclusive lock on the
+//! parent). Dropping a partition also waits for the reads of it in flight, each bounded by its
+//! row limit. The primary key `(watermark, pos, segment)` orders each partition's index.
+//! Watermarks use the `"C"` collation: they are ordered by their bytes, as in SQLite, whatever
+//! the database's default collation is.
 
 use tokio_postgres::GenericClient;
 

@@ -2,8 +2,8 @@
 //! ownership lock (see [`crate::ownership`]).
 //!
 //! It serves the same [`WriteCommand`]s as the SQLite writer, with the same answers: queued
-//! appends are committed in one PostgreSQL transaction (group commit, one multi-row insert per
-//! segment), purges drop whole partitions, and each state change is its own transaction. Every
+//! appends are committed in one PostgreSQL transaction (group commit: one statement stores the
+//! group's rows, the catalogue's counts, the replication state and the commit notice), purges drop whole partitions, and each state change is its own transaction. Every
 //! transaction that writes first passes the ownership fence, and fails with
 //! [`ChangeLogError::NotOwner`] if this session no longer holds the lock.
 
@@ -12,10 +12,11 @@ use std::sync::Arc;
 use log::error;
 use tokio::sync::watch;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, IsolationLevel, Statement, Transaction as PgTransaction};
+use tokio_postgres::{Client, IsolationLevel, Transaction as PgTransaction};
 
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
+use super::group_statements::GroupStatements;
 use super::records;
 use super::safety::StateChange;
 use super::schema::{self, create_partition_sql, parse_watermark, partition};
@@ -40,59 +41,6 @@ pub(super) struct PgWriter {
     /// check, not the records'.
     instance: Option<String>,
     statements: GroupStatements,
-}
-
-/// What storing a commit group runs, prepared once on the writer's connection: each is parsed
-/// and planned once, not per group, and a group needs two round trips (see [`PgWriter::store`]).
-struct GroupStatements {
-    /// [`ownership::HOLDS_LOCK`]: the fence.
-    fence: Statement,
-    /// The group's rows, its segments' counts, the replication state and the commit notice,
-    /// in one statement (each data-modifying `WITH` part runs whether read or not).
-    group: Statement,
-    /// A segment's row in the catalogue, as a group opens it.
-    open_segment: Statement,
-}
-
-impl GroupStatements {
-    async fn prepare(c: &Client) -> Result<GroupStatements, ChangeLogError> {
-        Ok(GroupStatements {
-            fence: c.prepare(ownership::HOLDS_LOCK).await?,
-            group: c
-                .prepare(
-                    r#"WITH stored AS (
-                        INSERT INTO change_streamer.change_log
-                            (segment, watermark, pos, kind, change, stored_ms)
-                        SELECT s, w, p, k, c, $6
-                        FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::text[])
-                            AS t(s, w, p, k, c)
-                        ON CONFLICT (watermark, pos, segment) DO UPDATE
-                        SET kind = excluded.kind, change = excluded.change,
-                            stored_ms = excluded.stored_ms
-                    ), counted AS (
-                        UPDATE change_streamer.segments AS g
-                        SET max_watermark = u.max_w, rows = u.n, max_stored_ms = u.ms
-                        FROM unnest($7::int8[], $8::text[], $9::int8[], $10::int8[])
-                            AS u(id, max_w, n, ms)
-                        WHERE g.id = u.id
-                    ), state AS (
-                        UPDATE change_streamer.replication_state
-                        SET replica_version = COALESCE(replica_version, $11::text),
-                            last_watermark = $12::text
-                        WHERE id = 0
-                    )
-                    SELECT pg_notify($13::text, $14::text) WHERE $14::text IS NOT NULL"#,
-                )
-                .await?,
-            open_segment: c
-                .prepare(
-                    "INSERT INTO change_streamer.segments
-                         (id, min_watermark, max_watermark, rows, max_stored_ms)
-                     VALUES ($1, $2, $2, 0, $3)",
-                )
-                .await?,
-        })
-    }
 }
 
 /// The rows of one group commit, as the columns of its insert.
