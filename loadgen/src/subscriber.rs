@@ -20,7 +20,8 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::shared::{ServiceAccess, Shared};
+use crate::crew::Ctx;
+use crate::shared::{Phases, Run, ServiceAccess};
 use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
@@ -54,24 +55,16 @@ struct Check {
     open: Option<(u64, usize)>,
     changes: usize,
     last_commit_at: Option<Instant>,
-    /// Index of the service address read from, in [`Shared::per_service`].
+    /// Index of the service address read from (in `--service`'s list).
     service: usize,
 }
 
 /// Connects to `base`, service address number `service` (retrying while the service is not up
 /// or not initialised), waits for `status`, reports ready, then reads until the run stops.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    shared: Rc<Shared>,
-    access: Rc<ServiceAccess>,
-    base: String,
-    service: usize,
-    name: String,
-    changes: usize,
-    framing: Framing,
-    deadline: Instant,
-) {
-    let Some(mut ws) = subscribe(&shared, &access, &base, &name, framing, deadline).await else {
+pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
+    let (shared, framing) = (&*ctx.run, ctx.framing);
+    let Some(mut ws) = subscribe(shared, &ctx.access, &base, &name, framing, ctx.deadline).await
+    else {
         return;
     };
     let mut check = Check {
@@ -79,17 +72,17 @@ pub async fn run(
         last_id: 1,
         last_commit: FIRST_SEQ,
         open: None,
-        changes,
+        changes: ctx.changes,
         last_commit_at: None,
         service,
     };
-    while !shared.stop.get() {
+    while !shared.phases.stopped() {
         let Some(first) = ws.next().await else { break };
         let mut next = Some(first);
         let mut last_read = None;
         while let Some(m) = next {
             match m {
-                Ok(Message::Text(t)) => match check.frame(&shared, t.as_str()) {
+                Ok(Message::Text(t)) => match check.frame(&ctx, t.as_str()) {
                     Some(id) if framing == Framing::Batched => last_read = Some(id),
                     Some(id) => {
                         if ws.feed(Message::text(ack_text(id))).await.is_err() {
@@ -99,14 +92,14 @@ pub async fn run(
                     None => return,
                 },
                 Ok(Message::Close(c)) => {
-                    if !shared.stop.get() {
+                    if !shared.phases.stopped() {
                         shared.error(format!("{}: closed by the service: {c:?}", check.name));
                     }
                     return;
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    if !shared.stop.get() {
+                    if !shared.phases.stopped() {
                         shared.error(format!("{}: {e}", check.name));
                     }
                     return;
@@ -115,12 +108,12 @@ pub async fn run(
             next = ws.next().now_or_never().flatten();
         }
         if let Some(id) = last_read {
-            if ws.feed(Message::text(ack_text(id))).await.is_err() && !shared.stop.get() {
+            if ws.feed(Message::text(ack_text(id))).await.is_err() && !shared.phases.stopped() {
                 shared.error(format!("{}: ack write failed", check.name));
                 return;
             }
         }
-        if ws.flush().await.is_err() && !shared.stop.get() {
+        if ws.flush().await.is_err() && !shared.phases.stopped() {
             shared.error(format!("{}: ack write failed", check.name));
             return;
         }
@@ -130,7 +123,7 @@ pub async fn run(
 /// Subscribes (retrying while the service is not up or not initialised) and reports the
 /// subscriber ready once it has its `status`.
 async fn subscribe(
-    shared: &Shared,
+    shared: &Run,
     access: &ServiceAccess,
     base: &str,
     name: &str,
@@ -159,27 +152,26 @@ async fn subscribe(
             }
         }
     };
-    shared.subs_ready.set(shared.subs_ready.get() + 1);
-    shared.subs_ready_changed.notify_one();
+    shared.sub_ready();
     Some(ws)
 }
 
 /// A subscriber that never reads: subscribes, acks its `status`, then holds the socket open
 /// unread until the run stops (the memory case of PROTOCOL.md §10.2).
-pub async fn hold(
-    shared: Rc<Shared>,
-    access: Rc<ServiceAccess>,
-    base: String,
-    name: String,
-    deadline: Instant,
-) {
-    let Some(ws) = subscribe(&shared, &access, &base, &name, Framing::PerFrame, deadline).await
-    else {
+pub async fn hold(ctx: Rc<Ctx>, base: String, name: String) {
+    let shared = &*ctx.run;
+    let subscribed = subscribe(
+        shared,
+        &ctx.access,
+        &base,
+        &name,
+        Framing::PerFrame,
+        ctx.deadline,
+    );
+    let Some(ws) = subscribed.await else {
         return;
     };
-    while !shared.stop.get() {
-        shared.stop_changed.notified().await;
-    }
+    shared.phases.until(Phases::stopped).await;
     drop(ws);
 }
 
@@ -325,13 +317,14 @@ async fn connect(url: &str, access: &ServiceAccess) -> Result<Ws, String> {
 impl Check {
     /// Checks one frame, of either shape; the id to ack, or `None` when the subscription
     /// cannot go on.
-    fn frame(&mut self, shared: &Shared, text: &str) -> Option<u64> {
+    fn frame(&mut self, ctx: &Ctx, text: &str) -> Option<u64> {
+        let shared = &*ctx.run;
         let id = if let Some((msg, id)) = split_frame(text) {
-            self.message(shared, msg)?;
+            self.message(ctx, msg)?;
             id
         } else if let Some((list, id)) = split_batch(text) {
             for msg in payloads(list) {
-                self.message(shared, msg)?;
+                self.message(ctx, msg)?;
             }
             id
         } else {
@@ -343,10 +336,10 @@ impl Check {
                 }
             };
             match (f.msg, f.batch) {
-                (Some(msg), None) => self.message(shared, msg.get())?,
+                (Some(msg), None) => self.message(ctx, msg.get())?,
                 (None, Some(batch)) if !batch.is_empty() => {
                     for msg in batch {
-                        self.message(shared, msg.get())?;
+                        self.message(ctx, msg.get())?;
                     }
                 }
                 _ => {
@@ -360,18 +353,16 @@ impl Check {
             shared.error(format!("{}: id {} after {}", self.name, id, self.last_id));
         }
         self.last_id = id;
-        shared.frames.set(shared.frames.get() + 1);
+        ctx.tally.counters.frames.add(1);
         Some(id)
     }
 
     /// Checks one payload; `None` when the subscription cannot go on.
-    fn message(&mut self, shared: &Shared, msg: &str) -> Option<()> {
-        shared.msgs.set(shared.msgs.get() + 1);
+    fn message(&mut self, ctx: &Ctx, msg: &str) -> Option<()> {
+        let shared = &*ctx.run;
+        ctx.tally.counters.msgs.add(1);
         if msg.starts_with(r#"["data""#) {
-            shared.changes.set(shared.changes.get() + 1);
-            if let Some(s) = shared.per_service.get(self.service) {
-                s.changes.set(s.changes.get() + 1);
-            }
+            ctx.tally.change(self.service);
             match &mut self.open {
                 Some((_, n)) => *n += 1,
                 None => shared.error(format!("{}: data outside a transaction", self.name)),
@@ -405,15 +396,15 @@ impl Check {
                 )),
             }
             self.last_commit = seq;
-            shared.commits.set(shared.commits.get() + 1);
-            self.commit_received(shared, seq);
+            ctx.tally.counters.commits.add(1);
+            self.commit_received(ctx, seq);
         } else {
             shared.error(format!("{}: unexpected message {msg}", self.name));
         }
         Some(())
     }
 
-    fn seq(&self, shared: &Shared, msg: &str) -> Option<u64> {
+    fn seq(&self, shared: &Run, msg: &str) -> Option<u64> {
         let seq = frame_watermark(msg).and_then(parse_lexi);
         if seq.is_none() {
             shared.error(format!("{}: no LexiVersion watermark in {msg}", self.name));
@@ -422,22 +413,16 @@ impl Check {
     }
 
     /// Latency since the transaction left the change source, and the gap since the last commit.
-    fn commit_received(&mut self, shared: &Shared, seq: u64) {
-        let now = Instant::now();
-        if shared.recording.get() {
+    fn commit_received(&mut self, ctx: &Ctx, seq: u64) {
+        let (shared, now) = (&*ctx.run, Instant::now());
+        if shared.phases.recording() {
             if let Some(sent) = shared.sent_at(seq) {
                 let lat = (now - shared.t0).saturating_sub(sent);
                 let lat = lat.as_micros().min(u32::MAX as u128) as u32;
-                shared.latencies_us.borrow_mut().push(lat);
-                if let Some(s) = shared.per_service.get(self.service) {
-                    s.latencies_us.borrow_mut().push(lat);
-                }
+                ctx.tally.latency(self.service, lat);
             }
             if let Some(prev) = self.last_commit_at {
-                let gap = (now - prev).as_micros() as u64;
-                shared
-                    .longest_gap_us
-                    .set(shared.longest_gap_us.get().max(gap));
+                ctx.tally.gap((now - prev).as_micros() as u64);
             }
         }
         self.last_commit_at = Some(now);
