@@ -19,6 +19,7 @@
 
 mod cpu;
 mod crew;
+mod frames;
 mod memory;
 mod report;
 mod sent;
