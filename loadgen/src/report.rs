@@ -3,12 +3,15 @@
 //! (`services`, `processes`).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use crate::cpu;
-use crate::shared::Shared;
+use crate::shared::Run;
+use crate::tally::{Counters, Counts, Received};
+use crate::upstream::SourceStats;
 
 /// Counters and CPU clocks at one instant.
 pub struct Snapshot {
@@ -18,27 +21,24 @@ pub struct Snapshot {
     own_cpu_s: f64,
     txns_sent: u64,
     acked: u64,
-    frames: u64,
-    msgs: u64,
-    changes: u64,
-    commits: u64,
-    /// `data` changes received per service address.
-    service_changes: Vec<u64>,
+    /// What the subscribers received, summed over the threads.
+    got: Counts,
 }
 
 impl Snapshot {
-    pub fn take(shared: &Shared, pid_files: &[String]) -> Self {
+    pub fn take(
+        run: &Run,
+        source: &SourceStats,
+        counters: &[Arc<Counters>],
+        pid_files: &[String],
+    ) -> Self {
         Snapshot {
-            at: shared.since_t0(),
+            at: run.since_t0(),
             service_cpu_s: pid_files.iter().map(|f| cpu::listed_cpu_s(f)).collect(),
             own_cpu_s: cpu::own_cpu_s(),
-            txns_sent: shared.txns_sent.get(),
-            acked: shared.acked.get(),
-            frames: shared.frames.get(),
-            msgs: shared.msgs.get(),
-            changes: shared.changes.get(),
-            commits: shared.commits.get(),
-            service_changes: shared.per_service.iter().map(|s| s.changes.get()).collect(),
+            txns_sent: source.txns_sent.get(),
+            acked: source.acked.get(),
+            got: Counts::sum(counters),
         }
     }
 }
@@ -56,7 +56,11 @@ pub struct Report<'a> {
     pub pid_files: &'a [String],
     pub a: Snapshot,
     pub b: Snapshot,
-    pub shared: &'a Shared,
+    pub run: &'a Run,
+    pub source: &'a SourceStats,
+    /// The window's latencies and longest gap, merged over the subscriber threads.
+    pub received: &'a Received,
+    pub service_rss_anon_peak_kib: u64,
 }
 
 /// The `q` quantile of sorted values (nearest rank).
@@ -84,7 +88,7 @@ impl Report<'_> {
     pub fn print(&self) {
         let (a, b) = (&self.a, &self.b);
         let secs = (b.at - a.at).as_secs_f64();
-        let deliveries = (b.changes - a.changes) as f64;
+        let deliveries = (b.got.changes - a.got.changes) as f64;
         let cpu_of: Vec<f64> = (a.service_cpu_s.iter().zip(&b.service_cpu_s))
             .map(|(a, b)| cpu::spent_s(a, b))
             .collect();
@@ -97,22 +101,20 @@ impl Report<'_> {
                 f64::NAN
             }
         };
-        let mut lat = self.shared.latencies_us.borrow().clone();
+        let mut lat = self.received.latencies_us.clone();
         lat.sort_unstable();
         let (p50, p99, p999) = (
             quantile(&lat, 0.5),
             quantile(&lat, 0.99),
             quantile(&lat, 0.999),
         );
-        let gap_ms = self.shared.longest_gap_us.get() as f64 / 1000.0;
+        let gap_ms = self.received.longest_gap_us as f64 / 1000.0;
         let n = self.services.len().max(1);
         let services: Vec<_> = (self.services.iter().enumerate())
             .map(|(i, url)| {
-                let got = |s: &Snapshot| s.service_changes.get(i).copied().unwrap_or(0);
-                let lat = (self.shared.per_service.get(i)).map_or_else(
-                    || latency_json(&[]),
-                    |s| latency_json(&s.latencies_us.borrow()),
-                );
+                let got = |s: &Snapshot| s.got.service_changes.get(i).copied().unwrap_or(0);
+                let lat = (self.received.service_latencies_us.get(i))
+                    .map_or_else(|| latency_json(&[]), |l| latency_json(l));
                 json!({
                     "url": url,
                     "subs": self.subs / n + usize::from(i < self.subs % n),
@@ -148,11 +150,11 @@ impl Report<'_> {
             "upstreamTxnsPerS": r2((b.txns_sent - a.txns_sent) as f64 / secs),
             "storedTxnsPerS": r2(b.acked.saturating_sub(a.acked) as f64 / secs),
             "deliveriesPerS": r2(deliveries / secs),
-            "txnDeliveriesPerS": r2((b.commits - a.commits) as f64 / secs),
-            "msgsPerS": r2((b.msgs - a.msgs) as f64 / secs),
-            "framesPerS": r2((b.frames - a.frames) as f64 / secs),
-            "changesReceived": b.changes,
-            "serviceRssAnonPeakMiB": r2(self.shared.service_rss_anon_peak_kib.get() as f64 / 1024.0),
+            "txnDeliveriesPerS": r2((b.got.commits - a.got.commits) as f64 / secs),
+            "msgsPerS": r2((b.got.msgs - a.got.msgs) as f64 / secs),
+            "framesPerS": r2((b.got.frames - a.got.frames) as f64 / secs),
+            "changesReceived": b.got.changes,
+            "serviceRssAnonPeakMiB": r2(self.service_rss_anon_peak_kib as f64 / 1024.0),
             "serviceCpuS": r2(service_cpu),
             "serviceCores": r2(service_cpu / secs),
             "serviceCpuUsPerDelivery": r2(per_delivery_us(service_cpu)),
@@ -161,9 +163,9 @@ impl Report<'_> {
             "loadgenCpuUsPerDelivery": r2(per_delivery_us(own_cpu)),
             "latencyMs": {"n": lat.len(), "p50": p50, "p99": p99, "p999": p999, "max": quantile(&lat, 1.0)},
             "longestCommitGapMs": gap_ms,
-            "ackLatencyMs": latency_json(&self.shared.ack_latencies_us.borrow()),
-            "errors": self.shared.error_count.get(),
-            "firstErrors": *self.shared.errors.borrow(),
+            "ackLatencyMs": latency_json(&self.source.ack_latencies_us.borrow()),
+            "errors": self.run.error_count(),
+            "firstErrors": self.run.first_errors(),
             "services": services,
             "processes": processes,
         });
@@ -180,8 +182,8 @@ impl Report<'_> {
             per_delivery_us(service_cpu),
             service_cpu / secs,
             per_delivery_us(own_cpu),
-            self.shared.service_rss_anon_peak_kib.get() as f64 / 1024.0,
-            self.shared.error_count.get()
+            self.service_rss_anon_peak_kib as f64 / 1024.0,
+            self.run.error_count()
         );
         if self.services.len() > 1 || self.pid_files.len() > 1 {
             let by_service: Vec<String> = (j["services"].as_array().into_iter().flatten())

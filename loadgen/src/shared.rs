@@ -1,84 +1,41 @@
-//! State shared by the change source and the subscribers inside the generator's one thread:
-//! the run's phase, what was sent when, and the running counters the report is taken from
-//! (over all subscribers, and per service address of `--service`).
+//! State every thread of the generator shares (`Arc`, atomics): the run's phases, when each
+//! transaction was sent, how many subscribers have their `status`, and the errors seen. What
+//! one thread alone writes stays in that thread ([`crate::tally`], [`crate::upstream`]'s
+//! figures): only what truly crosses threads is here.
 
-use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 
+use crate::sent::SentTimes;
 use crate::workload::FIRST_SEQ;
 
-/// Everything one run's tasks share (`Rc`, one thread: no locks).
-pub struct Shared {
+/// Everything one run's threads share.
+pub struct Run {
     pub t0: Instant,
-    /// Live transactions flow once every subscriber has its `status`.
-    pub go: Cell<bool>,
-    pub go_changed: Notify,
-    /// Latencies and gaps are recorded only inside the measured window.
-    pub recording: Cell<bool>,
-    pub stop: Cell<bool>,
-    pub stop_changed: Notify,
-    /// Nanoseconds after `t0` at which transaction `FIRST_SEQ + i` left for the service.
-    sent_at: RefCell<Vec<u64>>,
-    /// Highest sequence number the service acked upstream (durably stored).
-    pub acked: Cell<u64>,
-    /// Transactions written upstream.
-    pub txns_sent: Cell<u64>,
-    /// Over all subscribers: frames, messages (payloads), `data` changes and commits received.
-    pub frames: Cell<u64>,
-    pub msgs: Cell<u64>,
-    pub changes: Cell<u64>,
-    pub commits: Cell<u64>,
-    pub subs_ready: Cell<usize>,
+    pub phases: Phases,
+    /// When each transaction left for the service, written by the change source and read by
+    /// every subscriber thread on each commit (lock-free).
+    sent: SentTimes,
+    subs_ready: AtomicUsize,
     pub subs_ready_changed: Notify,
-    /// Commit-to-receipt latencies (µs) and longest receipt gap (µs) inside the window.
-    pub latencies_us: RefCell<Vec<u32>>,
-    pub longest_gap_us: Cell<u64>,
-    /// Sent-to-acked latencies (µs) of the transactions acked inside the window.
-    pub ack_latencies_us: RefCell<Vec<u32>>,
-    pub errors: RefCell<Vec<String>>,
-    pub error_count: Cell<u64>,
-    /// Highest RssAnon of the service process seen so far (KiB), sampled every 100 ms.
-    pub service_rss_anon_peak_kib: Cell<u64>,
-    /// The same `data` changes and latencies, split by the service address the subscriber
-    /// reads from (the index in `--service`'s list).
-    pub per_service: Vec<PerService>,
+    /// Rare (a broken rule ends a subscription), so a lock is cheap here; kept in the order seen.
+    errors: Mutex<Vec<String>>,
+    error_count: AtomicU64,
 }
 
-/// What the subscribers of one service address received.
-#[derive(Default)]
-pub struct PerService {
-    pub changes: Cell<u64>,
-    pub latencies_us: RefCell<Vec<u32>>,
-}
-
-impl Shared {
-    /// The state of a run whose subscribers read from `services` service addresses.
-    pub fn new(services: usize) -> Self {
-        Shared {
+impl Run {
+    pub fn new() -> Self {
+        Run {
             t0: Instant::now(),
-            go: Cell::new(false),
-            go_changed: Notify::new(),
-            recording: Cell::new(false),
-            stop: Cell::new(false),
-            stop_changed: Notify::new(),
-            sent_at: RefCell::new(Vec::new()),
-            acked: Cell::new(FIRST_SEQ),
-            txns_sent: Cell::new(0),
-            frames: Cell::new(0),
-            msgs: Cell::new(0),
-            changes: Cell::new(0),
-            commits: Cell::new(0),
-            subs_ready: Cell::new(0),
+            phases: Phases::new(),
+            sent: SentTimes::new(),
+            subs_ready: AtomicUsize::new(0),
             subs_ready_changed: Notify::new(),
-            latencies_us: RefCell::new(Vec::new()),
-            longest_gap_us: Cell::new(0),
-            ack_latencies_us: RefCell::new(Vec::new()),
-            errors: RefCell::new(Vec::new()),
-            error_count: Cell::new(0),
-            service_rss_anon_peak_kib: Cell::new(0),
-            per_service: (0..services).map(|_| PerService::default()).collect(),
+            errors: Mutex::new(Vec::new()),
+            error_count: AtomicU64::new(0),
         }
     }
 
@@ -86,57 +43,124 @@ impl Shared {
         self.t0.elapsed()
     }
 
-    /// Notes that transactions `from..=to` were flushed to the service's socket now.
+    /// Notes that transactions `from..=to` are written to the service's socket now (just
+    /// before the write, so that no subscriber thread can receive one still untimed).
     pub fn mark_sent(&self, from: u64, to: u64) {
         let now = self.since_t0().as_nanos() as u64;
-        let mut sent = self.sent_at.borrow_mut();
-        for seq in from..=to {
-            let i = (seq - FIRST_SEQ) as usize;
-            if sent.len() <= i {
-                sent.resize(i + 1, 0);
-            }
-            sent[i] = now;
+        for seq in from.max(FIRST_SEQ)..=to {
+            self.sent.set((seq - FIRST_SEQ) as usize, now);
         }
-    }
-
-    /// The service acked every transaction up to `seq` now (above [`Shared::acked`]).
-    pub fn acked_now(&self, seq: u64) {
-        if self.recording.get() {
-            let now = self.since_t0();
-            let mut lat = self.ack_latencies_us.borrow_mut();
-            for s in self.acked.get() + 1..=seq {
-                if let Some(sent) = self.sent_at(s) {
-                    let us = now.saturating_sub(sent).as_micros();
-                    lat.push(us.min(u32::MAX as u128) as u32);
-                }
-            }
-        }
-        self.acked.set(seq);
     }
 
     /// When transaction `seq` left for the service, if it did.
     pub fn sent_at(&self, seq: u64) -> Option<Duration> {
         let i = seq.checked_sub(FIRST_SEQ)? as usize;
-        self.sent_at
-            .borrow()
-            .get(i)
-            .filter(|&&t| t > 0)
-            .map(|&t| Duration::from_nanos(t))
+        self.sent.get(i).map(Duration::from_nanos)
+    }
+
+    /// One more subscriber has its `status` (on whichever thread).
+    pub fn sub_ready(&self) {
+        self.subs_ready.fetch_add(1, Ordering::AcqRel);
+        self.subs_ready_changed.notify_one();
+    }
+
+    pub fn subs_ready(&self) -> usize {
+        self.subs_ready.load(Ordering::Acquire)
     }
 
     /// A broken rule seen by the change source or a subscriber; the first few are kept verbatim.
     pub fn error(&self, e: String) {
-        self.error_count.set(self.error_count.get() + 1);
-        let mut errs = self.errors.borrow_mut();
+        self.error_count.fetch_add(1, Ordering::AcqRel);
+        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errs.len() < 10 {
             eprintln!("loadgen: error: {e}");
             errs.push(e);
         }
     }
+
+    pub fn error_count(&self) -> u64 {
+        self.error_count.load(Ordering::Acquire)
+    }
+
+    /// The first errors, verbatim.
+    pub fn first_errors(&self) -> Vec<String> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The run's phases, set by the main thread and seen by every thread: flags cheap enough to
+/// read on each message, and a watch to wait on (no wake-up lost between reading a flag and
+/// starting to wait, as a `Notify` woken from another thread could).
+pub struct Phases {
+    /// Live transactions flow once every subscriber has its `status`.
+    go: AtomicBool,
+    /// Latencies and gaps are recorded only inside the measured window.
+    recording: AtomicBool,
+    stop: AtomicBool,
+    changed: watch::Sender<()>,
+}
+
+impl Phases {
+    fn new() -> Self {
+        Phases {
+            go: AtomicBool::new(false),
+            recording: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            changed: watch::Sender::new(()),
+        }
+    }
+
+    pub fn go(&self) -> bool {
+        self.go.load(Ordering::Acquire)
+    }
+
+    pub fn recording(&self) -> bool {
+        self.recording.load(Ordering::Acquire)
+    }
+
+    pub fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    pub fn start(&self) {
+        self.set(&self.go, true);
+    }
+
+    pub fn record(&self, on: bool) {
+        self.set(&self.recording, on);
+    }
+
+    pub fn stop(&self) {
+        self.set(&self.stop, true);
+    }
+
+    fn set(&self, flag: &AtomicBool, on: bool) {
+        flag.store(on, Ordering::Release);
+        self.changed.send_replace(());
+    }
+
+    /// A receiver that sees every phase change made after this call.
+    pub fn watch(&self) -> watch::Receiver<()> {
+        self.changed.subscribe()
+    }
+
+    /// Waits until `done` holds of the phases.
+    pub async fn until(&self, done: impl Fn(&Phases) -> bool) {
+        let mut changed = self.watch();
+        while !done(self) {
+            if changed.changed().await.is_err() {
+                return;
+            }
+        }
+    }
 }
 
 /// How the subscribers reach the service: the secret they present (`--secret`) and, for a
-/// `wss://` `--service`, the roots they trust (`--ca-file`).
+/// `wss://` `--service`, the roots they trust (`--ca-file`). Each thread has its copy.
+#[derive(Clone)]
 pub struct ServiceAccess {
     pub secret: Option<String>,
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
@@ -163,5 +187,45 @@ impl ServiceAccess {
         .with_root_certificates(roots)
         .with_no_client_auth();
         Ok(std::sync::Arc::new(config))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_phase_set_on_another_thread_wakes_a_waiter() {
+        let run = std::sync::Arc::new(Run::new());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let setter = {
+            let run = run.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20));
+                run.phases.start();
+                run.phases.stop();
+            })
+        };
+        rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(5), run.phases.until(Phases::stopped))
+                .await
+                .unwrap();
+        });
+        setter.join().unwrap();
+        assert!(run.phases.go() && !run.phases.recording());
+    }
+
+    #[test]
+    fn sent_times_are_read_back_by_sequence_number() {
+        let run = Run::new();
+        assert_eq!(run.sent_at(FIRST_SEQ), None);
+        run.mark_sent(FIRST_SEQ, FIRST_SEQ + 2);
+        let t = run.sent_at(FIRST_SEQ + 1).unwrap();
+        assert_eq!(run.sent_at(FIRST_SEQ), Some(t));
+        assert_eq!(run.sent_at(FIRST_SEQ + 3), None);
+        assert_eq!(run.sent_at(FIRST_SEQ - 1), None);
     }
 }

@@ -6,6 +6,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
@@ -14,7 +15,7 @@ use tokio::sync::Notify;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::shared::Shared;
+use crate::shared::Run;
 use crate::workload::{frame_watermark, initial_sync, live_tx, parse_lexi, FIRST_SEQ};
 
 /// How transactions are paced.
@@ -41,10 +42,46 @@ pub struct SourceConfig {
 /// Transactions written per socket flush at most (one write for many frames).
 const MAX_BATCH: u64 = 32;
 
+/// The change source's figures (main thread only: `Rc`, `Cell`).
+pub struct SourceStats {
+    /// Highest sequence number the service acked upstream (durably stored).
+    pub acked: Cell<u64>,
+    /// Transactions written upstream.
+    pub txns_sent: Cell<u64>,
+    /// Sent-to-acked latencies (µs) of the transactions acked inside the window.
+    pub ack_latencies_us: RefCell<Vec<u32>>,
+}
+
+impl SourceStats {
+    pub fn new() -> Self {
+        SourceStats {
+            acked: Cell::new(FIRST_SEQ),
+            txns_sent: Cell::new(0),
+            ack_latencies_us: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The service acked every transaction up to `seq` now (above [`SourceStats::acked`]).
+    fn acked_now(&self, run: &Run, seq: u64) {
+        if run.phases.recording() {
+            let now = run.since_t0();
+            let mut lat = self.ack_latencies_us.borrow_mut();
+            for s in self.acked.get() + 1..=seq {
+                if let Some(sent) = run.sent_at(s) {
+                    let us = now.saturating_sub(sent).as_micros();
+                    lat.push(us.min(u32::MAX as u128) as u32);
+                }
+            }
+        }
+        self.acked.set(seq);
+    }
+}
+
 /// Accepts the service's connections; a new one replaces the previous (a reconnect).
 pub async fn serve(
     listener: TcpListener,
-    shared: Rc<Shared>,
+    run: Arc<Run>,
+    stats: Rc<SourceStats>,
     cfg: SourceConfig,
     go_at: Rc<Cell<Option<Instant>>>,
 ) {
@@ -52,9 +89,9 @@ pub async fn serve(
         let Ok((tcp, _)) = listener.accept().await else {
             continue;
         };
-        let (shared, cfg, go_at) = (shared.clone(), cfg.clone(), go_at.clone());
+        let (run, stats, cfg, go_at) = (run.clone(), stats.clone(), cfg.clone(), go_at.clone());
         tokio::task::spawn_local(async move {
-            if let Err(e) = connection(tcp, &shared, &cfg, &go_at).await {
+            if let Err(e) = connection(tcp, &run, &stats, &cfg, &go_at).await {
                 eprintln!("loadgen: upstream connection ended: {e}");
             }
         });
@@ -65,7 +102,8 @@ pub async fn serve(
 #[allow(clippy::result_large_err)]
 async fn connection(
     tcp: TcpStream,
-    shared: &Rc<Shared>,
+    run: &Arc<Run>,
+    stats: &Rc<SourceStats>,
     cfg: &SourceConfig,
     go_at: &Rc<Cell<Option<Instant>>>,
 ) -> Result<(), tokio_tungstenite::tungstenite::Error> {
@@ -91,15 +129,16 @@ async fn connection(
         Some(w) => match parse_lexi(w) {
             Some(seq) => seq,
             None => {
-                shared.error(format!("upstream: lastWatermark {w} is not a LexiVersion"));
+                run.error(format!("upstream: lastWatermark {w} is not a LexiVersion"));
                 return Ok(());
             }
         },
         None => FIRST_SEQ - 1,
     };
-    shared.acked.set(resume);
+    stats.acked.set(resume);
     {
-        let (shared, closed, wake) = (shared.clone(), closed.clone(), wake.clone());
+        let (run, stats) = (run.clone(), stats.clone());
+        let (closed, wake) = (closed.clone(), wake.clone());
         tokio::task::spawn_local(async move {
             while let Some(Ok(m)) = stream.next().await {
                 let Message::Text(t) = m else { continue };
@@ -107,12 +146,12 @@ async fn connection(
                     continue;
                 }
                 match frame_watermark(t.as_str()).and_then(parse_lexi) {
-                    Some(seq) if seq > shared.acked.get() => {
-                        shared.acked_now(seq);
+                    Some(seq) if seq > stats.acked.get() => {
+                        stats.acked_now(&run, seq);
                         wake.notify_one();
                     }
                     Some(_) => {}
-                    None => shared.error(format!("upstream: ack without a LexiVersion: {t}")),
+                    None => run.error(format!("upstream: ack without a LexiVersion: {t}")),
                 }
             }
             closed.set(true);
@@ -126,27 +165,28 @@ async fn connection(
             sink.feed(Message::text(f)).await?;
         }
         sink.flush().await?;
-        shared.mark_sent(FIRST_SEQ, FIRST_SEQ);
+        run.mark_sent(FIRST_SEQ, FIRST_SEQ);
         next = FIRST_SEQ + 1;
     }
-    while !shared.go.get() {
+    let mut phase_changed = run.phases.watch();
+    while !run.phases.go() {
         if closed.get() {
             return Ok(());
         }
         tokio::select! {
-            _ = shared.go_changed.notified() => {}
+            _ = phase_changed.changed() => {}
             _ = wake.notified() => {}
         }
     }
     let start = go_at.get().unwrap_or_else(Instant::now);
-    let mut frames = Vec::with_capacity(cfg.changes + 2);
-    while !shared.stop.get() && !closed.get() {
-        let in_flight = (next - 1).saturating_sub(shared.acked.get());
+    let mut frames = Vec::with_capacity((cfg.changes + 2) * MAX_BATCH as usize);
+    while !run.phases.stopped() && !closed.get() {
+        let in_flight = (next - 1).saturating_sub(stats.acked.get());
         let room = cfg.window.saturating_sub(in_flight);
         let due = match cfg.pace {
             Pace::Saturate => room,
             Pace::Rate(r) => {
-                ((r * start.elapsed().as_secs_f64()) as u64).saturating_sub(shared.txns_sent.get())
+                ((r * start.elapsed().as_secs_f64()) as u64).saturating_sub(stats.txns_sent.get())
             }
         };
         let n = room.min(due).min(MAX_BATCH);
@@ -154,7 +194,7 @@ async fn connection(
             match cfg.pace {
                 Pace::Rate(r) if room > 0 => {
                     let at =
-                        start + Duration::from_secs_f64((shared.txns_sent.get() + 1) as f64 / r);
+                        start + Duration::from_secs_f64((stats.txns_sent.get() + 1) as f64 / r);
                     tokio::time::sleep_until(at.into()).await;
                 }
                 _ => {
@@ -168,13 +208,15 @@ async fn connection(
         }
         for seq in next..next + n {
             live_tx(seq, cfg.changes, &cfg.filler, &mut frames);
-            for f in frames.drain(..) {
-                sink.feed(Message::text(f)).await?;
-            }
+        }
+        // Timed once the frames are made, before their first byte is written: a subscriber on
+        // another thread may read a commit before this thread runs again after the write.
+        run.mark_sent(next, next + n - 1);
+        for f in frames.drain(..) {
+            sink.feed(Message::text(f)).await?;
         }
         sink.flush().await?;
-        shared.mark_sent(next, next + n - 1);
-        shared.txns_sent.set(shared.txns_sent.get() + n);
+        stats.txns_sent.set(stats.txns_sent.get() + n);
         next += n;
     }
     Ok(())

@@ -142,9 +142,16 @@ pub fn live_tx(seq: u64, changes: usize, s: &str, out: &mut Vec<String>) {
 
 /// The watermark of a `begin`, `commit` or `status` frame: the string value of the last
 /// `...atermark"` key (`commitWatermark` or `watermark`), read without parsing the whole frame.
+/// The key is looked for from the end a window at a time: it sits a few bytes before the end,
+/// and `str::rfind` would first build a searcher (twice per transaction per subscriber).
 pub fn frame_watermark(frame: &str) -> Option<&str> {
-    let key = frame.rfind("atermark\":\"")? + "atermark\":\"".len();
-    let rest = frame.get(key..)?;
+    const KEY: &[u8] = b"atermark\":\"";
+    let at = frame
+        .as_bytes()
+        .windows(KEY.len())
+        .rposition(|w| w == KEY)?
+        + KEY.len();
+    let rest = frame.get(at..)?;
     rest.get(..rest.find('"')?)
 }
 
