@@ -15,8 +15,10 @@
 //! still needs (PROTOCOL.md §14.1), and a standby checks, even when answered from memory, that
 //! nothing was purged past the position asked for ([`super::reader`]).
 //!
-//! Bounded in bytes: [`KEPT_BYTES`] over all reads kept, the oldest forgotten first; a read
-//! larger than a quarter of it is not kept.
+//! Bounded in bytes and in count: [`KEPT_BYTES`] over all reads kept and [`KEPT_READS`] reads,
+//! the oldest forgotten first (the count keeps each lookup, a scan, short however small the
+//! reads: a follower's are a commit group each); a read larger than a quarter of the bytes is
+//! not kept.
 
 use std::collections::VecDeque;
 
@@ -25,6 +27,9 @@ use super::types::StoredChange;
 
 /// The bytes of rows kept at most, over all reads kept.
 pub(super) const KEPT_BYTES: usize = 16 << 20;
+
+/// The reads kept at most.
+pub(super) const KEPT_READS: usize = 32;
 
 /// What a row is counted as beyond its JSON text: its watermark, position and the vector's slot.
 const ROW_OVERHEAD: usize = 64;
@@ -54,9 +59,12 @@ impl ReadCache {
         if rows.is_empty() || bytes > KEPT_BYTES / 4 {
             return;
         }
-        self.kept.retain(|e| e.query != *q);
-        self.bytes = self.kept.iter().map(|e| e.bytes).sum();
-        while self.bytes + bytes > KEPT_BYTES {
+        if let Some(i) = self.kept.iter().position(|e| e.query == *q) {
+            if let Some(e) = self.kept.remove(i) {
+                self.bytes -= e.bytes;
+            }
+        }
+        while self.bytes + bytes > KEPT_BYTES || self.kept.len() >= KEPT_READS {
             match self.kept.pop_front() {
                 Some(e) => self.bytes -= e.bytes,
                 None => break,
@@ -145,6 +153,17 @@ mod tests {
         assert_eq!(cache.answer(&q(5, 9, 200)), Some(rows(6, 9)));
         assert_eq!(cache.answer(&q(5, 8, 200)), Some(rows(6, 8)));
         assert_eq!(cache.answer(&q(5, 10, 200)), None);
+    }
+
+    #[test]
+    fn at_most_kept_reads_are_kept_the_oldest_forgotten() {
+        let mut cache = ReadCache::default();
+        for n in 0..(KEPT_READS as u64 + 5) {
+            cache.keep(&q(n, 100, 2), &rows(n + 1, n + 1));
+        }
+        assert_eq!(cache.kept.len(), KEPT_READS);
+        assert_eq!(cache.answer(&q(4, 100, 2)), None);
+        assert!(cache.answer(&q(5, 100, 2)).is_some());
     }
 
     #[test]
