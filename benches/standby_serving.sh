@@ -26,6 +26,9 @@
 #   cs_bench_standby_<pid>_<case>_<run>) BIN=path/to/change-streamer (another build)
 #   OWNER_FLAGS=… STANDBY_FLAGS=… (more flags of the owner, of both standbys; for experiments,
 #   e.g. STANDBY_FLAGS=--standby-serves=false: standbys that follow nothing)
+#   STANDBY_NICE=19 (the standbys run under `nice -n 19`: on this one box, a stand-in for
+#   standbys on hosts of their own, so that what they cost the owner is, as there, mostly what
+#   their reads cost the change DB; the load generator's subscribers are not niced)
 #
 # With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
 # make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
@@ -79,7 +82,7 @@ ready() {
 # generator ended (one that could not start leaves another to own the change DB).
 run() {
   local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
-  local up dir db lg rc=0 n urls=() pids=() batched=() end flags sampler roles
+  local up dir db lg rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
   local -A port pid
   dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
   db=cs_bench_standby_$$_${tag//-/_}
@@ -100,7 +103,8 @@ run() {
   for n in owner sb1 sb2; do
     if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
     # shellcheck disable=SC2086 # the flags are words
-    RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
+    nice=(); [[ $n != owner && -n ${STANDBY_NICE:-} ]] && nice=(nice -n "$STANDBY_NICE")
+    RUST_LOG=${RUST_LOG:-warn} "${nice[@]}" "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
       --change-db "$PG/$db" --upstream ws://127.0.0.1:"$up"/changes $flags > "$dir/$n.log" 2>&1 &
     pid[$n]=$!
     ready "${pid[$n]}" "${port[$n]}" "$([[ $flags == *standby-serves=false* ]] && echo standby || echo ready)" || true

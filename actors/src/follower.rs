@@ -356,13 +356,15 @@ impl Follower {
 fn message(row: StoredChange) -> UpstreamMessage {
     match row.kind {
         ChangeKind::Begin => UpstreamMessage::Begin {
-            payload: row.json,
+            payload: row.json.to_string(),
             commit_watermark: row.watermark,
             skip_ack: true,
         },
-        ChangeKind::Data => UpstreamMessage::Data { payload: row.json },
+        ChangeKind::Data => UpstreamMessage::Data {
+            payload: row.json.to_string(),
+        },
         ChangeKind::Commit => UpstreamMessage::Commit {
-            payload: row.json,
+            payload: row.json.to_string(),
             watermark: row.watermark,
         },
     }

@@ -78,8 +78,10 @@ pub struct StoredChange {
     pub watermark: Watermark,
     pub pos: i64,
     pub kind: ChangeKind,
-    /// The JSON text of the message's second element.
-    pub json: String,
+    /// The JSON text of the message's second element. Shared (`Arc`): a read kept in memory
+    /// answers many subscribers' catch-ups with the same rows, and cloning a row must not
+    /// copy its text.
+    pub json: Arc<str>,
 }
 
 /// A whole committed transaction: its commit watermark and its messages, begin to commit.

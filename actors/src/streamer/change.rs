@@ -55,21 +55,58 @@ pub fn is_v5_only(payload: &str) -> bool {
         .is_some_and(|t| t == V5_ONLY_TAG)
 }
 
+thread_local! {
+    /// Where [`shared_concat`] puts a message together before its one shared copy.
+    static SCRATCH: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
+/// The most [`SCRATCH`] keeps between messages.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
+/// `parts` joined, as one `Arc<str>`.
+///
+/// Why: every change's message is built once per change live, and once per change and
+/// subscriber in a catch-up, so its cost is per delivery there. `format!` and then
+/// `Arc::from` allocate twice and copy twice (once through the formatting machinery); joining
+/// into a buffer this thread keeps allocates only the shared copy.
+fn shared_concat(parts: &[&str]) -> Arc<str> {
+    SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
+        Ok(mut buf) => {
+            buf.clear();
+            parts.iter().for_each(|p| buf.push_str(p));
+            let message = Arc::from(buf.as_str());
+            if buf.capacity() > SCRATCH_KEPT {
+                // One large change must not keep its size in memory for good.
+                *buf = String::new();
+            }
+            message
+        }
+        // Not reached (nothing here calls itself); joined without the buffer all the same.
+        Err(_) => Arc::from(parts.concat()),
+    })
+}
+
 impl Change {
     pub fn new(kind: Kind, watermark: Watermark, pos: i64, payload: &str) -> Change {
         let w = watermark.as_str();
-        let message = match kind {
-            Kind::Begin => format!(r#"["begin",{payload},{{"commitWatermark":"{w}"}}]"#),
-            Kind::Data => format!(r#"["data",{payload}]"#),
-            Kind::Commit => format!(r#"["commit",{payload},{{"watermark":"{w}"}}]"#),
-            Kind::Rollback => format!(r#"["rollback",{payload}]"#),
+        let parts = match kind {
+            Kind::Begin => [
+                r#"["begin","#,
+                payload,
+                r#",{"commitWatermark":""#,
+                w,
+                r#""}]"#,
+            ],
+            Kind::Data => [r#"["data","#, payload, "]", "", ""],
+            Kind::Commit => [r#"["commit","#, payload, r#",{"watermark":""#, w, r#""}]"#],
+            Kind::Rollback => [r#"["rollback","#, payload, "]", "", ""],
         };
         Change {
             needs_v5: kind == Kind::Data && is_v5_only(payload),
+            message: shared_concat(&parts),
             watermark,
             pos,
             kind,
-            message: Arc::from(message),
             payload_len: payload.len(),
         }
     }

@@ -116,7 +116,7 @@ mod tests {
                     watermark: w(n),
                     pos,
                     kind,
-                    json: format!("{{\"n\":{n}}}"),
+                    json: format!("{{\"n\":{n}}}").into(),
                 })
             })
             .collect()
@@ -172,7 +172,7 @@ mod tests {
         let big: Vec<StoredChange> = rows(1, 1)
             .into_iter()
             .map(|mut r| {
-                r.json = "x".repeat(KEPT_BYTES / 32);
+                r.json = "x".repeat(KEPT_BYTES / 32).into();
                 r
             })
             .collect();
@@ -187,7 +187,7 @@ mod tests {
         );
         assert!(cache.answer(&q(19, 100, 2)).is_some());
         let huge = vec![StoredChange {
-            json: "x".repeat(KEPT_BYTES / 2),
+            json: "x".repeat(KEPT_BYTES / 2).into(),
             ..big[0].clone()
         }];
         cache.keep(&q(50, 100, 2), &huge);

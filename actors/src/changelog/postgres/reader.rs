@@ -18,7 +18,7 @@
 //! made again, in a new snapshot that no longer lists it.
 
 use std::collections::HashMap;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use log::warn;
 use tokio::runtime::Runtime;
@@ -245,7 +245,7 @@ impl Conn {
                     watermark: parse_watermark(r.get(0))?,
                     pos: r.get(1),
                     kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
-                    json: r.get(3),
+                    json: Arc::from(r.get::<_, &str>(3)),
                 });
             }
             if out.len() >= *limit {

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use rusqlite::{params, Connection};
 
@@ -79,7 +79,7 @@ fn read_range(
                     r.get::<_, String>(0)?,
                     r.get::<_, i64>(1)?,
                     r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
+                    r.get::<_, Arc<str>>(3)?,
                 ))
             },
         )?;

@@ -27,7 +27,7 @@ async fn stores_reads_and_survives_reopen(store: Store) {
             .unwrap();
         assert_eq!(all.len(), 3);
         assert_eq!(all[0].kind, ChangeKind::Begin);
-        assert_eq!(all[1].json, r#"{"tag":"insert","n":101,"i":0}"#);
+        assert_eq!(&*all[1].json, r#"{"tag":"insert","n":101,"i":0}"#);
     }
     let log = store.open().await;
     let s = log.stats().await.unwrap();
