@@ -26,9 +26,11 @@
 #   cs_bench_standby_<pid>_<case>_<run>) BIN=path/to/change-streamer (another build)
 #   OWNER_FLAGS=… STANDBY_FLAGS=… (more flags of the owner, of both standbys; for experiments,
 #   e.g. STANDBY_FLAGS=--standby-serves=false: standbys that follow nothing)
-#   STANDBY_NICE=19 (the standbys run under `nice -n 19`: on this one box, a stand-in for
-#   standbys on hosts of their own, so that what they cost the owner is, as there, mostly what
-#   their reads cost the change DB; the load generator's subscribers are not niced)
+#   STANDBY_NICE=19 (the standbys run under `nice -n 19`) and SUBS_NICE=19 (the subscribers
+#   run in a second load generator process, under `nice -n 19`, the first keeping the change
+#   source alone): on this one box, stand-ins for standbys and replicas on hosts of their own,
+#   so that what they cost the owner is, as there, mostly what the standbys' reads cost the
+#   change DB. The two generators' reports are merged into one line per run.
 #
 # With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
 # make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
@@ -82,7 +84,7 @@ ready() {
 # generator ended (one that could not start leaves another to own the change DB).
 run() {
   local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
-  local up dir db lg rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
+  local up dir db lg lgs='' lg_subs rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
   local -A port pid
   dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
   db=cs_bench_standby_$$_${tag//-/_}
@@ -94,11 +96,21 @@ run() {
   sampler=$!
   for n in ${serves//,/ }; do urls+=("ws://127.0.0.1:${port[$n]}"); done
   [[ $FRAMING == batched ]] && batched=(--batched)
+  lg_subs=$subs
+  [[ -n ${SUBS_NICE:-} && $subs != 0 ]] && lg_subs=0
   "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$up" \
     --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
-    --subs "$subs" --rate "$rate" --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
+    --subs "$lg_subs" --rate "$rate" --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
     > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
   lg=$!
+  if [[ $lg_subs != "$subs" ]]; then
+    # The subscribers alone, niced; its change source listens where no service connects.
+    nice -n "$SUBS_NICE" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$(free_port)" \
+      --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
+      --subs "$subs" --rate 0 --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
+      > "$dir/loadgen-subs.out" 2> "$dir/loadgen-subs.err" &
+    lgs=$!
+  fi
   # The owner first (it takes the change DB's lock), then the standbys once it is ready.
   for n in owner sb1 sb2; do
     if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
@@ -111,6 +123,25 @@ run() {
     echo "${pid[$n]}" > "$dir/$n.pid"
   done
   wait "$lg" || rc=$?
+  if [[ -n $lgs ]]; then
+    wait "$lgs" || rc=$?
+    # One line: the subscribers' figures, the owner's ingest and the change source's side
+    # from the first generator, both generators' CPU.
+    python3 - "$dir/loadgen.out" "$dir/loadgen-subs.out" > "$dir/loadgen.merged" <<'PY' || rc=2
+import json, sys
+src, subs = ([json.loads(l) for l in open(p) if l.startswith("{")][0] for p in sys.argv[1:3])
+for k in ("storedTxnsPerS", "upstreamTxnsPerS", "ackLatencyMs", "targetTxnsPerS", "processes",
+          "serviceCpuS", "serviceCores"):
+    subs[k] = src[k]
+subs["loadgenCpuS"] = src["loadgenCpuS"] + subs["loadgenCpuS"]
+d = subs["deliveriesPerS"] * subs["seconds"]
+subs["serviceCpuUsPerDelivery"] = subs["serviceCpuS"] * 1e6 / d if d else None
+for p in subs["processes"]:
+    p["cpuUsPerDelivery"] = p["cpuS"] * 1e6 / d if d else None
+print(json.dumps(subs))
+PY
+    mv "$dir/loadgen.merged" "$dir/loadgen.out"
+  fi
   end=$(date -u -d @$(($(date +%s) - 2)) +%FT%TZ)
   kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
   roles=$(for n in owner sb1 sb2; do
