@@ -6,29 +6,21 @@
 //! and every later change reaches it live (kept in a backlog until catch-up ends). So each
 //! transaction reaches it exactly once, by storage or live, never both, never neither.
 //!
-//! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
-//! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
-//! `--max-subscriber-queue-changes` and `--max-subscriber-queue-bytes`, and all subscribers
-//! together within `--max-queued-bytes`. Catch-up reads only as many rows as there is room for,
-//! sends only as many bytes, and reads on as acks make room. A live subscriber that runs out of room in the middle of a
-//! transaction gets nothing more of it; at the transaction's end it goes back to catch-up from
-//! the last change it was sent (its *position*), so the change log supplies the rest. A
-//! backlog that runs out of room is dropped whole at the transaction's end and the catch-up's
-//! target moves up to read it from storage. Either way nothing is skipped (the position and
-//! the target cover it) and nothing repeats (a change is sent only past the last commit sent).
+//! What a subscriber does once activated, catch-up and back to catch-up, is in
+//! [`catchup`](super::catchup).
 
 use std::sync::Arc;
 
 use actix::prelude::*;
 use log::info;
 
-use super::change::Change;
+use super::catchup::Catchup;
 use super::follow::RecordSubscribers;
-use super::session_messages::{ToSession, Token};
-use super::subscriber::{Delivery, Mode, Phase, Subscriber};
+use super::session_messages::ToSession;
+use super::subscriber::{Mode, Phase, Subscriber};
 use super::Streamer;
-use crate::changelog::{ChangeLogError, LogStats, StoredChange};
-use crate::session_end::{SessionEnd, SessionId};
+use crate::changelog::{ChangeLogError, LogStats};
+use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 use futures_util::future::LocalBoxFuture;
 
@@ -78,45 +70,6 @@ impl SubscribeError {
             SubscribeError::WrongReplicaVersion { .. } => Some(1),
             SubscribeError::WatermarkTooOld { .. } => Some(2),
             _ => None,
-        }
-    }
-}
-
-/// Rows of the first catch-up read of a subscriber, before their size is known: reads are
-/// sized from the byte room and the size of the rows read before, so that a change log of
-/// large changes is not read 2,000 rows at a time only to send a few of them.
-const FIRST_READ_ROWS: usize = 16;
-
-/// What a subscriber that holds nothing may read past the global budget, so that a healthy
-/// subscriber moved to catch-up while stalled ones fill the budget still progresses.
-const BUDGET_ALLOWANCE: u64 = 64 * 1024;
-
-/// Where a catch-up stands.
-pub(super) struct Catchup {
-    after: (Watermark, i64),
-    pub(super) up_to: Watermark,
-    /// The catch-up batch whose last frame's ack is awaited.
-    pub(super) waiting_batch: Option<u64>,
-    /// A read (or its durability barrier) is out.
-    pub(super) reading: bool,
-    /// `up_to` moved past what the last barrier covered: wait for durability before reading.
-    needs_barrier: bool,
-    /// Mean bytes of a message of the last read, to size the next one; `None` before any.
-    row_bytes: Option<u64>,
-}
-
-impl Catchup {
-    /// Reads the stored transactions after `after` up to `up_to`, once they are durable.
-    fn new(after: (Watermark, i64), up_to: Watermark) -> Catchup {
-        Catchup {
-            after,
-            up_to,
-            waiting_batch: None,
-            reading: false,
-            // Everything up to `up_to` was queued on the change log before this point: the
-            // first read waits until it is durable.
-            needs_barrier: true,
-            row_bytes: None,
         }
     }
 }
@@ -278,244 +231,4 @@ impl Streamer {
             }
         }
     }
-
-    /// Reads the next catch-up batch, after a durability barrier when the target moved, and
-    /// only as many rows as the subscriber has room for; with no room, the acks that make
-    /// some call it again ([`SessionProgress`](super::SessionProgress)).
-    pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let global_room = self.catchup_global_room(session_id);
-        let at_boundary = self.txn.is_none();
-        let last_commit = self.last_commit.clone();
-        let (Some(sub), Some(c)) = (
-            self.subscribers.get_mut(&session_id),
-            self.catchup.get_mut(&session_id),
-        ) else {
-            return;
-        };
-        if c.reading || c.waiting_batch.is_some() {
-            return;
-        }
-        let full = sub.room() == 0 || sub.byte_room(u64::MAX) == 0;
-        if full && sub.in_flight() == 0 && at_boundary {
-            // Its backlog alone fills its room and no ack will come to make more: read the
-            // backlog's transactions from storage instead.
-            if let Some(last) = last_commit {
-                drop_backlog(sub, c, last);
-            }
-        }
-        if std::mem::take(&mut c.needs_barrier) {
-            c.reading = true;
-            let barrier = self.log.barrier();
-            ctx.spawn(
-                barrier
-                    .into_actor(self)
-                    .map(move |res, act, ctx| match res {
-                        Ok(()) => {
-                            if let Some(c) = act.catchup.get_mut(&session_id) {
-                                c.reading = false;
-                            }
-                            act.read_catchup(ctx, session_id)
-                        }
-                        Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
-                    }),
-            );
-            return;
-        }
-        let room = sub.room();
-        let byte_room = sub.byte_room(global_room);
-        if room == 0 || (byte_room == 0 && sub.held_bytes() > 0) {
-            return;
-        }
-        let rows = match c.row_bytes {
-            Some(size) => (byte_room / size.max(1)).max(1) as usize,
-            None => FIRST_READ_ROWS,
-        };
-        c.reading = true;
-        let up_to = c.up_to.clone();
-        let read = self.log.read(
-            c.after.clone(),
-            up_to.clone(),
-            self.cfg.catchup_batch.min(room).min(rows),
-        );
-        ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
-            Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
-            Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
-        }));
-    }
-
-    /// What `--max-queued-bytes` leaves for the catch-up of `session_id`; a subscriber that
-    /// holds nothing may read [`BUDGET_ALLOWANCE`] past it.
-    fn catchup_global_room(&self, session_id: SessionId) -> u64 {
-        let room = (self.cfg.max_queued_bytes as u64).saturating_sub(self.queued_bytes());
-        match self.subscribers.get(&session_id) {
-            Some(sub) if sub.held_bytes() == 0 => room.max(BUDGET_ALLOWANCE),
-            _ => room,
-        }
-    }
-
-    fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
-        self.close_subscriber(
-            ctx,
-            session_id,
-            SessionEnd::Unavailable(format!("catch-up failed: {e}")),
-        );
-    }
-
-    /// Keeps what subscribers hold within [`StreamerConfig::max_queue_changes`] at a
-    /// transaction boundary (see the module documentation): a live subscriber that overflowed
-    /// in the transaction just ended goes back to catch-up from its position; a catching-up
-    /// one whose backlog overflowed drops it and reads up to the last commit instead.
-    ///
-    /// [`StreamerConfig::max_queue_changes`]: super::StreamerConfig::max_queue_changes
-    pub(super) fn bound_queues(&mut self, ctx: &mut Context<Self>) {
-        let Some(last) = self.last_commit.clone() else {
-            return;
-        };
-        let now = self.now_ms();
-        let mut read = Vec::new();
-        for sub in self.subscribers.values_mut() {
-            if !std::mem::take(&mut sub.overflowed) {
-                continue;
-            }
-            match sub.phase {
-                Phase::Live if sub.position.0 <= last => {
-                    info!(
-                        "subscriber {} holds {} unacked change(s); reading from the change log after watermark={} pos={} up to {last}",
-                        sub.id,
-                        sub.held(),
-                        sub.position.0,
-                        sub.position.1
-                    );
-                    sub.phase = Phase::CatchingUp;
-                    sub.behind_since = Some(now);
-                    sub.flush(now, &self.shared);
-                    self.catchup.insert(
-                        sub.session_id,
-                        Catchup::new(sub.position.clone(), last.clone()),
-                    );
-                    read.push(sub.session_id);
-                }
-                Phase::CatchingUp => {
-                    if let Some(c) = self.catchup.get_mut(&sub.session_id) {
-                        drop_backlog(sub, c, last.clone());
-                        read.push(sub.session_id);
-                    }
-                }
-                // A live subscriber whose transaction was rolled back missed nothing stored.
-                _ => {}
-            }
-        }
-        for session_id in read {
-            self.read_catchup(ctx, session_id);
-        }
-    }
-
-    /// Sends a catch-up batch, its last frame tracked; an empty read ends the catch-up: the
-    /// backlog follows, then live changes.
-    fn send_catchup(
-        &mut self,
-        ctx: &mut Context<Self>,
-        session_id: SessionId,
-        mut rows: Vec<StoredChange>,
-        read_up_to: Watermark,
-    ) {
-        let batch = self.next_token();
-        let now = self.now_ms();
-        let global_room = self.catchup_global_room(session_id);
-        let last_commit = self.last_commit.clone().filter(|_| self.txn.is_none());
-        let (Some(sub), Some(c)) = (
-            self.subscribers.get_mut(&session_id),
-            self.catchup.get_mut(&session_id),
-        ) else {
-            return;
-        };
-        c.reading = false;
-        if rows.is_empty() && c.up_to != read_up_to {
-            // The target moved while this read was out: read on.
-            self.read_catchup(ctx, session_id);
-            return;
-        }
-        if rows.is_empty() {
-            // Caught up: the backlog follows, then live changes.
-            self.catchup.remove(&session_id);
-            let backlog = sub.take_backlog();
-            for change in &backlog {
-                sub.send(change, None, &mut self.shared);
-            }
-            sub.phase = Phase::Live;
-            sub.behind_since = None;
-            info!(
-                "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
-                sub.id,
-                sub.watermark,
-                backlog.len()
-            );
-            sub.flush(now, &self.shared);
-            return;
-        }
-        // The backlog may have grown while the read was out: send only what there is room for,
-        // in changes and in bytes (the rest is read again); one change larger than the byte
-        // room still goes alone to a subscriber that holds nothing.
-        let room = sub.room();
-        if room == 0 {
-            self.read_catchup(ctx, session_id);
-            return;
-        }
-        rows.truncate(room);
-        let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
-        // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
-        c.row_bytes = Some((read_bytes / rows.len().max(1)) as u64 + 48);
-        let mut bytes_left = sub.byte_room(global_room);
-        let holds_nothing = sub.held_bytes() == 0;
-        let (mut taken, mut sent) = (0, 0);
-        for row in &rows {
-            let change = Change::from_stored(row);
-            let len = change.message.len() as u64;
-            if len > bytes_left && !(holds_nothing && taken == 0) {
-                break;
-            }
-            bytes_left = bytes_left.saturating_sub(len);
-            taken += 1;
-            if sub.send(&change, None, &mut self.shared) == Delivery::Sent {
-                sent += 1;
-            }
-        }
-        if taken == 0 {
-            // No room for the next change. With nothing in flight no ack will make some: its
-            // backlog fills it, and is read from the change log instead (at a transaction
-            // boundary; inside one, the backlog overflows and is dropped at its end).
-            // Otherwise the acks that make room read on.
-            if let (0, Some(last)) = (sub.in_flight(), last_commit) {
-                drop_backlog(sub, c, last);
-                self.read_catchup(ctx, session_id);
-            }
-            return;
-        }
-        if let Some(last) = rows.get(taken - 1) {
-            c.after = (last.watermark.clone(), last.pos);
-        }
-        // The batch's last frame is tracked: its ack asks for the next batch.
-        if let Some(last) = sub.outbox.last_mut() {
-            last.token = Some(Token::CatchupBatch(batch));
-        }
-        sub.flush(now, &self.shared);
-        if sent == 0 {
-            self.read_catchup(ctx, session_id);
-        } else {
-            c.waiting_batch = Some(batch);
-        }
-    }
-}
-
-/// Drops a catching-up subscriber's backlog: its transactions, all committed up to `last` and
-/// queued on the change log, are read from there instead.
-fn drop_backlog(sub: &mut Subscriber, c: &mut Catchup, last: Watermark) {
-    info!(
-        "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
-        sub.id,
-        sub.backlog.len()
-    );
-    sub.clear_backlog();
-    c.up_to = last;
-    c.needs_barrier = true;
 }

@@ -7,7 +7,7 @@
 //! they come, and at the commit queues the whole transaction on the change log (whose writes
 //! keep call order) and hands the upstream client the future of its durability, on which the
 //! client acks upstream. A subscriber that asks to join is checked, then activated between
-//! transactions, catching up from the change log before it goes live ([`join`]).
+//! transactions, catching up from the change log before it goes live ([`join`], [`catchup`]).
 //!
 //! ### Flow control
 //! About every [`StreamerConfig::flow_control_bytes`] of payload one change is sent tracked, and
@@ -19,7 +19,7 @@
 //! What the service holds for one subscriber (sent and not acked, and its backlog) never exceeds
 //! [`StreamerConfig::max_queue_changes`] nor [`StreamerConfig::max_queue_bytes`], and all of
 //! them together [`StreamerConfig::max_queued_bytes`]: past a bound, the subscriber reads from
-//! the change log instead (PROTOCOL.md §10.2, [`join`]; the global budget in [`flow`]).
+//! the change log instead (PROTOCOL.md §10.2, [`catchup`]; the global budget in [`flow`]).
 //!
 //! ### Purge
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
@@ -31,10 +31,12 @@
 //!
 //! This file holds the actor, its state and its `/status` answers; each conversation with
 //! another party lives in its own file: [`ingest`] (the upstream client), [`join`] (a new
-//! subscriber), [`session_messages`] (a subscriber's session), [`flow`] (the tracked send),
-//! [`purge`] (the purge check), [`follow`] (a standby's follower and record).
+//! subscriber), [`catchup`] (its reads of what it missed), [`session_messages`] (a
+//! subscriber's session), [`flow`] (the tracked send), [`purge`] (the purge check), [`follow`]
+//! (a standby's follower and record).
 
 mod broadcast;
+mod catchup;
 mod change;
 mod flow;
 mod follow;
@@ -55,9 +57,9 @@ use tokio::time::Instant;
 use crate::changelog::{ChangeLog, ChangeLogError, LogRange, LogStats};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
+use catchup::Catchup;
 use flow::FlowControl;
 use ingest::Txn;
-use join::Catchup;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
