@@ -30,7 +30,11 @@
 #   run in a second load generator process, under `nice -n 19`, the first keeping the change
 #   source alone): on this one box, stand-ins for standbys and replicas on hosts of their own,
 #   so that what they cost the owner is, as there, mostly what the standbys' reads cost the
-#   change DB. The two generators' reports are merged into one line per run.
+#   change DB. The two generators' reports are merged into one line per run: the subscribers'
+#   figures from the second, the ingest and the processes' CPU from the first, errors of both.
+#   Their measured windows start apart (the second once its subscribers have their status),
+#   so CPU per delivery mixes two windows a few ms apart. Not with figure 3: commit → receipt
+#   latency needs the change source and the subscribers in one generator.
 #
 # With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
 # make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
@@ -44,6 +48,10 @@ RUNS=${RUNS:-3} FIGURES=${FIGURES:-1 2 3 4} SUBS=${SUBS:-64} INGEST_SUBS=${INGES
 RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-9} CATCHUP_SUBS=${CATCHUP_SUBS:-100}
 FILL_S=${FILL_S:-10} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256}
 FRAMING=${FRAMING:-per-frame} PG=${PG:-postgres://postgres@127.0.0.1:5432}
+if [[ -n ${SUBS_NICE:-} && " $FIGURES " == *" 3 "* ]]; then
+  echo "SUBS_NICE: not with figure 3 (its latency needs the change source and the subscribers in one load generator); set FIGURES" >&2
+  exit 2
+fi
 OUT=$(mktemp -d /tmp/cs-standby.XXXXXX)
 echo "logs and results in $OUT" >&2
 
@@ -84,12 +92,12 @@ ready() {
 # generator ended (one that could not start leaves another to own the change DB).
 run() {
   local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
-  local up dir db lg lgs='' lg_subs rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
+  local up dir db lg lgs='' lg_subs spare rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
   local -A port pid
   dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
   db=cs_bench_standby_$$_${tag//-/_}
   PGOPTIONS=--client-min-messages=warning psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
-  read -r up port[owner] port[sb1] port[sb2] <<< "$(free_ports 4)"
+  read -r up port[owner] port[sb1] port[sb2] spare <<< "$(free_ports 5)"
   for n in owner sb1 sb2; do pids+=("$dir/$n.pid"); done
   pids+=("$dir/postgres.pids")
   backends "$db" "$dir/postgres.pids" &
@@ -105,7 +113,7 @@ run() {
   lg=$!
   if [[ $lg_subs != "$subs" ]]; then
     # The subscribers alone, niced; its change source listens where no service connects.
-    nice -n "$SUBS_NICE" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$(free_port)" \
+    nice -n "$SUBS_NICE" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$spare" \
       --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
       --subs "$subs" --rate 0 --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
       > "$dir/loadgen-subs.out" 2> "$dir/loadgen-subs.err" &
@@ -114,8 +122,8 @@ run() {
   # The owner first (it takes the change DB's lock), then the standbys once it is ready.
   for n in owner sb1 sb2; do
     if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
-    # shellcheck disable=SC2086 # the flags are words
     nice=(); [[ $n != owner && -n ${STANDBY_NICE:-} ]] && nice=(nice -n "$STANDBY_NICE")
+    # shellcheck disable=SC2086 # the flags are words
     RUST_LOG=${RUST_LOG:-warn} "${nice[@]}" "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
       --change-db "$PG/$db" --upstream ws://127.0.0.1:"$up"/changes $flags > "$dir/$n.log" 2>&1 &
     pid[$n]=$!
@@ -127,20 +135,31 @@ run() {
     wait "$lgs" || rc=$?
     # One line: the subscribers' figures, the owner's ingest and the change source's side
     # from the first generator, both generators' CPU.
-    python3 - "$dir/loadgen.out" "$dir/loadgen-subs.out" > "$dir/loadgen.merged" <<'PY' || rc=2
+    if python3 - "$dir/loadgen.out" "$dir/loadgen-subs.out" > "$dir/loadgen.merged" <<'PY'
 import json, sys
-src, subs = ([json.loads(l) for l in open(p) if l.startswith("{")][0] for p in sys.argv[1:3])
-for k in ("storedTxnsPerS", "upstreamTxnsPerS", "ackLatencyMs", "targetTxnsPerS", "processes",
-          "serviceCpuS", "serviceCores"):
+lines = [[l for l in open(p) if l.startswith("{")] for p in sys.argv[1:3]]
+src, subs = (json.loads(ls[0]) for ls in lines)
+for k in ("storedTxnsPerS", "upstreamTxnsPerS", "ackLatencyMs", "targetTxnsPerS", "mode",
+          "processes", "serviceCpuS", "serviceCores", "serviceRssAnonPeakMiB"):
     subs[k] = src[k]
+subs["errors"] = src["errors"] + subs["errors"]
+subs["firstErrors"] = (src["firstErrors"] + subs["firstErrors"])[:10]
 subs["loadgenCpuS"] = src["loadgenCpuS"] + subs["loadgenCpuS"]
 d = subs["deliveriesPerS"] * subs["seconds"]
 subs["serviceCpuUsPerDelivery"] = subs["serviceCpuS"] * 1e6 / d if d else None
+subs["deliveriesPerServiceCpuS"] = d / subs["serviceCpuS"] if subs["serviceCpuS"] else 0.0
+subs["loadgenCpuUsPerDelivery"] = subs["loadgenCpuS"] * 1e6 / d if d else None
 for p in subs["processes"]:
     p["cpuUsPerDelivery"] = p["cpuS"] * 1e6 / d if d else None
 print(json.dumps(subs))
 PY
-    mv "$dir/loadgen.merged" "$dir/loadgen.out"
+    then
+      { cat "$dir/loadgen.merged"; grep -hv '^{' "$dir/loadgen.out" "$dir/loadgen-subs.out"; } > "$dir/loadgen.both"
+      mv "$dir/loadgen.both" "$dir/loadgen.out"
+    else
+      echo "$tag: the two load generators' reports could not be merged (see $dir/loadgen*.out)" >&2
+      rc=2
+    fi
   fi
   end=$(date -u -d @$(($(date +%s) - 2)) +%FT%TZ)
   kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true

@@ -11,7 +11,7 @@
 #[allow(dead_code)] // shared with tests/takeover.rs and tests/instances.rs
 mod takeover_support;
 
-#[allow(dead_code)] // shared with tests/standby_serving.rs
+#[allow(dead_code)] // shared with tests/standby_serving.rs and tests/standby_late_joiner.rs
 mod standby_support;
 
 mod changes_support; // only its `read_txns` here

@@ -12,12 +12,12 @@
 //! - subscribers spread over the owner and a standby each get every transaction after their
 //!   watermark once, in order.
 //!
-//! The purge across instances: tests/standby_purge.rs.
+//! The purge across instances: tests/standby_purge.rs and tests/standby_late_joiner.rs.
 
 #[allow(dead_code)] // shared with tests/takeover.rs and tests/instances.rs
 mod takeover_support;
 
-#[allow(dead_code)] // shared with tests/standby_purge.rs
+#[allow(dead_code)] // shared with tests/standby_purge.rs and tests/standby_late_joiner.rs
 mod standby_support;
 
 mod changes_support; // only its `read_txns` here

@@ -1,5 +1,6 @@
 //! What the end-to-end tests of serving standbys share (tests/standby_serving.rs,
-//! tests/standby_purge.rs): an owner and a serving standby on one change DB, subscriptions to
+//! tests/standby_purge.rs, tests/standby_late_joiner.rs, and tests/purge_support for the last
+//! two): an owner and a serving standby on one change DB, subscriptions to
 //! either, ingest through the fake change source, and reading their `/status`.
 
 use std::ops::RangeInclusive;

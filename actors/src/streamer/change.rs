@@ -150,6 +150,27 @@ mod tests {
     }
 
     #[test]
+    fn builds_a_rollback_and_reuses_its_buffer_for_shorter_and_larger_messages() {
+        let w = Watermark::parse("0b").unwrap();
+        let long = format!(r#"{{"tag":"insert","s":"{}"}}"#, "y".repeat(100));
+        let d = Change::new(Kind::Data, w.clone(), 1, &long);
+        assert_eq!(&*d.message, format!(r#"["data",{long}]"#));
+        // Shorter than the one before it: nothing of the longer one is left over.
+        let r = Change::new(Kind::Rollback, w.clone(), 0, r#"{"tag":"rollback"}"#);
+        assert_eq!(&*r.message, r#"["rollback",{"tag":"rollback"}]"#);
+        // Larger than the buffer keeps: built whole, and the next one still right.
+        let huge = format!(r#"{{"s":"{}"}}"#, "z".repeat(2 * SCRATCH_KEPT));
+        let h = Change::new(Kind::Commit, w.clone(), 2, &huge);
+        assert_eq!(
+            &*h.message,
+            format!(r#"["commit",{huge},{{"watermark":"0b"}}]"#)
+        );
+        let b = Change::new(Kind::Begin, w, 0, "{}");
+        assert_eq!(&*b.message, r#"["begin",{},{"commitWatermark":"0b"}]"#);
+        SCRATCH.with(|s| assert!(s.borrow().capacity() <= SCRATCH_KEPT));
+    }
+
+    #[test]
     fn spots_update_table_metadata() {
         assert!(is_v5_only(r#"{"tag":"update-table-metadata","table":{}}"#));
         assert!(!is_v5_only(
