@@ -1,7 +1,8 @@
 //! The segment catalogue both engines keep in memory, and the decisions made from it alone.
 //!
-//! Rows live in segments of about `segment_rows` rows each (SQLite: tables; PostgreSQL:
-//! partitions), each with its watermark range, row count and newest store time. Store times
+//! Changes live in segments of about `segment_rows` changes each (SQLite: tables, a row per
+//! transaction; PostgreSQL: partitions, a row per change), each with its watermark range, its
+//! count of changes (`rows`) and newest store time. Store times
 //! only grow (the writer never stores a time older than the last one it stored), so "every row
 //! stored before T" is a prefix of the log, and a segment whose newest store time is before T
 //! lies wholly inside it. The engines differ only in the statements they run; which segment a

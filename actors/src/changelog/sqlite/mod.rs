@@ -2,15 +2,17 @@
 //! directory, served by a writer thread ([`writer`]) and a reader thread ([`reader`]), each on
 //! its own connection ([`connection`]).
 //!
-//! Layout: the rows `(watermark, pos, kind, change, stored_ms)` keyed by `(watermark, pos)`,
-//! where `change` is the JSON text of the message's second element exactly as received, `kind`
-//! its message kind (`begin`, `data`, `commit`) and `stored_ms` when it was stored; one
-//! `replication_state` row with the replicaVersion and the last stored commit watermark; and
-//! the safety state's tables ([`state`]).
+//! Layout: a row per transaction `(watermark, changes, body, stored_ms)`, where `body` holds its
+//! changes in order, each its kind (`begin`, `data`, `commit`) and the JSON text of the
+//! message's second element exactly as received, and `stored_ms` is when it was stored
+//! ([`txn_rows`]; segments written by earlier builds have a row per change `(watermark, pos,
+//! kind, change, stored_ms)` and are read as they are); one `replication_state` row with the
+//! replicaVersion and the last stored commit watermark; and the safety state's tables
+//! ([`state`]).
 //!
 //! ### Segments, so that a purge is cheap
 //! SQLite deletes rows one at a time: purging a million rows from one table takes seconds. So
-//! the rows live in *segments*, tables `change_log_<n>` of about `segment_rows` rows each,
+//! the rows live in *segments*, tables `change_log_<n>` of about `segment_rows` changes each,
 //! listed with their watermark range in `segments` ([`segments`]); a new segment starts at a
 //! transaction boundary once the current one is full. A purge drops every segment that lies
 //! wholly below the purge watermark (dropping a table frees its pages in bulk) and deletes rows
@@ -21,6 +23,7 @@ mod connection;
 mod reader;
 mod segments;
 mod state;
+mod txn_rows;
 mod writer;
 
 use std::path::Path;

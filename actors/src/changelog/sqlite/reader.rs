@@ -10,6 +10,7 @@ use rusqlite::{params, Connection};
 
 use super::commands::{RangeQuery, ReadCommand};
 use super::segments::{load_segments, segment_table};
+use super::txn_rows::{decode, Layout};
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
 
@@ -54,12 +55,16 @@ fn read_range(
     let tx = conn.transaction()?;
     let segments = load_segments(&tx)?;
     let mut out = Vec::with_capacity(limit.min(4096));
-    for seg in segments
+    for (seg, layout) in segments
         .iter()
-        .filter(|s| s.max >= after.0 && s.min <= *up_to)
+        .filter(|(s, _)| s.max >= after.0 && s.min <= *up_to)
     {
         if out.len() >= limit {
             break;
+        }
+        if *layout == Layout::RowPerTransaction {
+            read_transactions(&tx, &segment_table(seg.id), query, &mut out)?;
+            continue;
         }
         let mut stmt = tx.prepare_cached(&format!(
             "SELECT watermark, pos, kind, change FROM {}
@@ -97,4 +102,63 @@ fn read_range(
     }
     tx.commit()?;
     Ok(out)
+}
+
+/// Appends to `out`, from the segment table `table` of [`Layout::RowPerTransaction`], the
+/// changes after `query.after` of the transactions up to `query.up_to`, until `out` holds
+/// `query.limit`: the transaction `after` names is read too, from the change after its `pos`.
+/// The rows are stepped one at a time, so a read stops inside the transaction that fills it.
+fn read_transactions(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    query: &RangeQuery,
+    out: &mut Vec<StoredChange>,
+) -> Result<(), ChangeLogError> {
+    let RangeQuery {
+        after,
+        up_to,
+        limit,
+    } = query;
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT watermark, first_pos, changes, body FROM {table}
+         WHERE watermark >= ?1 AND watermark <= ?2 ORDER BY watermark, first_pos"
+    ))?;
+    let mut rows = stmt.query(params![after.0.as_str(), up_to.as_str()])?;
+    while out.len() < *limit {
+        let Some(row) = rows.next()? else {
+            break;
+        };
+        let w = row.get_ref(0)?.as_str().map_err(rusqlite::Error::from)?;
+        let first_pos: i64 = row.get(1)?;
+        let count: i64 = row.get(2)?;
+        if w == after.0.as_str() && first_pos.saturating_add(count - 1) <= after.1 {
+            // A run wholly at or before `after`: skipped by its columns, its value not loaded.
+            continue;
+        }
+        let watermark = Watermark::parse(w).map_err(|_| ChangeLogError::Corrupt(w.to_string()))?;
+        let body = row.get_ref(3)?.as_blob().map_err(rusqlite::Error::from)?;
+        let mut decoded = 0i64;
+        for change in decode(body, first_pos, w) {
+            let (pos, kind, json) = change?;
+            decoded += 1;
+            if watermark == after.0 && pos <= after.1 {
+                continue;
+            }
+            if out.len() >= *limit {
+                return Ok(());
+            }
+            out.push(StoredChange {
+                watermark: watermark.clone(),
+                pos,
+                kind,
+                json,
+            });
+        }
+        if decoded != count {
+            return Err(ChangeLogError::Corrupt(format!(
+                "transaction {w}: {decoded} of its {count} changes stored"
+            )));
+        }
+    }
+    Ok(())
 }

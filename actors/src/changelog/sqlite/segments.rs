@@ -1,13 +1,14 @@
 //! The SQLite engine's segment tables and their catalogue, shared by the writer and the
 //! reader thread.
 //!
-//! Rows live in tables `change_log_<n>` of about `segment_rows` rows each, listed with their
-//! watermark range, row count and newest store time in `segments` (the decisions made from it:
-//! `changelog/catalogue.rs`).
+//! Changes live in tables `change_log_<n>` of about `segment_rows` changes each, listed with
+//! their watermark range, count of changes, newest store time and layout (`txn_rows.rs`) in
+//! `segments` (the decisions made from it: `changelog/catalogue.rs`).
 
 use rusqlite::Connection;
 
 use super::catalogue::Segment;
+use super::txn_rows::Layout;
 use super::types::ChangeLogError;
 use crate::watermark::Watermark;
 
@@ -18,7 +19,8 @@ pub(super) const SCHEMA: &str = "
         min_watermark TEXT NOT NULL,
         max_watermark TEXT NOT NULL,
         rows INTEGER NOT NULL,
-        max_stored_ms INTEGER NOT NULL DEFAULT 0
+        max_stored_ms INTEGER NOT NULL DEFAULT 0,
+        layout INTEGER NOT NULL DEFAULT 0
     );
     CREATE TABLE IF NOT EXISTS replication_state (
         id INTEGER PRIMARY KEY CHECK (id = 0),
@@ -31,17 +33,18 @@ pub(super) fn segment_table(id: i64) -> String {
     format!("change_log_{id}")
 }
 
-/// The `CREATE TABLE` of segment `id`.
+/// The `CREATE TABLE` of a new segment `id`: a row per transaction
+/// ([`Layout::RowPerTransaction`]; why: `txn_rows.rs`).
 pub(super) fn create_segment_sql(id: i64) -> String {
     format!(
         "CREATE TABLE {} (
              watermark TEXT NOT NULL,
-             pos INTEGER NOT NULL,
-             kind TEXT NOT NULL,
-             change TEXT NOT NULL,
-             stored_ms INTEGER NOT NULL DEFAULT 0,
-             PRIMARY KEY (watermark, pos)
-         ) WITHOUT ROWID;",
+             first_pos INTEGER NOT NULL,
+             changes INTEGER NOT NULL,
+             body BLOB NOT NULL,
+             stored_ms INTEGER NOT NULL,
+             UNIQUE (watermark, first_pos)
+         );",
         segment_table(id)
     )
 }
@@ -71,6 +74,10 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), ChangeLogError> {
             "ALTER TABLE segments ADD COLUMN max_stored_ms INTEGER NOT NULL DEFAULT 0",
         )?;
     }
+    // Segments of the builds before transaction rows keep their row per change.
+    if !has_column("segments", "layout")? {
+        conn.execute_batch("ALTER TABLE segments ADD COLUMN layout INTEGER NOT NULL DEFAULT 0")?;
+    }
     let ids: Vec<i64> = {
         let mut stmt = conn.prepare("SELECT id FROM segments")?;
         let ids = stmt.query_map([], |r| r.get(0))?;
@@ -87,9 +94,10 @@ pub(super) fn migrate(conn: &Connection) -> Result<(), ChangeLogError> {
     Ok(())
 }
 
-pub(super) fn load_segments(conn: &Connection) -> Result<Vec<Segment>, ChangeLogError> {
+/// The catalogue, oldest segment first, each with its table's layout.
+pub(super) fn load_segments(conn: &Connection) -> Result<Vec<(Segment, Layout)>, ChangeLogError> {
     let mut stmt = conn.prepare_cached(
-        "SELECT id, min_watermark, max_watermark, rows, max_stored_ms FROM segments ORDER BY id",
+        "SELECT id, min_watermark, max_watermark, rows, max_stored_ms, layout FROM segments ORDER BY id",
     )?;
     let rows = stmt.query_map([], |r| {
         Ok((
@@ -98,19 +106,21 @@ pub(super) fn load_segments(conn: &Connection) -> Result<Vec<Segment>, ChangeLog
             r.get::<_, String>(2)?,
             r.get::<_, i64>(3)?,
             r.get::<_, i64>(4)?,
+            r.get::<_, i64>(5)?,
         ))
     })?;
     let mut out = Vec::new();
     for row in rows {
-        let (id, min, max, n, max_stored_ms) = row?;
+        let (id, min, max, n, max_stored_ms, layout) = row?;
         let parse = |w: String| Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w));
-        out.push(Segment {
+        let segment = Segment {
             id,
             min: parse(min)?,
             max: parse(max)?,
             rows: n as u64,
             max_stored_ms,
-        });
+        };
+        out.push((segment, Layout::from_column(layout)?));
     }
     Ok(out)
 }

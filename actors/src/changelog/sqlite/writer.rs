@@ -7,6 +7,7 @@
 //! more, up to a bounded window (`Writer::commit_group`). Each caller is still answered only
 //! after its transaction is durable, and that is when the upstream is acked.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ use super::commands::{Work, WriteCommand, WriteQueue};
 use super::safety::StateChange;
 use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col};
 use super::state;
+use super::txn_rows::{chunks, encode, Layout, CHUNK_BYTES};
 use super::types::{ChangeLogError, LogStats, PurgeHold, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::watermark::Watermark;
@@ -33,21 +35,26 @@ const WINDOW_TXNS: usize = 32;
 /// every transaction.
 const MIN_NAP: Duration = Duration::from_millis(1);
 
-/// Rows per multi-row `INSERT` (SQLite allows 32,766 parameters; five per row).
-const ROWS_PER_INSERT: usize = 16;
-
-/// The `INSERT` of `rows` rows into segment table `table`.
-fn insert_sql(table: &str, rows: usize) -> String {
-    let values = vec!["(?, ?, ?, ?, ?)"; rows].join(", ");
+/// The `INSERT` of a transaction's row into segment table `table` ([`Layout::RowPerTransaction`]).
+fn insert_sql(table: &str) -> String {
     format!(
-        "INSERT OR REPLACE INTO {table} (watermark, pos, kind, change, stored_ms) VALUES {values}"
+        "INSERT OR REPLACE INTO {table} (watermark, first_pos, changes, body, stored_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5)"
     )
 }
+
+/// The most [`Writer::body`] keeps between transactions.
+const BODY_KEPT: usize = 4 * CHUNK_BYTES;
 
 pub(super) struct Writer {
     conn: Connection,
     pub(super) stats: LogStats,
     segments: Vec<Segment>,
+    /// The segments of [`Layout::RowPerChange`], written by builds before transaction rows;
+    /// all others are [`Layout::RowPerTransaction`].
+    row_per_change: HashSet<i64>,
+    /// The value of the transaction being stored, kept between appends.
+    body: Vec<u8>,
     segment_rows: u64,
     clock: Clock,
     /// The newest store time written; store times never go back, even if the clock does.
@@ -73,7 +80,14 @@ impl Writer {
             [],
             |r| r.get(0),
         )?;
-        let segments = load_segments(&conn)?;
+        let (segments, layouts): (Vec<Segment>, Vec<Layout>) =
+            load_segments(&conn)?.into_iter().unzip();
+        let row_per_change = segments
+            .iter()
+            .zip(layouts)
+            .filter(|(_, l)| *l == Layout::RowPerChange)
+            .map(|(s, _)| s.id)
+            .collect();
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         let mut w = Writer {
             conn,
@@ -82,6 +96,8 @@ impl Writer {
                 ..LogStats::default()
             },
             segments,
+            row_per_change,
+            body: Vec::new(),
             segment_rows,
             clock,
             last_stored_ms,
@@ -266,9 +282,9 @@ impl Writer {
 
     /// The statements of one group, inside its transaction. Every statement that runs once per
     /// group or per transaction is prepared once and kept (`prepare_cached`): parsing SQL cost
-    /// more CPU than executing it. A transaction's rows go in multi-row `INSERT`s of
-    /// [`ROWS_PER_INSERT`] rows (the tail in one of its exact size), and the catalogue rows
-    /// and the replication state are updated once per group, not per transaction.
+    /// more CPU than executing it. A transaction is one row (`txn_rows.rs`: the writer's cost
+    /// was per row), and the catalogue rows and the replication state are updated once per
+    /// group, not per transaction.
     fn write_group(
         &mut self,
         group: &[(Transaction, Reply<()>)],
@@ -276,12 +292,26 @@ impl Writer {
     ) -> Result<(), rusqlite::Error> {
         let mut touched_from = self.segments.len().saturating_sub(1);
         for (txn, _) in group {
-            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows) {
+            // A segment of the older layout is never appended to: the first append after an
+            // upgrade opens a new segment.
+            let old_last = self
+                .segments
+                .last()
+                .filter(|s| self.row_per_change.contains(&s.id))
+                .map(|s| s.id + 1);
+            if let Some(id) =
+                catalogue::new_segment_id(&self.segments, self.segment_rows).or(old_last)
+            {
                 self.conn.execute_batch(&create_segment_sql(id))?;
                 self.conn.execute(
-                    "INSERT INTO segments (id, min_watermark, max_watermark, rows, max_stored_ms)
-                     VALUES (?1, ?2, ?2, 0, ?3)",
-                    params![id, txn.watermark.as_str(), stored_ms],
+                    "INSERT INTO segments (id, min_watermark, max_watermark, rows, max_stored_ms, layout)
+                     VALUES (?1, ?2, ?2, 0, ?3, ?4)",
+                    params![
+                        id,
+                        txn.watermark.as_str(),
+                        stored_ms,
+                        Layout::RowPerTransaction as i64
+                    ],
                 )?;
                 self.segments
                     .push(Segment::opened(id, &txn.watermark, stored_ms));
@@ -290,21 +320,26 @@ impl Writer {
             let Some(seg) = self.segments.last() else {
                 continue;
             };
-            let table = segment_table(seg.id);
-            let mut pos = 0usize;
-            for chunk in txn.changes.chunks(ROWS_PER_INSERT) {
-                let mut insert = self.conn.prepare_cached(&insert_sql(&table, chunk.len()))?;
-                let mut i = 1;
-                for (kind, json) in chunk {
-                    insert.raw_bind_parameter(i, txn.watermark.as_str())?;
-                    insert.raw_bind_parameter(i + 1, pos as i64)?;
-                    insert.raw_bind_parameter(i + 2, kind.as_str())?;
-                    insert.raw_bind_parameter(i + 3, json.as_str())?;
-                    insert.raw_bind_parameter(i + 4, stored_ms)?;
-                    i += 5;
-                    pos += 1;
-                }
-                insert.raw_execute()?;
+            let mut insert = self
+                .conn
+                .prepare_cached(&insert_sql(&segment_table(seg.id)))?;
+            for (first_pos, run) in chunks(&txn.changes) {
+                encode(run, &mut self.body).map_err(|e| {
+                    rusqlite::Error::ToSqlConversionFailure(Box::new(std::io::Error::other(
+                        e.to_string(),
+                    )))
+                })?;
+                insert.execute(params![
+                    txn.watermark.as_str(),
+                    first_pos,
+                    run.len() as i64,
+                    self.body.as_slice(),
+                    stored_ms
+                ])?;
+            }
+            drop(insert);
+            if self.body.capacity() > BODY_KEPT {
+                self.body = Vec::new();
             }
             catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
         }
@@ -341,7 +376,7 @@ impl Writer {
             .conn
             .query_row(
                 &format!(
-                    "SELECT watermark FROM {} WHERE stored_ms > ?1 ORDER BY watermark, pos LIMIT 1",
+                    "SELECT watermark FROM {} WHERE stored_ms > ?1 ORDER BY watermark LIMIT 1",
                     segment_table(seg.id)
                 ),
                 params![stored_by_ms],
@@ -382,10 +417,26 @@ impl Writer {
             // Then the rows below it in the segment it cuts through.
             if let Some(seg) = self.segments.first_mut().filter(|s| s.min < bound) {
                 let table = segment_table(seg.id);
-                let n = tx.execute(
-                    &format!("DELETE FROM {table} WHERE watermark < ?1"),
-                    params![bound.as_str()],
-                )? as u64;
+                // Counted in changes, in either layout.
+                let n = if self.row_per_change.contains(&seg.id) {
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE watermark < ?1"),
+                        params![bound.as_str()],
+                    )? as u64
+                } else {
+                    let n: i64 = tx.query_row(
+                        &format!(
+                            "SELECT COALESCE(SUM(changes), 0) FROM {table} WHERE watermark < ?1"
+                        ),
+                        params![bound.as_str()],
+                        |r| r.get(0),
+                    )?;
+                    tx.execute(
+                        &format!("DELETE FROM {table} WHERE watermark < ?1"),
+                        params![bound.as_str()],
+                    )?;
+                    n as u64
+                };
                 let min: Option<String> =
                     tx.query_row(&format!("SELECT MIN(watermark) FROM {table}"), [], |r| {
                         r.get(0)
@@ -408,6 +459,9 @@ impl Writer {
         })();
         match result {
             Ok(rows) => {
+                let segments = &self.segments;
+                self.row_per_change
+                    .retain(|id| segments.iter().any(|s| s.id == *id));
                 catalogue::refresh_range(&mut self.stats, &self.segments);
                 self.stats.changes_purged_total += rows;
                 Ok(PurgeOutcome {
@@ -427,13 +481,16 @@ impl Writer {
         let Some(seg) = catalogue::holding(&self.segments, w) else {
             return Ok(false);
         };
+        // A transaction row is a whole transaction, its commit included.
+        let sql = if self.row_per_change.contains(&seg.id) {
+            "SELECT 1 FROM {} WHERE watermark = ?1 AND kind = 'commit' LIMIT 1"
+        } else {
+            "SELECT 1 FROM {} WHERE watermark = ?1 LIMIT 1"
+        };
         Ok(self
             .conn
             .query_row(
-                &format!(
-                    "SELECT 1 FROM {} WHERE watermark = ?1 AND kind = 'commit' LIMIT 1",
-                    segment_table(seg.id)
-                ),
+                &sql.replace("{}", &segment_table(seg.id)),
                 params![w.as_str()],
                 |_| Ok(()),
             )

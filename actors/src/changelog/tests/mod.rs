@@ -10,6 +10,7 @@ use super::*;
 
 mod commit_window;
 mod disk_bytes;
+mod layouts; // SQLite only
 mod retention;
 mod safety_state;
 mod storage;

@@ -1,0 +1,254 @@
+//! The SQLite engine's two layouts of a segment table, and the value a run of a transaction's
+//! changes is stored as in the newer one.
+//!
+//! ### Why a row per transaction
+//! The writer's CPU was per *row*: at 10,000 transactions/s it cost ~1.34 µs per row and
+//! ~2.6 µs per transaction (BENCHMARKS.md), most of it SQLite's B-tree insert of each row
+//! (binding, encoding the record, finding its place, splitting pages). A transaction is
+//! stored, read back and purged whole or from a position inside it, so its changes are stored
+//! together: a row holds a run of them, its commit watermark, the position of its first change,
+//! how many it holds, and one value holding them all ([`encode`]). A transaction of ordinary
+//! size is one row. A large one is several, each of about [`CHUNK_BYTES`] ([`chunks`]): no row
+//! comes near SQLite's limit on a value (1 GB), and a read from a position inside a large
+//! transaction skips the rows before it by their columns alone, loading only the row it
+//! starts in. The table is a rowid table, appended at its right edge (SQLite's cheap page
+//! split for that case), with a unique index on `(watermark, first_pos)` for reads and purges.
+//!
+//! Segments written by builds before this one keep their layout, a row per change, until they
+//! are purged: the catalogue says which layout each segment has (`segments.layout`), and the
+//! reader and writer read each in its own way. The writer never appends to an old segment: the
+//! first append after the upgrade opens a new one.
+//!
+//! ### The value
+//! For each change, in order: its kind (one byte: 0 begin, 1 data, 2 commit), the length of its
+//! JSON text (4 bytes, little-endian) and the text. Reading checks every length and the UTF-8
+//! of every text: a value that does not decode is a corrupt change log, never a short read.
+
+use std::sync::Arc;
+
+use super::types::{ChangeKind, ChangeLogError};
+
+/// How a segment table holds its changes (`segments.layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// `(watermark, pos, kind, change, stored_ms)`, keyed by `(watermark, pos)`: builds before
+    /// transaction rows.
+    RowPerChange = 0,
+    /// `(watermark, changes, body, stored_ms)`, one row per transaction ([`encode`]).
+    RowPerTransaction = 1,
+}
+
+impl Layout {
+    pub(super) fn from_column(n: i64) -> Result<Layout, ChangeLogError> {
+        match n {
+            0 => Ok(Layout::RowPerChange),
+            1 => Ok(Layout::RowPerTransaction),
+            n => Err(ChangeLogError::Corrupt(format!("segment layout {n}"))),
+        }
+    }
+}
+
+fn kind_byte(kind: ChangeKind) -> u8 {
+    match kind {
+        ChangeKind::Begin => 0,
+        ChangeKind::Data => 1,
+        ChangeKind::Commit => 2,
+    }
+}
+
+/// About the most of a transaction's changes one row holds, in bytes of its value; a change
+/// larger than this is a row of its own.
+pub(super) const CHUNK_BYTES: usize = 64 * 1024;
+
+/// The bytes a change takes in a value.
+fn encoded_len(json: &str) -> usize {
+    5 + json.len()
+}
+
+/// A transaction's changes cut into runs of about [`CHUNK_BYTES`], each with the position of
+/// its first change: one run for a transaction of ordinary size.
+pub(super) fn chunks(
+    changes: &[(ChangeKind, String)],
+) -> impl Iterator<Item = (i64, &[(ChangeKind, String)])> + '_ {
+    let mut start = 0usize;
+    std::iter::from_fn(move || {
+        if start >= changes.len() {
+            return None;
+        }
+        let mut end = start;
+        let mut bytes = 0usize;
+        while end < changes.len() {
+            let len = encoded_len(&changes[end].1);
+            if end > start && bytes + len > CHUNK_BYTES {
+                break;
+            }
+            bytes += len;
+            end += 1;
+        }
+        let run = (start as i64, &changes[start..end]);
+        start = end;
+        Some(run)
+    })
+}
+
+/// Writes `changes` into `out` (cleared first) as one row's value. A change's text longer than
+/// a length field holds (4 GiB) is refused; the change source's frames are far smaller.
+pub(super) fn encode(
+    changes: &[(ChangeKind, String)],
+    out: &mut Vec<u8>,
+) -> Result<(), ChangeLogError> {
+    out.clear();
+    out.reserve(changes.iter().map(|(_, j)| encoded_len(j)).sum());
+    for (kind, json) in changes {
+        let len = u32::try_from(json.len())
+            .map_err(|_| ChangeLogError::Corrupt(format!("a change of {} bytes", json.len())))?;
+        out.push(kind_byte(*kind));
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(json.as_bytes());
+    }
+    Ok(())
+}
+
+/// The changes of a row's value, in order, as `(pos, kind, text)`, the first at `first_pos`;
+/// `watermark` names the transaction in the error of a value that does not decode.
+pub(super) fn decode<'a>(
+    body: &'a [u8],
+    first_pos: i64,
+    watermark: &'a str,
+) -> impl Iterator<Item = Result<(i64, ChangeKind, Arc<str>), ChangeLogError>> + 'a {
+    let corrupt =
+        move |what: &str| ChangeLogError::Corrupt(format!("transaction {watermark}: {what}"));
+    let mut at = 0usize;
+    let mut pos = first_pos;
+    std::iter::from_fn(move || {
+        if at >= body.len() {
+            return None;
+        }
+        let item = (|| {
+            let kind = match body[at] {
+                0 => ChangeKind::Begin,
+                1 => ChangeKind::Data,
+                2 => ChangeKind::Commit,
+                k => return Err(corrupt(&format!("change kind {k}"))),
+            };
+            let len_bytes: [u8; 4] = body
+                .get(at + 1..at + 5)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt("cut short in a length"))?;
+            let len = u32::from_le_bytes(len_bytes) as usize;
+            let text = body
+                .get(at + 5..at + 5 + len)
+                .ok_or_else(|| corrupt("cut short in a change"))?;
+            let text = std::str::from_utf8(text).map_err(|_| corrupt("a change not UTF-8"))?;
+            at += 5 + len;
+            Ok((pos, kind, Arc::from(text)))
+        })();
+        match item {
+            Ok(_) => pos += 1,
+            // Nothing after a change that does not decode.
+            Err(_) => at = body.len(),
+        }
+        Some(item)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn changes() -> Vec<(ChangeKind, String)> {
+        vec![
+            (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
+            (ChangeKind::Data, r#"{"tag":"insert","s":"é\"x"}"#.into()),
+            (ChangeKind::Data, String::new()),
+            (ChangeKind::Commit, r#"{"tag":"commit"}"#.into()),
+        ]
+    }
+
+    #[test]
+    fn a_transaction_value_decodes_to_its_changes_in_order() {
+        let mut body = vec![9; 3];
+        encode(&changes(), &mut body).unwrap();
+        let got: Vec<_> = decode(&body, 0, "0a").map(|c| c.unwrap()).collect();
+        let want: Vec<_> = changes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (k, j))| (i as i64, k, Arc::from(j.as_str())))
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_large_transaction_is_cut_into_runs_of_about_chunk_bytes_in_order() {
+        let big = "x".repeat(CHUNK_BYTES / 3);
+        let mut txn = vec![(ChangeKind::Begin, "{}".to_string())];
+        txn.extend((0..10).map(|_| (ChangeKind::Data, big.clone())));
+        txn.push((ChangeKind::Data, "y".repeat(2 * CHUNK_BYTES)));
+        txn.push((ChangeKind::Commit, "{}".to_string()));
+        let runs: Vec<_> = chunks(&txn).collect();
+        // Runs cover every change once, in order, each within the bound or a single change.
+        let mut next = 0;
+        for (first, run) in &runs {
+            assert_eq!(*first, next);
+            let bytes: usize = run.iter().map(|(_, j)| encoded_len(j)).sum();
+            assert!(
+                bytes <= CHUNK_BYTES || run.len() == 1,
+                "{bytes} in {}",
+                run.len()
+            );
+            next += run.len() as i64;
+        }
+        assert_eq!(next, txn.len() as i64);
+        assert!(runs.len() >= 5, "{} runs", runs.len());
+        // Decoded from their first positions, they give the transaction back.
+        let mut body = Vec::new();
+        let mut back = Vec::new();
+        for (first, run) in runs {
+            encode(run, &mut body).unwrap();
+            back.extend(decode(&body, first, "0a").map(|c| c.unwrap()));
+        }
+        let want: Vec<_> = txn
+            .iter()
+            .enumerate()
+            .map(|(i, (k, j))| (i as i64, *k, Arc::from(j.as_str())))
+            .collect();
+        assert_eq!(back, want);
+        // An ordinary transaction is one run.
+        assert_eq!(chunks(&changes()).count(), 1);
+    }
+
+    #[test]
+    fn a_value_that_does_not_decode_is_corrupt_never_short() {
+        let mut body = Vec::new();
+        encode(&changes(), &mut body).unwrap();
+        // Cut between two changes it decodes to fewer: the reader checks the row's count.
+        let boundaries: Vec<usize> = changes()
+            .iter()
+            .scan(0, |at, (_, j)| {
+                *at += 5 + j.len();
+                Some(*at)
+            })
+            .collect();
+        for cut in (1..body.len()).filter(|c| !boundaries.contains(c)) {
+            let got: Vec<_> = decode(&body[..cut], 0, "0a").collect();
+            assert!(
+                got.last().is_some_and(|r| r.is_err()),
+                "cut at {cut} of {}: {got:?}",
+                body.len()
+            );
+        }
+        let mut bad_kind = body.clone();
+        bad_kind[0] = 7;
+        assert!(matches!(
+            decode(&bad_kind, 0, "0a").next(),
+            Some(Err(ChangeLogError::Corrupt(_)))
+        ));
+        let mut bad_text = Vec::new();
+        encode(&[(ChangeKind::Data, "ab".into())], &mut bad_text).unwrap();
+        bad_text[5] = 0xff;
+        assert!(matches!(
+            decode(&bad_text, 0, "0a").next(),
+            Some(Err(ChangeLogError::Corrupt(_)))
+        ));
+    }
+}

@@ -1,0 +1,191 @@
+//! The SQLite engine's two segment layouts (`sqlite/txn_rows.rs`): a change log written by a
+//! build that stored a row per change opens, reads on into the transaction rows written after
+//! it, answers `has_commit` and purges across both; a large transaction is several rows, read
+//! from any position; a transaction row that does not decode is a corrupt change log.
+use super::*;
+use rusqlite::Connection;
+
+/// A change log as the builds before transaction rows wrote it: transactions 1 and 3, each a
+/// begin, one insert and a commit, in segment 1 of the row-per-change layout.
+fn write_row_per_change_log(dir: &std::path::Path) {
+    let conn = Connection::open(dir.join(DB_FILE)).unwrap();
+    let mut sql = String::from(
+        "CREATE TABLE segments (id INTEGER PRIMARY KEY, min_watermark TEXT NOT NULL,
+             max_watermark TEXT NOT NULL, rows INTEGER NOT NULL,
+             max_stored_ms INTEGER NOT NULL DEFAULT 0);
+         CREATE TABLE replication_state (id INTEGER PRIMARY KEY CHECK (id = 0),
+             replica_version TEXT, last_watermark TEXT);
+         CREATE TABLE change_log_1 (watermark TEXT NOT NULL, pos INTEGER NOT NULL,
+             kind TEXT NOT NULL, change TEXT NOT NULL, stored_ms INTEGER NOT NULL DEFAULT 0,
+             PRIMARY KEY (watermark, pos)) WITHOUT ROWID;",
+    );
+    for n in [1u64, 3] {
+        for (pos, (kind, json)) in txn(n, 1).changes.iter().enumerate() {
+            sql.push_str(&format!(
+                "INSERT INTO change_log_1 VALUES ('{}', {pos}, '{}', '{json}', 0);",
+                Watermark::from_u64(n),
+                kind.as_str()
+            ));
+        }
+    }
+    let (w1, w3) = (Watermark::from_u64(1), Watermark::from_u64(3));
+    sql.push_str(&format!(
+        "INSERT INTO replication_state VALUES (0, '{w1}', '{w3}');
+         INSERT INTO segments VALUES (1, '{w1}', '{w3}', 6, 0);"
+    ));
+    conn.execute_batch(&sql).unwrap();
+}
+
+/// `(watermark, pos)` of each row read.
+fn positions(rows: &[StoredChange]) -> Vec<(u64, i64)> {
+    rows.iter()
+        .map(|r| (r.watermark.to_u64().unwrap(), r.pos))
+        .collect()
+}
+
+/// Every position of transactions `txns`, three changes each.
+fn all_of(txns: &[u64]) -> Vec<(u64, i64)> {
+    txns.iter()
+        .flat_map(|&n| (0..3).map(move |p| (n, p)))
+        .collect()
+}
+
+#[actix_rt::test]
+async fn a_row_per_change_log_reads_on_into_transaction_rows_and_purges_across() {
+    let dir = tempfile::tempdir().unwrap();
+    write_row_per_change_log(dir.path());
+    // Segments of 100 changes: room in the old one, yet appends go to a new one.
+    let log = ChangeLog::open_with(dir.path(), 100, Clock::System).unwrap();
+    for n in [4, 5, 7] {
+        log.append(txn(n, 1)).await.unwrap();
+    }
+    let s = log.stats().await.unwrap();
+    assert_eq!(s.rows, 15);
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let layouts: Vec<(i64, i64)> = conn
+        .prepare("SELECT id, layout FROM segments ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        layouts,
+        [(1, 0), (2, 1)],
+        "the old segment is never appended to"
+    );
+    let w = Watermark::from_u64;
+    let all = log.read((w(0), i64::MAX), w(7), 100).await.unwrap();
+    assert_eq!(positions(&all), all_of(&[1, 3, 4, 5, 7]));
+    assert_eq!(all[4].json, txn(3, 1).changes[1].1.as_str().into());
+    assert_eq!(all[7].json, txn(4, 1).changes[1].1.as_str().into());
+    // From the very start, from inside a transaction of either layout, across the layouts,
+    // and cut by the limit inside a transaction.
+    let start = log.read((w(1), -1), w(7), 100).await.unwrap();
+    assert_eq!(positions(&start), all_of(&[1, 3, 4, 5, 7]));
+    let mid_old = log.read((w(3), 0), w(7), 4).await.unwrap();
+    assert_eq!(positions(&mid_old), [(3, 1), (3, 2), (4, 0), (4, 1)]);
+    let across = log.read((w(3), i64::MAX), w(7), 100).await.unwrap();
+    assert_eq!(positions(&across), all_of(&[4, 5, 7]));
+    let mid_new = log.read((w(4), 1), w(7), 3).await.unwrap();
+    assert_eq!(positions(&mid_new), [(4, 2), (5, 0), (5, 1)]);
+    let up_to = log.read((w(4), i64::MAX), w(6), 100).await.unwrap();
+    assert_eq!(positions(&up_to), all_of(&[5]));
+    for n in [1, 3, 4, 5, 7] {
+        assert!(log.has_commit(w(n)).await.unwrap(), "commit {n}");
+    }
+    for n in [2, 6, 8] {
+        assert!(!log.has_commit(w(n)).await.unwrap(), "no commit {n}");
+    }
+    // A purge below 3 cuts through the old segment, counting its changes.
+    assert_eq!(log.purge_scheduled(w(3), i64::MAX).await.unwrap().rows, 3);
+    let left = log.read((w(0), i64::MAX), w(7), 100).await.unwrap();
+    assert_eq!(positions(&left), all_of(&[3, 4, 5, 7]));
+    // One below 5 drops the old segment and cuts through the new one.
+    assert_eq!(log.purge_scheduled(w(5), i64::MAX).await.unwrap().rows, 6);
+    let left = log.read((w(0), i64::MAX), w(7), 100).await.unwrap();
+    assert_eq!(positions(&left), all_of(&[5, 7]));
+    assert_eq!(log.stats().await.unwrap().rows, 6);
+    // Reopened: the new layout only now.
+    drop(log);
+    let log = ChangeLog::open_with(dir.path(), 100, Clock::System).unwrap();
+    log.append(txn(8, 1)).await.unwrap();
+    let after = log.read((w(7), 1), w(8), 100).await.unwrap();
+    assert_eq!(positions(&after), [(7, 2), (8, 0), (8, 1), (8, 2)]);
+}
+
+#[actix_rt::test]
+async fn a_large_transaction_is_several_rows_read_from_any_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = ChangeLog::open_with(dir.path(), 100_000, Clock::System).unwrap();
+    // ~40 changes of 8 KiB: several rows of about 64 KiB.
+    let mut big = txn(2, 40);
+    for (_, json) in big.changes.iter_mut().skip(1).take(40) {
+        json.push_str(&" ".repeat(8 * 1024));
+    }
+    log.append(txn(1, 1)).await.unwrap();
+    log.append(big.clone()).await.unwrap();
+    log.append(txn(3, 1)).await.unwrap();
+    let w = Watermark::from_u64;
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT COUNT(*) FROM change_log_1", [], |r| r.get(0))
+        .unwrap();
+    assert!(rows >= 6, "{rows} rows for 3 transactions");
+    for from in [-1, 0, 7, 8, 9, 20, 40, 41] {
+        let got = log.read((w(2), from), w(3), 100).await.unwrap();
+        let want: Vec<_> = (from + 1..42).map(|p| (2, p)).chain(all_of(&[3])).collect();
+        assert_eq!(positions(&got), want, "after (2, {from})");
+        if let Some((_, json)) = big.changes.get((from + 1) as usize) {
+            assert_eq!(got[0].json, json.as_str().into());
+        }
+    }
+    let cut = log.read((w(2), 3), w(3), 5).await.unwrap();
+    assert_eq!(positions(&cut), (4..9).map(|p| (2, p)).collect::<Vec<_>>());
+    assert!(log.has_commit(w(2)).await.unwrap());
+    assert_eq!(
+        log.purge_scheduled(w(3), i64::MAX).await.unwrap().rows,
+        3 + 42
+    );
+}
+
+#[actix_rt::test]
+async fn a_purge_cutting_through_transaction_rows_counts_their_changes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = ChangeLog::open_with(dir.path(), 1000, Clock::System).unwrap();
+    for n in 1..=4 {
+        log.append(txn(n, 2)).await.unwrap();
+    }
+    let out = log
+        .purge_scheduled(Watermark::from_u64(3), i64::MAX)
+        .await
+        .unwrap();
+    assert_eq!(out.rows, 8, "two transactions of four changes");
+    assert_eq!(log.stats().await.unwrap().rows, 8);
+}
+
+#[actix_rt::test]
+async fn a_transaction_row_that_does_not_decode_is_a_corrupt_change_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = ChangeLog::open_with(dir.path(), 1000, Clock::System).unwrap();
+    log.append(txn(1, 2)).await.unwrap();
+    log.append(txn(2, 2)).await.unwrap();
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let table: i64 = conn
+        .query_row("SELECT id FROM segments", [], |r| r.get(0))
+        .unwrap();
+    // Cut short right after its begin (5 + 15 bytes): only its count says what is missing.
+    conn.execute(
+        &format!("UPDATE change_log_{table} SET body = substr(body, 1, 20) WHERE watermark = ?1"),
+        [Watermark::from_u64(2).as_str()],
+    )
+    .unwrap();
+    let read = log
+        .read(
+            (Watermark::from_u64(1), i64::MAX),
+            Watermark::from_u64(2),
+            100,
+        )
+        .await;
+    assert!(matches!(read, Err(ChangeLogError::Corrupt(_))), "{read:?}");
+}
