@@ -53,7 +53,7 @@ pub(super) struct Writer {
     /// The segments of [`Layout::RowPerChange`], written by builds before transaction rows;
     /// all others are [`Layout::RowPerTransaction`].
     row_per_change: HashSet<i64>,
-    /// The value of the transaction being stored, kept between appends.
+    /// The value of the row being stored, its buffer kept between rows.
     body: Vec<u8>,
     segment_rows: u64,
     clock: Clock,
@@ -282,8 +282,8 @@ impl Writer {
 
     /// The statements of one group, inside its transaction. Every statement that runs once per
     /// group or per transaction is prepared once and kept (`prepare_cached`): parsing SQL cost
-    /// more CPU than executing it. A transaction is one row (`txn_rows.rs`: the writer's cost
-    /// was per row), and the catalogue rows and the replication state are updated once per
+    /// more CPU than executing it. A transaction of ordinary size is one row (`txn_rows.rs`:
+    /// the writer's cost was per row), and the catalogue rows and the replication state are updated once per
     /// group, not per transaction.
     fn write_group(
         &mut self,
@@ -324,11 +324,8 @@ impl Writer {
                 .conn
                 .prepare_cached(&insert_sql(&segment_table(seg.id)))?;
             for (first_pos, run) in chunks(&txn.changes) {
-                encode(run, &mut self.body).map_err(|e| {
-                    rusqlite::Error::ToSqlConversionFailure(Box::new(std::io::Error::other(
-                        e.to_string(),
-                    )))
-                })?;
+                encode(run, &mut self.body)
+                    .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                 insert.execute(params![
                     txn.watermark.as_str(),
                     first_pos,
@@ -482,18 +479,15 @@ impl Writer {
             return Ok(false);
         };
         // A transaction row is a whole transaction, its commit included.
+        let table = segment_table(seg.id);
         let sql = if self.row_per_change.contains(&seg.id) {
-            "SELECT 1 FROM {} WHERE watermark = ?1 AND kind = 'commit' LIMIT 1"
+            format!("SELECT 1 FROM {table} WHERE watermark = ?1 AND kind = 'commit' LIMIT 1")
         } else {
-            "SELECT 1 FROM {} WHERE watermark = ?1 LIMIT 1"
+            format!("SELECT 1 FROM {table} WHERE watermark = ?1 LIMIT 1")
         };
         Ok(self
             .conn
-            .query_row(
-                &sql.replace("{}", &segment_table(seg.id)),
-                params![w.as_str()],
-                |_| Ok(()),
-            )
+            .query_row(&sql, params![w.as_str()], |_| Ok(()))
             .optional()?
             .is_some())
     }
