@@ -12,6 +12,7 @@
 //! [`instance`] is this instance among those sharing a change DB: its id and its record there.
 //! Time comes from an injected [`clock::Clock`] or, for timers, the runtime's (pausable) clock.
 
+pub mod alarm;
 pub mod changelog;
 pub mod cleanup;
 pub mod clock;

@@ -2,8 +2,9 @@
 //!
 //! Forwarding is pipelined; about every [`StreamerConfig::flow_control_bytes`] of payload one
 //! change is sent tracked, and the upstream client is told to wait for its release before
-//! sending more. Release follows the consensus rule of [`Broadcast`]; a timer is armed for the
-//! moment it is due, not a periodic tick.
+//! sending more. Release follows the consensus rule of [`Broadcast`]; an [`Alarm`] is set for
+//! the moment it is due, not a periodic tick. The tracked send owns its alarm, so a send that
+//! finishes takes its alarm with it (see `alarm.rs` for why timers are not `run_later`s here).
 //!
 //! ### Slow subscribers (PROTOCOL.md §10.1)
 //! The consensus rule alone makes a stalled minority cost the others one padding at *every*
@@ -38,6 +39,7 @@ use super::change::Change;
 use super::session_messages::Token;
 use super::subscriber::{Delivery, Lag};
 use super::Streamer;
+use crate::alarm::Alarm;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
@@ -51,11 +53,23 @@ pub(super) struct FlowControl {
     pub(super) tracked_sends: u64,
     pub(super) releases_all: u64,
     pub(super) releases_consensus: u64,
-    /// The one timer for the earliest lag's grace period (PROTOCOL.md §10.1): one timer, not one per
+    /// The one alarm for the earliest lag's grace period (PROTOCOL.md §10.1): one, not one per
     /// lag, since a healthy subscriber briefly lags on most tracked sends that another acks
-    /// first, and every spawned timer costs each turn of the streamer.
-    eviction_timer: Option<SpawnHandle>,
+    /// first.
+    eviction_alarm: Option<Alarm>,
 }
+
+/// The consensus release of the tracked send `token` may be due: its alarm rang.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct ReleaseDue {
+    token: u64,
+}
+
+/// The earliest lag's grace period may have passed: its alarm rang.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct EvictionDue;
 
 /// The tracked send in flight.
 struct TrackedSend {
@@ -64,7 +78,8 @@ struct TrackedSend {
     token: u64,
     watermark: Watermark,
     release: oneshot::Sender<()>,
-    timer: Option<SpawnHandle>,
+    /// Set for the consensus release once a majority acked; dropped with the send.
+    alarm: Option<Alarm>,
 }
 
 impl Streamer {
@@ -117,9 +132,9 @@ impl Streamer {
             token,
             watermark: change.watermark.clone(),
             release: tx,
-            timer: None,
+            alarm: None,
         });
-        self.arm_release_timer(ctx);
+        self.set_release_alarm(ctx);
         Some(rx)
     }
 
@@ -152,19 +167,24 @@ impl Streamer {
         }
     }
 
-    /// Arms (or re-arms) the timer for the consensus release of the current broadcast.
-    fn arm_release_timer(&mut self, ctx: &mut Context<Self>) {
+    /// Sets the alarm for the consensus release of the current broadcast, if it has a moment
+    /// (a majority acked). Each later ack moves that moment later, never earlier, so an alarm
+    /// already set is kept: when it rings early, [`Streamer::check_release`] sets the next one.
+    /// One alarm per tracked send instead of one per ack.
+    fn set_release_alarm(&mut self, ctx: &mut Context<Self>) {
         let padding = self.cfg.padding;
         let now = self.now_ms();
         let Some(cur) = self.flow.tracked_send.as_mut() else {
             return;
         };
-        if let Some(t) = cur.timer.take() {
-            ctx.cancel_future(t);
-        }
-        if let Some(at) = cur.broadcast.release_at(padding) {
+        let Some(at) = cur.broadcast.release_at(padding) else {
+            cur.alarm = None;
+            return;
+        };
+        if cur.alarm.is_none() {
             let wait = Duration::from_secs_f64(((at - now).max(0.0)) / 1000.0);
-            cur.timer = Some(ctx.run_later(wait, |act, ctx| act.check_release(ctx)));
+            let due = ReleaseDue { token: cur.token };
+            cur.alarm = Some(Alarm::after(wait, &ctx.address(), due));
         }
     }
 
@@ -177,7 +197,7 @@ impl Streamer {
         if cur.broadcast.check_progress(padding, now) {
             self.finish_broadcast();
         } else {
-            self.arm_release_timer(ctx);
+            self.set_release_alarm(ctx);
         }
     }
 
@@ -282,17 +302,17 @@ impl Streamer {
             watermark: watermark.clone(),
             since_ms: now,
         });
-        self.arm_eviction_timer(ctx);
+        self.set_eviction_alarm(ctx);
     }
 
-    /// Arms the eviction timer for the end of the earliest lag's grace period, unless it is
-    /// armed already (it re-arms itself when it fires) or there is no grace (never evict).
-    fn arm_eviction_timer(&mut self, ctx: &mut Context<Self>) {
+    /// Sets the eviction alarm for the end of the earliest lag's grace period, unless it is
+    /// set already (it is set anew when it rings) or there is no grace (never evict).
+    fn set_eviction_alarm(&mut self, ctx: &mut Context<Self>) {
         let Some(grace) = self.cfg.slow_grace else {
             return;
         };
         let grace = grace.as_secs_f64() * 1000.0;
-        if self.flow.eviction_timer.is_some() {
+        if self.flow.eviction_alarm.is_some() {
             return;
         }
         let Some(since) = self
@@ -304,14 +324,8 @@ impl Streamer {
             return;
         };
         let wait = (since + grace - self.now_ms()).max(0.0);
-        self.flow.eviction_timer = Some(ctx.run_later(
-            Duration::from_secs_f64(wait / 1000.0),
-            |act, ctx| {
-                act.flow.eviction_timer = None;
-                act.evict_laggards(ctx);
-                act.arm_eviction_timer(ctx);
-            },
-        ));
+        let wait = Duration::from_secs_f64(wait / 1000.0);
+        self.flow.eviction_alarm = Some(Alarm::after(wait, &ctx.address(), EvictionDue));
     }
 
     /// Evicts every subscriber that has been lagging on the same tracked send for the grace
@@ -321,7 +335,8 @@ impl Streamer {
         let Some(grace) = self.cfg.slow_grace else {
             return;
         };
-        // The timer's millisecond resolution may fire a fraction early.
+        // Lags and alarms are timed in fractions of a millisecond apart: a half-millisecond margin
+        // keeps a lag that is due from waiting for one more alarm.
         let grace = grace.as_secs_f64() * 1000.0 - 0.5;
         let due: Vec<(SessionId, String)> = self
             .subscribers
@@ -363,7 +378,32 @@ impl Streamer {
         if cur.broadcast.mark_completed(session_id, now) {
             self.finish_broadcast();
         } else {
-            self.arm_release_timer(ctx);
+            self.set_release_alarm(ctx);
         }
+    }
+}
+
+impl Handler<ReleaseDue> for Streamer {
+    type Result = ();
+    fn handle(&mut self, due: ReleaseDue, ctx: &mut Context<Self>) {
+        let Some(cur) = self.flow.tracked_send.as_mut() else {
+            return;
+        };
+        // An alarm of a send already finished was dropped with it; one that rang as it
+        // finished may still arrive.
+        if cur.token != due.token {
+            return;
+        }
+        cur.alarm = None;
+        self.check_release(ctx);
+    }
+}
+
+impl Handler<EvictionDue> for Streamer {
+    type Result = ();
+    fn handle(&mut self, _: EvictionDue, ctx: &mut Context<Self>) {
+        self.flow.eviction_alarm = None;
+        self.evict_laggards(ctx);
+        self.set_eviction_alarm(ctx);
     }
 }

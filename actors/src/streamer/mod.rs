@@ -54,6 +54,7 @@ use actix::prelude::*;
 use log::warn;
 use tokio::time::Instant;
 
+use crate::alarm::Alarm;
 use crate::changelog::{ChangeLog, ChangeLogError, LogRange, LogStats};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
@@ -179,6 +180,8 @@ pub struct Streamer {
     subscribers_evicted: u64,
     /// A serving standby's: what records its subscribers ([`follow`]); `None` on the owner.
     follows: Option<Recipient<RecordSubscribers>>,
+    /// Rings every second for the subscribers' rate samples ([`SampleRates`]).
+    sampler: Option<Alarm>,
 }
 
 impl Streamer {
@@ -200,6 +203,7 @@ impl Streamer {
             reset_required: None,
             subscribers_evicted: 0,
             follows: None,
+            sampler: None,
         }
     }
 
@@ -269,12 +273,23 @@ impl Actor for Streamer {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Context<Self>) {
-        ctx.run_interval(Duration::from_secs(1), |act, _| {
-            let now = act.now_ms();
-            for sub in act.subscribers.values_mut() {
-                sub.sample(now);
-            }
-        });
+        let every = Duration::from_secs(1);
+        self.sampler = Some(Alarm::every(every, &ctx.address(), || SampleRates));
+    }
+}
+
+/// Time to sample each subscriber's processing rate (once a second).
+#[derive(Message)]
+#[rtype(result = "()")]
+struct SampleRates;
+
+impl Handler<SampleRates> for Streamer {
+    type Result = ();
+    fn handle(&mut self, _: SampleRates, _: &mut Context<Self>) {
+        let now = self.now_ms();
+        for sub in self.subscribers.values_mut() {
+            sub.sample(now);
+        }
     }
 }
 

@@ -6,6 +6,10 @@
 //! rules live here (shape, kinds, LexiVersions); ordering rules (begin before data, matching
 //! watermarks) belong to the streamer, which knows where a transaction stands.
 
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{Deserializer, IgnoredAny, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -132,25 +136,59 @@ fn flags(payload: &RawValue) -> Flags {
     })
 }
 
+/// The first three elements of a frame's array, borrowed from its text. Any further elements
+/// are checked as JSON and ignored. Read without collecting the elements, since a frame is
+/// parsed for every change: no allocation but the payload's own copy.
+struct Parts<'a>([Option<&'a RawValue>; 3]);
+
+impl<'de> Deserialize<'de> for Parts<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Elements;
+        impl<'de> Visitor<'de> for Elements {
+            type Value = Parts<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of [kind, payload, ...]")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parts<'de>, A::Error> {
+                let mut parts = [None; 3];
+                for part in &mut parts {
+                    *part = seq.next_element()?;
+                    if part.is_none() {
+                        return Ok(Parts(parts));
+                    }
+                }
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Parts(parts))
+            }
+        }
+        d.deserialize_seq(Elements)
+    }
+}
+
+/// The text of a JSON string, borrowed when it has no escapes (every kind the protocol has).
+fn string(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        Some(plain) if !plain.contains('\\') => Some(Cow::Borrowed(plain)),
+        _ => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
+}
+
 /// Parses one text frame.
 pub fn parse_frame(text: &str) -> Result<UpstreamMessage, FrameError> {
-    let parts: Vec<&RawValue> = match serde_json::from_str(text) {
+    let Parts([kind, payload, extra]) = match serde_json::from_str(text) {
         Ok(p) => p,
         Err(e) if e.classify() == serde_json::error::Category::Data => {
             return Err(FrameError::NotAnArray)
         }
         Err(e) => return Err(FrameError::NotJson(e.to_string())),
     };
-    let kind: String = parts
-        .first()
-        .and_then(|k| serde_json::from_str(k.get()).ok())
-        .ok_or(FrameError::NotAnArray)?;
-    let payload = *parts.get(1).ok_or(FrameError::NotAnArray)?;
+    let kind = kind.and_then(string).ok_or(FrameError::NotAnArray)?;
+    let payload = payload.ok_or(FrameError::NotAnArray)?;
     if !payload.get().starts_with('{') {
         return Err(FrameError::NotAnArray);
     }
-    let extra = parts.get(2).copied();
-    Ok(match kind.as_str() {
+    Ok(match kind.as_ref() {
         "begin" => UpstreamMessage::Begin {
             commit_watermark: watermark("begin", extra, true)?,
             skip_ack: flags(payload).skip_ack,
@@ -179,7 +217,7 @@ pub fn parse_frame(text: &str) -> Result<UpstreamMessage, FrameError> {
                 other => return Err(FrameError::UnknownControl(other.unwrap_or("").to_string())),
             }
         }
-        _ => return Err(FrameError::UnknownKind(kind)),
+        _ => return Err(FrameError::UnknownKind(kind.into_owned())),
     })
 }
 
@@ -249,10 +287,38 @@ mod tests {
     }
 
     #[test]
+    fn reads_kinds_with_escapes_and_ignores_elements_past_the_third() {
+        assert_eq!(
+            parse_frame(r#"["d\u0061ta",{"tag":"insert"}]"#),
+            Ok(UpstreamMessage::Data {
+                payload: r#"{"tag":"insert"}"#.into()
+            })
+        );
+        assert_eq!(
+            parse_frame(r#"["commit",{"tag":"commit"},{"watermark":"0a"},[1,{"x":2}],"more"]"#),
+            Ok(UpstreamMessage::Commit {
+                payload: r#"{"tag":"commit"}"#.into(),
+                watermark: w("0a")
+            })
+        );
+        assert!(matches!(
+            parse_frame(r#"["data",{"tag":"insert"},{},[1,]]"#),
+            Err(FrameError::NotJson(_))
+        ));
+        assert_eq!(
+            parse_frame(r#"["x\"y",{}]"#),
+            Err(FrameError::UnknownKind("x\"y".into()))
+        );
+    }
+
+    #[test]
     fn rejects_broken_frames() {
         assert!(matches!(parse_frame("nope"), Err(FrameError::NotJson(_))));
         assert_eq!(parse_frame(r#"{"a":1}"#), Err(FrameError::NotAnArray));
         assert_eq!(parse_frame(r#"["data"]"#), Err(FrameError::NotAnArray));
+        assert_eq!(parse_frame(r#"[]"#), Err(FrameError::NotAnArray));
+        assert_eq!(parse_frame(r#"[7,{}]"#), Err(FrameError::NotAnArray));
+        assert_eq!(parse_frame(r#"["data",[1]]"#), Err(FrameError::NotAnArray));
         assert_eq!(
             parse_frame(r#"["nope",{}]"#),
             Err(FrameError::UnknownKind("nope".into()))
