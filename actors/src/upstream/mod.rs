@@ -25,7 +25,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use actix_http::ws::Item;
 use awc::ws::{Frame, Message as WsMessage};
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures_util::stream::FuturesOrdered;
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use log::{info, warn};
@@ -224,15 +224,19 @@ type AckFuture =
 #[derive(Default)]
 struct Fragments(Option<BytesMut>);
 
+/// The text of a whole message, checked as UTF-8 where it lies: a frame's bytes are not
+/// copied to be read.
+fn utf8(bytes: &[u8]) -> Result<&str, ConnectionEnd> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| ConnectionEnd::Violation("text frame is not UTF-8".into()))
+}
+
 impl Fragments {
-    /// Returns a whole text message, `Ok(None)` for a non-text frame to ignore, or an error.
-    fn take(&mut self, frame: Frame) -> Result<Option<String>, ConnectionEnd> {
-        let text = |b: &[u8]| {
-            String::from_utf8(b.to_vec())
-                .map_err(|_| ConnectionEnd::Violation("text frame is not UTF-8".into()))
-        };
+    /// Returns the bytes of a whole text message, `Ok(None)` for a non-text frame to ignore, or
+    /// an error.
+    fn take(&mut self, frame: Frame) -> Result<Option<Bytes>, ConnectionEnd> {
         match frame {
-            Frame::Text(b) => text(&b).map(Some),
+            Frame::Text(b) => Ok(Some(b)),
             Frame::Continuation(Item::FirstText(b)) => {
                 self.0 = Some(BytesMut::from(&b[..]));
                 Ok(None)
@@ -250,7 +254,7 @@ impl Fragments {
                     .take()
                     .ok_or_else(|| ConnectionEnd::Violation("stray continuation".into()))?;
                 all.extend_from_slice(&b);
-                text(&all).map(Some)
+                Ok(Some(all.freeze()))
             }
             Frame::Binary(_) | Frame::Continuation(Item::FirstBinary(_)) => {
                 Err(ConnectionEnd::Violation("binary frame".into()))
@@ -264,6 +268,40 @@ impl Fragments {
         }
     }
 }
+
+/// Writes `first` and every further ack already due to `sink`, then flushes once.
+///
+/// Why: a commit group makes many transactions durable at once, so their acks are due
+/// together; one write for all of them instead of one each (a write to a loopback socket
+/// costs the kernel's work of both ends).
+async fn send_acks(
+    sink: &mut UpstreamSink,
+    acks: &mut FuturesOrdered<AckFuture>,
+    first: Result<Option<String>, ChangeLogError>,
+) -> Result<(), ConnectionEnd> {
+    let mut next = Some(first);
+    let mut fed = false;
+    while let Some(ack) = next.take() {
+        if let Some(frame) = ack? {
+            sink.feed(WsMessage::Text(frame.into()))
+                .await
+                .map_err(|e| ConnectionEnd::Ws(e.to_string()))?;
+            fed = true;
+        }
+        next = acks.next().now_or_never().flatten();
+    }
+    if fed {
+        sink.flush()
+            .await
+            .map_err(|e| ConnectionEnd::Ws(e.to_string()))?;
+    }
+    Ok(())
+}
+
+type UpstreamSink = futures_util::stream::SplitSink<
+    actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
+    WsMessage,
+>;
 
 async fn session(
     framed: actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
@@ -303,15 +341,11 @@ async fn session(
                 let _ = sink.send(WsMessage::Close(Some(awc::ws::CloseCode::Away.into()))).await;
                 return ConnectionEnd::Stopped;
             }
-            Some(ack) = acks.next(), if !acks.is_empty() => match ack {
-                Ok(Some(frame)) => {
-                    if let Err(e) = sink.send(WsMessage::Text(frame.into())).await {
-                        return ConnectionEnd::Ws(e.to_string());
-                    }
+            Some(ack) = acks.next(), if !acks.is_empty() => {
+                if let Err(e) = send_acks(&mut sink, &mut acks, ack).await {
+                    return e;
                 }
-                Ok(None) => {}
-                Err(e) => return ConnectionEnd::ChangeLog(e),
-            },
+            }
             _ = async { if let Some(r) = release.as_mut() { let _ = r.await; } }, if release.is_some() => {
                 release = None;
             }
@@ -331,7 +365,9 @@ async fn session(
                     match fragments.take(frame) {
                         Err(e) => return e,
                         Ok(None) => {}
-                        Ok(Some(text)) => match parse_frame(&text) {
+                        Ok(Some(bytes)) => match utf8(&bytes).and_then(|text| {
+                            parse_frame(text).map_err(|e| ConnectionEnd::Violation(e.to_string()))
+                        }) {
                             Ok(m) => waiting.push_back(m),
                             Err(e) => {
                                 // Hand over what came before, so it is not lost, then drop.
@@ -339,7 +375,7 @@ async fn session(
                                 if !before.is_empty() {
                                     let _ = streamer.send(UpstreamBatch(before)).await;
                                 }
-                                return ConnectionEnd::Violation(e.to_string());
+                                return e;
                             }
                         },
                     }

@@ -4,9 +4,10 @@
 //!
 //! Layout: a row per transaction `(watermark, changes, body, stored_ms)`, where `body` holds its
 //! changes in order, each its kind (`begin`, `data`, `commit`) and the JSON text of the
-//! message's second element exactly as received, and `stored_ms` is when it was stored
-//! ([`txn_rows`]; segments written by earlier builds have a row per change `(watermark, pos,
-//! kind, change, stored_ms)` and are read as they are); one `replication_state` row with the
+//! message's second element exactly as received, compressed with LZ4 when that makes it
+//! smaller, and `stored_ms` is when it was stored ([`txn_rows`]; segments written by earlier
+//! builds have a row per change `(watermark, pos, kind, change, stored_ms)`, or uncompressed
+//! transaction rows, and are read as they are); one `replication_state` row with the
 //! replicaVersion and the last stored commit watermark; and the safety state's tables
 //! ([`state`]).
 //!

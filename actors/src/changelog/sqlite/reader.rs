@@ -10,7 +10,7 @@ use rusqlite::{params, Connection};
 
 use super::commands::{RangeQuery, ReadCommand};
 use super::segments::{load_segments, segment_table};
-use super::txn_rows::{decode, Layout};
+use super::txn_rows::{decode, unpack, Layout};
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
 
@@ -62,8 +62,8 @@ fn read_range(
         if out.len() >= limit {
             break;
         }
-        if *layout == Layout::RowPerTransaction {
-            read_transactions(&tx, &segment_table(seg.id), query, &mut out)?;
+        if *layout != Layout::RowPerChange {
+            read_transactions(&tx, &segment_table(seg.id), *layout, query, &mut out)?;
             continue;
         }
         let mut stmt = tx.prepare_cached(&format!(
@@ -104,13 +104,15 @@ fn read_range(
     Ok(out)
 }
 
-/// Appends to `out`, from the segment table `table` of [`Layout::RowPerTransaction`], the
-/// changes after `query.after` of the transactions up to `query.up_to`, until `out` holds
-/// `query.limit`: the transaction `after` names is read too, from the change after its `pos`.
-/// The rows are stepped one at a time, so a read stops inside the transaction that fills it.
+/// Appends to `out`, from the segment table `table` of a row per transaction (`layout`, its
+/// values packed or not), the changes after `query.after` of the transactions up to
+/// `query.up_to`, until `out` holds `query.limit`: the transaction `after` names is read too,
+/// from the change after its `pos`. The rows are stepped one at a time, so a read stops inside
+/// the transaction that fills it.
 fn read_transactions(
     tx: &rusqlite::Transaction<'_>,
     table: &str,
+    layout: Layout,
     query: &RangeQuery,
     out: &mut Vec<StoredChange>,
 ) -> Result<(), ChangeLogError> {
@@ -124,6 +126,7 @@ fn read_transactions(
          WHERE watermark >= ?1 AND watermark <= ?2 ORDER BY watermark, first_pos"
     ))?;
     let mut rows = stmt.query(params![after.0.as_str(), up_to.as_str()])?;
+    let mut scratch = Vec::new();
     while out.len() < *limit {
         let Some(row) = rows.next()? else {
             break;
@@ -136,7 +139,11 @@ fn read_transactions(
             continue;
         }
         let watermark = Watermark::parse(w).map_err(|_| ChangeLogError::Corrupt(w.to_string()))?;
-        let body = row.get_ref(3)?.as_blob().map_err(rusqlite::Error::from)?;
+        let value = row.get_ref(3)?.as_blob().map_err(rusqlite::Error::from)?;
+        let body = match layout {
+            Layout::RowPerTransactionLz4 => unpack(value, &mut scratch, w)?,
+            _ => value,
+        };
         let mut decoded = 0i64;
         for change in decode(body, first_pos, w) {
             let (pos, kind, json) = change?;

@@ -33,8 +33,8 @@ pub(super) fn segment_table(id: i64) -> String {
     format!("change_log_{id}")
 }
 
-/// The `CREATE TABLE` of a new segment `id`: a row per transaction
-/// ([`Layout::RowPerTransaction`]; why: `txn_rows.rs`).
+/// The `CREATE TABLE` of a new segment `id`: a row per transaction, its value packed
+/// ([`Layout::RowPerTransactionLz4`]; why: `txn_rows.rs`).
 pub(super) fn create_segment_sql(id: i64) -> String {
     format!(
         "CREATE TABLE {} (

@@ -23,6 +23,19 @@
 //! For each change, in order: its kind (one byte: 0 begin, 1 data, 2 commit), the length of its
 //! JSON text (4 bytes, little-endian) and the text. Reading checks every length and the UTF-8
 //! of every text: a value that does not decode is a corrupt change log, never a short read.
+//!
+//! ### Packed values ([`Layout::RowPerTransactionLz4`], what this build writes)
+//! The value is led by one byte saying how the rest holds it: [`PLAIN`], as above, or [`LZ4`],
+//! its uncompressed length (4 bytes, little-endian) and the value compressed by LZ4 (block
+//! format). The writer compresses a value when that saves at least an eighth of it ([`pack`]).
+//!
+//! Why: the writer's CPU is mostly the bytes it writes. A committed page is written twice
+//! (into the write-ahead log, then into the database at the checkpoint) and fsynced, and that
+//! was ~75 % of the writer thread in `perf` at 20,000 transactions/s. The changes of one
+//! transaction repeat themselves (each `insert` carries its table's `relation` and the same
+//! column names), so LZ4 makes a transaction row several times smaller for ~1 µs of CPU, and
+//! the rows read back cost a decompression that runs at several GB/s. Incompressible values
+//! are stored as they are: LZ4 gives up on them fast.
 
 use std::sync::Arc;
 
@@ -34,15 +47,22 @@ pub(super) enum Layout {
     /// `(watermark, pos, kind, change, stored_ms)`, keyed by `(watermark, pos)`: builds before
     /// transaction rows.
     RowPerChange = 0,
-    /// `(watermark, changes, body, stored_ms)`, one row per transaction ([`encode`]).
+    /// `(watermark, changes, body, stored_ms)`, one row per transaction ([`encode`]): builds
+    /// from transaction rows to packed values.
     RowPerTransaction = 1,
+    /// The same table, each `body` packed ([`pack`]): what this build writes.
+    RowPerTransactionLz4 = 2,
 }
+
+/// The layout of every segment this build opens.
+pub(super) const CURRENT: Layout = Layout::RowPerTransactionLz4;
 
 impl Layout {
     pub(super) fn from_column(n: i64) -> Result<Layout, ChangeLogError> {
         match n {
             0 => Ok(Layout::RowPerChange),
             1 => Ok(Layout::RowPerTransaction),
+            2 => Ok(Layout::RowPerTransactionLz4),
             n => Err(ChangeLogError::Corrupt(format!("segment layout {n}"))),
         }
     }
@@ -107,6 +127,79 @@ pub(super) fn encode(
         out.extend_from_slice(json.as_bytes());
     }
     Ok(())
+}
+
+/// A packed value's first byte: the encoded changes follow as they are.
+pub(super) const PLAIN: u8 = 0;
+/// A packed value's first byte: the length of the encoded changes (4 bytes, little-endian)
+/// and their LZ4 block follow.
+pub(super) const LZ4: u8 = 1;
+
+/// LZ4 cannot expand a block's input by more than this factor (its longest match run costs a
+/// byte per 255 bytes), so a stated length above it is a corrupt value, not an allocation.
+const LZ4_MAX_RATIO: usize = 255;
+
+/// Packs the encoded changes `plain` into `out` (cleared first) as a value of
+/// [`Layout::RowPerTransactionLz4`]: compressed by LZ4 when that saves at least an eighth,
+/// else as they are.
+pub(super) fn pack(plain: &[u8], out: &mut Vec<u8>) {
+    out.clear();
+    // A length field holds it: `encode` refuses any change over 4 GiB, and a row's changes are
+    // about `CHUNK_BYTES` but for a single larger change.
+    if let Ok(len) = u32::try_from(plain.len()) {
+        out.resize(5 + lz4_flex::block::get_maximum_output_size(plain.len()), 0);
+        out[0] = LZ4;
+        out[1..5].copy_from_slice(&len.to_le_bytes());
+        if let Ok(n) = lz4_flex::block::compress_into(plain, &mut out[5..]) {
+            if 5 + n <= plain.len() - plain.len() / 8 {
+                out.truncate(5 + n);
+                return;
+            }
+        }
+        out.clear();
+    }
+    out.reserve(1 + plain.len());
+    out.push(PLAIN);
+    out.extend_from_slice(plain);
+}
+
+/// The encoded changes of the packed value `value` ([`pack`]): borrowed when stored as they
+/// are, else decompressed into `scratch`. `watermark` names the transaction in the error of a
+/// value that does not unpack.
+pub(super) fn unpack<'a>(
+    value: &'a [u8],
+    scratch: &'a mut Vec<u8>,
+    watermark: &str,
+) -> Result<&'a [u8], ChangeLogError> {
+    let corrupt = |what: &str| ChangeLogError::Corrupt(format!("transaction {watermark}: {what}"));
+    match value.first() {
+        Some(&PLAIN) => Ok(&value[1..]),
+        Some(&LZ4) => {
+            let len_bytes: [u8; 4] = value
+                .get(1..5)
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| corrupt("cut short in a packed length"))?;
+            let len = u32::from_le_bytes(len_bytes) as usize;
+            let block = &value[5..];
+            if len > block.len().saturating_mul(LZ4_MAX_RATIO) + 16 {
+                return Err(corrupt(&format!(
+                    "a packed length of {len} bytes from {} bytes",
+                    block.len()
+                )));
+            }
+            scratch.clear();
+            scratch.resize(len, 0);
+            match lz4_flex::block::decompress_into(block, scratch) {
+                Ok(n) if n == len => Ok(&scratch[..]),
+                Ok(n) => Err(corrupt(&format!("{n} of {len} packed bytes"))),
+                Err(e) => Err(corrupt(&format!(
+                    "a packed value that does not unpack ({e})"
+                ))),
+            }
+        }
+        Some(b) => Err(corrupt(&format!("packing {b}"))),
+        None => Err(corrupt("an empty value")),
+    }
 }
 
 /// The changes of a row's value, in order, as `(pos, kind, text)`, the first at `first_pos`;
@@ -250,5 +343,103 @@ mod tests {
             decode(&bad_text, 0, "0a").next(),
             Some(Err(ChangeLogError::Corrupt(_)))
         ));
+    }
+
+    /// A transaction as the load generator's: ten inserts into one table.
+    fn inserts() -> Vec<(ChangeKind, String)> {
+        let mut txn = vec![(ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string())];
+        txn.extend((0..10).map(|i| {
+            let row = format!(
+                r#"{{"tag":"insert","relation":{{"schema":"public","name":"t","rowKey":{{"columns":["id"]}}}},"new":{{"id":"4abcd-{i}","n":{i},"s":"{}"}}}}"#,
+                "x".repeat(32)
+            );
+            (ChangeKind::Data, row)
+        }));
+        txn.push((ChangeKind::Commit, r#"{"tag":"commit"}"#.to_string()));
+        txn
+    }
+
+    /// Bytes no compressor shrinks (a xorshift stream), as text of a change.
+    fn noise(len: usize) -> String {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                char::from(b'!' + (x % 90) as u8)
+            })
+            .collect()
+    }
+
+    fn round_trip(changes: &[(ChangeKind, String)]) -> Vec<u8> {
+        let (mut plain, mut packed, mut scratch) = (Vec::new(), vec![7; 9], Vec::new());
+        encode(changes, &mut plain).unwrap();
+        pack(&plain, &mut packed);
+        assert_eq!(unpack(&packed, &mut scratch, "0a").unwrap(), &plain[..]);
+        packed
+    }
+
+    #[test]
+    fn a_value_that_compresses_is_stored_packed_and_unpacks_to_its_changes() {
+        let packed = round_trip(&inserts());
+        let mut plain = Vec::new();
+        encode(&inserts(), &mut plain).unwrap();
+        assert_eq!(packed[0], LZ4);
+        assert!(
+            packed.len() * 3 < plain.len(),
+            "{} packed of {}",
+            packed.len(),
+            plain.len()
+        );
+        let mut scratch = Vec::new();
+        let body = unpack(&packed, &mut scratch, "0a").unwrap();
+        let got: Vec<_> = decode(body, 0, "0a").map(|c| c.unwrap().2).collect();
+        let want: Vec<Arc<str>> = inserts().iter().map(|(_, j)| j.as_str().into()).collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_value_that_does_not_compress_is_stored_as_it_is() {
+        let changes = vec![(ChangeKind::Data, noise(4000))];
+        let packed = round_trip(&changes);
+        assert_eq!(packed[0], PLAIN);
+        let mut plain = Vec::new();
+        encode(&changes, &mut plain).unwrap();
+        assert_eq!(&packed[1..], &plain[..]);
+        // Empty and tiny values too.
+        assert_eq!(round_trip(&[]), [PLAIN]);
+        assert_eq!(round_trip(&[(ChangeKind::Data, String::new())])[0], PLAIN);
+    }
+
+    #[test]
+    fn a_packed_value_that_does_not_unpack_is_corrupt() {
+        let packed = round_trip(&inserts());
+        let mut scratch = Vec::new();
+        let mut corrupt = |value: &[u8]| {
+            assert!(
+                matches!(
+                    unpack(value, &mut scratch, "0a"),
+                    Err(ChangeLogError::Corrupt(_))
+                ),
+                "{value:?}"
+            );
+        };
+        corrupt(&[]);
+        corrupt(&[9, 1, 2, 3]);
+        corrupt(&packed[..3]);
+        // Cut anywhere inside its block, or with a length that does not match it.
+        for cut in 5..packed.len() {
+            corrupt(&packed[..cut]);
+        }
+        let mut longer = packed.clone();
+        longer[1..5].copy_from_slice(
+            &(u32::from_le_bytes(packed[1..5].try_into().unwrap()) + 1).to_le_bytes(),
+        );
+        corrupt(&longer);
+        // A length no block of this size can hold is refused before anything is allocated.
+        let mut huge = packed.clone();
+        huge[1..5].copy_from_slice(&u32::MAX.to_le_bytes());
+        corrupt(&huge);
     }
 }

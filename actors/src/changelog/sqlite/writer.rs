@@ -19,7 +19,7 @@ use super::commands::{Work, WriteCommand, WriteQueue};
 use super::safety::StateChange;
 use super::segments::{create_segment_sql, load_segments, segment_table, watermark_col};
 use super::state;
-use super::txn_rows::{chunks, encode, Layout, CHUNK_BYTES};
+use super::txn_rows::{chunks, encode, pack, Layout, CHUNK_BYTES, CURRENT};
 use super::types::{ChangeLogError, LogStats, PurgeHold, PurgeOutcome, Reply, Transaction};
 use crate::clock::Clock;
 use crate::watermark::Watermark;
@@ -35,7 +35,7 @@ const WINDOW_TXNS: usize = 32;
 /// every transaction.
 const MIN_NAP: Duration = Duration::from_millis(1);
 
-/// The `INSERT` of a transaction's row into segment table `table` ([`Layout::RowPerTransaction`]).
+/// The `INSERT` of a transaction's row into segment table `table` ([`CURRENT`]).
 fn insert_sql(table: &str) -> String {
     format!(
         "INSERT OR REPLACE INTO {table} (watermark, first_pos, changes, body, stored_ms)
@@ -50,11 +50,15 @@ pub(super) struct Writer {
     conn: Connection,
     pub(super) stats: LogStats,
     segments: Vec<Segment>,
-    /// The segments of [`Layout::RowPerChange`], written by builds before transaction rows;
-    /// all others are [`Layout::RowPerTransaction`].
+    /// The segments of [`Layout::RowPerChange`], written by builds before transaction rows.
     row_per_change: HashSet<i64>,
-    /// The value of the row being stored, its buffer kept between rows.
+    /// The segments of a layout other than [`CURRENT`], written by earlier builds: never
+    /// appended to.
+    earlier: HashSet<i64>,
+    /// The encoded changes of the row being stored, its buffer kept between rows.
     body: Vec<u8>,
+    /// The same packed ([`pack`]): the row's value.
+    packed: Vec<u8>,
     segment_rows: u64,
     clock: Clock,
     /// The newest store time written; store times never go back, even if the clock does.
@@ -82,12 +86,16 @@ impl Writer {
         )?;
         let (segments, layouts): (Vec<Segment>, Vec<Layout>) =
             load_segments(&conn)?.into_iter().unzip();
-        let row_per_change = segments
-            .iter()
-            .zip(layouts)
-            .filter(|(_, l)| *l == Layout::RowPerChange)
-            .map(|(s, _)| s.id)
-            .collect();
+        let ids_of = |keep: &dyn Fn(Layout) -> bool| -> HashSet<i64> {
+            segments
+                .iter()
+                .zip(&layouts)
+                .filter(|(_, l)| keep(**l))
+                .map(|(s, _)| s.id)
+                .collect()
+        };
+        let row_per_change = ids_of(&|l| l == Layout::RowPerChange);
+        let earlier = ids_of(&|l| l != CURRENT);
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         let mut w = Writer {
             conn,
@@ -97,7 +105,9 @@ impl Writer {
             },
             segments,
             row_per_change,
+            earlier,
             body: Vec::new(),
+            packed: Vec::new(),
             segment_rows,
             clock,
             last_stored_ms,
@@ -292,12 +302,12 @@ impl Writer {
     ) -> Result<(), rusqlite::Error> {
         let mut touched_from = self.segments.len().saturating_sub(1);
         for (txn, _) in group {
-            // A segment of the older layout is never appended to: the first append after an
+            // A segment of an earlier layout is never appended to: the first append after an
             // upgrade opens a new segment.
             let old_last = self
                 .segments
                 .last()
-                .filter(|s| self.row_per_change.contains(&s.id))
+                .filter(|s| self.earlier.contains(&s.id))
                 .map(|s| s.id + 1);
             if let Some(id) =
                 catalogue::new_segment_id(&self.segments, self.segment_rows).or(old_last)
@@ -310,7 +320,7 @@ impl Writer {
                         id,
                         txn.watermark.as_str(),
                         stored_ms,
-                        Layout::RowPerTransaction as i64
+                        CURRENT as i64
                     ],
                 )?;
                 self.segments
@@ -326,17 +336,21 @@ impl Writer {
             for (first_pos, run) in chunks(&txn.changes) {
                 encode(run, &mut self.body)
                     .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+                pack(&self.body, &mut self.packed);
                 insert.execute(params![
                     txn.watermark.as_str(),
                     first_pos,
                     run.len() as i64,
-                    self.body.as_slice(),
+                    self.packed.as_slice(),
                     stored_ms
                 ])?;
             }
             drop(insert);
             if self.body.capacity() > BODY_KEPT {
                 self.body = Vec::new();
+            }
+            if self.packed.capacity() > BODY_KEPT {
+                self.packed = Vec::new();
             }
             catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
         }

@@ -1,9 +1,10 @@
-//! The SQLite engine's two segment layouts (`sqlite/txn_rows.rs`): a change log written by a
-//! build that stored a row per change opens, reads on into the transaction rows written after
-//! it, answers `has_commit` and purges across both; a large transaction is several rows, read
-//! from any position; a transaction row that does not decode is a corrupt change log.
+//! The SQLite engine's segment layouts (`sqlite/txn_rows.rs`): a change log written by a build
+//! that stored a row per change, or a row per transaction with plain values, opens, reads on
+//! into the packed transaction rows written after it, answers `has_commit` and purges across
+//! them; a large transaction is several rows, read from any position; a transaction row that
+//! does not decode or unpack is a corrupt change log.
 use super::*;
-use rusqlite::Connection;
+use rusqlite::{params, Connection};
 
 /// A change log as the builds before transaction rows wrote it: transactions 1 and 3, each a
 /// begin, one insert and a commit, in segment 1 of the row-per-change layout.
@@ -71,7 +72,7 @@ async fn a_row_per_change_log_reads_on_into_transaction_rows_and_purges_across()
         .collect();
     assert_eq!(
         layouts,
-        [(1, 0), (2, 1)],
+        [(1, 0), (2, 2)],
         "the old segment is never appended to"
     );
     let w = Watermark::from_u64;
@@ -174,18 +175,130 @@ async fn a_transaction_row_that_does_not_decode_is_a_corrupt_change_log() {
     let table: i64 = conn
         .query_row("SELECT id FROM segments", [], |r| r.get(0))
         .unwrap();
-    // Cut short right after its begin (5 + 15 bytes): only its count says what is missing.
-    conn.execute(
-        &format!("UPDATE change_log_{table} SET body = substr(body, 1, 20) WHERE watermark = ?1"),
-        [Watermark::from_u64(2).as_str()],
-    )
-    .unwrap();
-    let read = log
-        .read(
+    let read_2 = || {
+        log.read(
             (Watermark::from_u64(1), i64::MAX),
             Watermark::from_u64(2),
             100,
         )
-        .await;
+    };
+    // Stored as it is but only its begin: only its count says what is missing.
+    let begin_only = [&[0u8][..], &plain_value(&txn(2, 2).changes[..1])].concat();
+    let set_body = |body: &[u8]| {
+        conn.execute(
+            &format!("UPDATE change_log_{table} SET body = ?2 WHERE watermark = ?1"),
+            params![Watermark::from_u64(2).as_str(), body],
+        )
+        .unwrap()
+    };
+    set_body(&begin_only);
+    let read = read_2().await;
     assert!(matches!(read, Err(ChangeLogError::Corrupt(_))), "{read:?}");
+    // Packed, with a block that does not unpack.
+    set_body(&[1, 200, 0, 0, 0, 0xff, 0xff, 0xff]);
+    let read = read_2().await;
+    assert!(matches!(read, Err(ChangeLogError::Corrupt(_))), "{read:?}");
+}
+
+/// A transaction's changes as a value of the plain transaction rows (layout 1): each change's
+/// kind byte, its length (4 bytes, little-endian) and its text.
+fn plain_value(changes: &[(ChangeKind, String)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (kind, json) in changes {
+        out.push(match kind {
+            ChangeKind::Begin => 0,
+            ChangeKind::Data => 1,
+            ChangeKind::Commit => 2,
+        });
+        out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        out.extend_from_slice(json.as_bytes());
+    }
+    out
+}
+
+/// A change log as the builds of plain transaction rows wrote it: transactions 1 and 3 of
+/// `rows` inserts each, in segment 1 of layout 1.
+fn write_plain_rows_log(dir: &std::path::Path, rows: usize) {
+    let conn = Connection::open(dir.join(DB_FILE)).unwrap();
+    let (w1, w3) = (Watermark::from_u64(1), Watermark::from_u64(3));
+    conn.execute_batch(&format!(
+        "CREATE TABLE segments (id INTEGER PRIMARY KEY, min_watermark TEXT NOT NULL,
+             max_watermark TEXT NOT NULL, rows INTEGER NOT NULL,
+             max_stored_ms INTEGER NOT NULL DEFAULT 0, layout INTEGER NOT NULL DEFAULT 0);
+         CREATE TABLE replication_state (id INTEGER PRIMARY KEY CHECK (id = 0),
+             replica_version TEXT, last_watermark TEXT);
+         CREATE TABLE change_log_1 (watermark TEXT NOT NULL, first_pos INTEGER NOT NULL,
+             changes INTEGER NOT NULL, body BLOB NOT NULL, stored_ms INTEGER NOT NULL,
+             UNIQUE (watermark, first_pos));
+         INSERT INTO replication_state VALUES (0, '{w1}', '{w3}');
+         INSERT INTO segments VALUES (1, '{w1}', '{w3}', {}, 0, 1);",
+        2 * (rows + 2)
+    ))
+    .unwrap();
+    for n in [1u64, 3] {
+        let t = txn(n, rows);
+        conn.execute(
+            "INSERT INTO change_log_1 VALUES (?1, 0, ?2, ?3, 0)",
+            params![
+                t.watermark.as_str(),
+                t.changes.len() as i64,
+                plain_value(&t.changes)
+            ],
+        )
+        .unwrap();
+    }
+}
+
+#[actix_rt::test]
+async fn a_log_of_plain_transaction_rows_reads_on_into_packed_rows_and_purges_across() {
+    let dir = tempfile::tempdir().unwrap();
+    // Ten inserts a transaction: values that pack.
+    write_plain_rows_log(dir.path(), 10);
+    let log = ChangeLog::open_with(dir.path(), 1000, Clock::System).unwrap();
+    for n in [4, 5] {
+        log.append(txn(n, 10)).await.unwrap();
+    }
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let segments: Vec<(i64, i64)> = conn
+        .prepare("SELECT id, layout FROM segments ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(
+        segments,
+        [(1, 1), (2, 2)],
+        "the old segment is never appended to"
+    );
+    let packing: Vec<i64> = conn
+        .prepare("SELECT unicode(body) FROM change_log_2 ORDER BY watermark")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_eq!(packing, [1, 1], "both new rows are stored compressed");
+    let w = Watermark::from_u64;
+    let all = log.read((w(0), i64::MAX), w(5), 100).await.unwrap();
+    let want: Vec<(u64, i64)> = [1u64, 3, 4, 5]
+        .iter()
+        .flat_map(|&n| (0..12).map(move |p| (n, p)))
+        .collect();
+    assert_eq!(positions(&all), want);
+    for (got, n) in all.chunks(12).zip([1u64, 3, 4, 5]) {
+        let texts: Vec<&str> = got.iter().map(|c| &*c.json).collect();
+        let t = txn(n, 10);
+        let want: Vec<&str> = t.changes.iter().map(|(_, j)| j.as_str()).collect();
+        assert_eq!(texts, want, "transaction {n}");
+    }
+    // From inside a transaction of either layout.
+    let mid_old = log.read((w(3), 10), w(5), 3).await.unwrap();
+    assert_eq!(positions(&mid_old), [(3, 11), (4, 0), (4, 1)]);
+    let mid_new = log.read((w(4), 5), w(5), 100).await.unwrap();
+    assert_eq!(positions(&mid_new)[0], (4, 6));
+    assert_eq!(mid_new.len(), 6 + 12);
+    // A purge below 4 drops the old segment, counting its changes.
+    assert_eq!(log.purge_scheduled(w(4), i64::MAX).await.unwrap().rows, 24);
+    assert_eq!(log.stats().await.unwrap().rows, 24);
 }
