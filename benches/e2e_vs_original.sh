@@ -10,12 +10,16 @@
 #   benches/e2e_vs_original.sh                       # 3 saturated runs at 8 and 64 subs, then
 #                                                    # 2,000 txns/s at 8 and 64 subs, both services
 #   RUNS=3 SUBS="8 64" RATE=2000 RATE_SUBS="8 64" WARM_S=3 MEAS_S=10 WINDOW=256 SERVICES="ours zero"
-#   FRAMINGS="per-frame batched" LG_THREADS=1
+#   FRAMINGS="per-frame batched" LG_THREADS=1 LG_FLAGS=
 #
 # LG_THREADS: threads the load generator spreads its subscribers over (its --threads; default 1,
 # all on one thread). 64 batched subscribers at 2,000 txns/s are ~1.5 M messages/s, about what
 # one thread reads: on a busy machine its own lag is measured as latency, which LG_THREADS=2
 # avoids. Every service's runs get the same value, so the comparison stays fair.
+#
+# LG_FLAGS: further flags for the load generator, the same for every service, e.g.
+# LG_FLAGS=--row-noise (each row's text drawn anew: nothing to compress but the payloads'
+# structure) or LG_FLAGS="--row-bytes 1024".
 #
 # SERVICES may also name ours-tls: our binary serving its subscribers over TLS (wss://, a
 # self-signed P-256 certificate made here with openssl); then ours and ours-tls both run with a
@@ -32,6 +36,7 @@ ZW_DIR=${ZW_DIR:-/tmp/cs-e2e-zero}
 RUNS=${RUNS:-3} SUBS=${SUBS:-8 64} RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-8 64}
 WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256} SERVICES=${SERVICES:-ours zero}
 FRAMINGS=${FRAMINGS:-per-frame batched} LG_THREADS=${LG_THREADS:-1}
+read -r -a LG_EXTRA <<< "${LG_FLAGS:-}"
 OUT=$(mktemp -d /tmp/cs-e2e.XXXXXX)
 echo "logs and results in $OUT" >&2
 
@@ -72,7 +77,7 @@ run() {
   fi
   "$LOADGEN" --label "$svc" "${batched[@]}" --listen 127.0.0.1:"$up" --service "$scheme://127.0.0.1:$sp" "${access[@]}" \
     --service-pid-file "$dir/pid" --subs "$subs" --rate "$rate" --window "$WINDOW" \
-    --warm-s "$WARM_S" --meas-s "$MEAS_S" --threads "$LG_THREADS" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
+    --warm-s "$WARM_S" --meas-s "$MEAS_S" --threads "$LG_THREADS" "${LG_EXTRA[@]}" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
   lg=$!
   if [[ $svc == ours* ]]; then
     RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "$sp" --data-dir "$dir/data" \

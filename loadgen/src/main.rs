@@ -83,6 +83,10 @@ struct Args {
     /// Bytes of each insert's payload (about); 0 keeps the ~160-byte rows.
     #[arg(long, default_value_t = 0)]
     row_bytes: usize,
+    /// Fill each insert's text column with letters and digits drawn anew for every row
+    /// (nothing to compress but the payload's structure) instead of the same `x`s.
+    #[arg(long)]
+    row_noise: bool,
     /// Subscribe with `wsBatched=true`: read both frame shapes, ack cumulatively (PROTOCOL.md §5).
     #[arg(long)]
     batched: bool,
@@ -169,7 +173,7 @@ async fn run(args: Args) -> i32 {
         app: args.app.clone(),
         shard: args.shard.clone(),
         changes: args.changes,
-        filler: workload::filler(args.row_bytes),
+        filler: workload::filler(args.row_bytes, args.row_noise),
         window: args.window,
         pace,
     };

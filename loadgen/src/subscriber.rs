@@ -359,7 +359,7 @@ mod measure {
                 .map(|f| {
                     let mut payloads = Vec::new();
                     for seq in FIRST_SEQ + 1 + 4 * f..FIRST_SEQ + 5 + 4 * f {
-                        live_tx(seq, 10, &filler(row_bytes), &mut payloads);
+                        live_tx(seq, 10, &filler(row_bytes, false), &mut payloads);
                     }
                     format!(r#"{{"batch":[{}],"id":{}}}"#, payloads.join(","), f + 2)
                 })

@@ -34,7 +34,7 @@ pub struct SourceConfig {
     pub shard: String,
     pub changes: usize,
     /// The text column of every inserted row ([`crate::workload::filler`]).
-    pub filler: String,
+    pub filler: crate::workload::Filler,
     pub window: u64,
     pub pace: Pace,
 }

@@ -119,20 +119,60 @@ fn commit(w: &str) -> String {
     format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#)
 }
 
+/// The text column of the live rows.
+#[derive(Clone, Debug)]
+pub enum Filler {
+    /// The same text in every row (`x`s): what compresses best.
+    Same(String),
+    /// Letters and digits drawn anew for every row, this many of them: nothing a compressor
+    /// finds twice but the payload's structure (`--row-noise`).
+    Noise(usize),
+}
+
 /// The text column of every live row: 32 characters, or `row_bytes` minus the rest of the
-/// insert's payload (so that each `data` payload is about `row_bytes` long).
-pub fn filler(row_bytes: usize) -> String {
+/// insert's payload (so that each `data` payload is about `row_bytes` long); drawn anew for
+/// every row with `noise`.
+pub fn filler(row_bytes: usize, noise: bool) -> Filler {
     // The payload around the text column, for a watermark of ~5 characters and a small `i`.
     const AROUND: usize = 130;
-    "x".repeat(row_bytes.saturating_sub(AROUND).max(32))
+    let len = row_bytes.saturating_sub(AROUND).max(32);
+    if noise {
+        Filler::Noise(len)
+    } else {
+        Filler::Same("x".repeat(len))
+    }
+}
+
+/// `len` letters and digits, a function of `seed` (xorshift64*): a transaction is the same
+/// whenever it is sent again.
+fn noise(seed: u64, len: usize) -> String {
+    const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let r = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            char::from(CHARS[(r >> 58) as usize % CHARS.len()])
+        })
+        .collect()
 }
 
 /// Appends the frames of live transaction `seq`: begin, `changes` inserts of a fresh row each
-/// (id `<watermark>-<i>`, as zero's peer source does, text column `s`), commit.
-pub fn live_tx(seq: u64, changes: usize, s: &str, out: &mut Vec<String>) {
+/// (id `<watermark>-<i>`, as zero's peer source does, text column `s` from `fill`), commit.
+pub fn live_tx(seq: u64, changes: usize, fill: &Filler, out: &mut Vec<String>) {
     let w = lexi(seq);
     out.push(begin(&w));
     for i in 0..changes {
+        let drawn;
+        let s = match fill {
+            Filler::Same(s) => s.as_str(),
+            Filler::Noise(len) => {
+                drawn = noise(seq.wrapping_mul(1 << 20).wrapping_add(i as u64), *len);
+                drawn.as_str()
+            }
+        };
         out.push(format!(
             r#"["data",{{"tag":"insert","relation":{REL},"new":{{"id":"{w}-{i}","n":{i},"s":"{s}"}}}}]"#
         ));
@@ -174,7 +214,7 @@ mod tests {
     #[test]
     fn watermark_is_read_from_begin_commit_and_status() {
         let mut out = Vec::new();
-        live_tx(1001, 1, &filler(0), &mut out);
+        live_tx(1001, 1, &filler(0, false), &mut out);
         assert_eq!(frame_watermark(&out[0]), Some("1rt"));
         assert_eq!(frame_watermark(&out[2]), Some("1rt"));
         assert_eq!(
@@ -187,11 +227,28 @@ mod tests {
     #[test]
     fn frames_are_json_arrays() {
         let mut out = Vec::new();
-        live_tx(1001, 10, &filler(1024), &mut out);
+        live_tx(1001, 10, &filler(1024, false), &mut out);
+        live_tx(1002, 10, &filler(1024, true), &mut out);
         out.extend(initial_sync("zero", "0"));
         for f in out {
             let v: serde_json::Value = serde_json::from_str(&f).expect(&f);
             assert!(v.is_array());
         }
+    }
+
+    #[test]
+    fn noise_rows_differ_from_each_other_and_are_the_same_when_sent_again() {
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        live_tx(1001, 3, &filler(0, true), &mut a);
+        live_tx(1001, 3, &filler(0, true), &mut b);
+        assert_eq!(a, b);
+        let s = |f: &str| f.rsplit_once(r#""s":""#).unwrap().1.to_string();
+        assert_ne!(s(&a[1]), s(&a[2]));
+        assert_eq!(
+            s(&a[1]).len(),
+            32 + 4,
+            "32 characters, the closing quote and braces"
+        );
+        assert!(s(&a[1])[..32].chars().all(|c| c.is_ascii_alphanumeric()));
     }
 }
