@@ -302,3 +302,15 @@ async fn a_log_of_plain_transaction_rows_reads_on_into_packed_rows_and_purges_ac
     assert_eq!(log.purge_scheduled(w(4), i64::MAX).await.unwrap().rows, 24);
     assert_eq!(log.stats().await.unwrap().rows, 24);
 }
+
+#[actix_rt::test]
+async fn a_log_of_a_layout_this_build_does_not_know_is_refused_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    write_plain_rows_log(dir.path(), 1);
+    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    conn.execute("UPDATE segments SET layout = 3", []).unwrap();
+    match ChangeLog::open_with(dir.path(), 1000, Clock::System) {
+        Err(e) => assert!(e.to_string().contains("layout 3"), "{e}"),
+        Ok(_) => panic!("a change log of layout 3 opened"),
+    }
+}
