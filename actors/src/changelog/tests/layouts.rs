@@ -37,6 +37,16 @@ fn write_row_per_change_log(dir: &std::path::Path) {
     conn.execute_batch(&sql).unwrap();
 }
 
+/// `(id, layout)` of each segment in the catalogue, oldest first.
+fn segment_layouts(conn: &Connection) -> Vec<(i64, i64)> {
+    conn.prepare("SELECT id, layout FROM segments ORDER BY id")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect()
+}
+
 /// `(watermark, pos)` of each row read.
 fn positions(rows: &[StoredChange]) -> Vec<(u64, i64)> {
     rows.iter()
@@ -63,13 +73,7 @@ async fn a_row_per_change_log_reads_on_into_transaction_rows_and_purges_across()
     let s = log.stats().await.unwrap();
     assert_eq!(s.rows, 15);
     let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
-    let layouts: Vec<(i64, i64)> = conn
-        .prepare("SELECT id, layout FROM segments ORDER BY id")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
+    let layouts = segment_layouts(&conn);
     assert_eq!(
         layouts,
         [(1, 0), (2, 2)],
@@ -259,13 +263,7 @@ async fn a_log_of_plain_transaction_rows_reads_on_into_packed_rows_and_purges_ac
         log.append(txn(n, 10)).await.unwrap();
     }
     let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
-    let segments: Vec<(i64, i64)> = conn
-        .prepare("SELECT id, layout FROM segments ORDER BY id")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
+    let segments = segment_layouts(&conn);
     assert_eq!(
         segments,
         [(1, 1), (2, 2)],
