@@ -281,12 +281,22 @@ async fn send_acks(
 ) -> Result<(), ConnectionEnd> {
     let mut next = Some(first);
     let mut fed = false;
+    // An ack that failed (its transaction was not stored) ends the connection, but the acks
+    // before it are still written.
+    let mut failed = None;
     while let Some(ack) = next.take() {
-        if let Some(frame) = ack? {
-            sink.feed(WsMessage::Text(frame.into()))
-                .await
-                .map_err(|e| ConnectionEnd::Ws(e.to_string()))?;
-            fed = true;
+        match ack {
+            Ok(Some(frame)) => {
+                sink.feed(WsMessage::Text(frame.into()))
+                    .await
+                    .map_err(|e| ConnectionEnd::Ws(e.to_string()))?;
+                fed = true;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                failed = Some(ConnectionEnd::ChangeLog(e));
+                break;
+            }
         }
         next = acks.next().now_or_never().flatten();
     }
@@ -295,7 +305,7 @@ async fn send_acks(
             .await
             .map_err(|e| ConnectionEnd::Ws(e.to_string()))?;
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 type UpstreamSink = futures_util::stream::SplitSink<
