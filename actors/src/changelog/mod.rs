@@ -51,7 +51,7 @@ pub struct ChangeLog {
     /// Whether this instance still owns the change log (SQLite: always).
     owner: watch::Receiver<bool>,
     /// The SQLite writer thread, unparked by every command but an append: it may be sleeping
-    /// out a commit window (`sqlite/writer.rs`), which such a command ends. `None`: PostgreSQL.
+    /// out a commit window (`sqlite/writer/mod.rs`), which such a command ends. `None`: PostgreSQL.
     wake: Option<thread::Thread>,
 }
 
