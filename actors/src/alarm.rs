@@ -12,8 +12,8 @@
 //! polled only when its deadline passes; it then sends its message. Dropping it aborts the
 //! task, so a timer cannot outlive the state it belongs to.
 //!
-//! Alarms hold a [`WeakAddr`](actix::WeakAddr): an armed alarm never keeps its actor alive, and one that fires
-//! after the actor stopped sends nothing.
+//! Alarms hold a [`WeakAddr`](actix::WeakAddr): an armed alarm never keeps its actor alive,
+//! and one that fires after the actor stopped sends nothing.
 
 use std::time::Duration;
 
