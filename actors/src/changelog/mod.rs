@@ -12,7 +12,8 @@
 //!
 //! The folder: this file is the handle; [`types`] the vocabulary both engines share (rows,
 //! stats, errors), [`safety`] the safety state's types, [`catalogue`] the segment decisions
-//! both engines make the same way, [`commands`] what the handle sends them. None of these
+//! both engines make the same way, [`txn_value`] how both store a transaction's changes in a
+//! row, [`commands`] what the handle sends them. None of these
 //! imports an engine or this file, and the engines do not import each other.
 
 mod catalogue;
@@ -20,6 +21,7 @@ mod commands;
 mod postgres;
 mod safety;
 mod sqlite;
+mod txn_value;
 mod types;
 
 use std::path::Path;

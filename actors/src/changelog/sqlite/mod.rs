@@ -35,7 +35,7 @@ use log::info;
 use tokio::sync::watch;
 
 // The change log's shared leaves, for this engine's files.
-use super::{catalogue, commands, safety, types};
+use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, WriteQueue};
 use self::connection::open_connection;

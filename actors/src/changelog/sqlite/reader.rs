@@ -10,7 +10,8 @@ use rusqlite::{params, Connection};
 
 use super::commands::{RangeQuery, ReadCommand};
 use super::segments::{load_segments, segment_table};
-use super::txn_rows::{decode, unpack, Layout};
+use super::txn_rows::Layout;
+use super::txn_value::{decode, unpack};
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
 
