@@ -11,10 +11,11 @@ use crate::ownership;
 pub(super) struct GroupStatements {
     /// [`ownership::HOLDS_LOCK`]: the fence.
     pub(super) fence: Statement,
-    /// The group's rows, its segments' counts, the replication state and the commit notice,
-    /// in one statement (each data-modifying `WITH` part runs whether read or not).
+    /// The group's rows (a row per transaction of ordinary size, its value packed), its
+    /// segments' counts, the replication state and the commit notice, in one statement (each
+    /// data-modifying `WITH` part runs whether read or not).
     pub(super) group: Statement,
-    /// A segment's row in the catalogue, as a group opens it.
+    /// A segment's row in the catalogue, with its layout, as a group opens it.
     pub(super) open_segment: Statement,
 }
 
@@ -25,13 +26,13 @@ impl GroupStatements {
             group: c
                 .prepare(
                     r#"WITH stored AS (
-                        INSERT INTO change_streamer.change_log
-                            (segment, watermark, pos, kind, change, stored_ms)
-                        SELECT s, w, p, k, c, $6
-                        FROM unnest($1::int8[], $2::text[], $3::int8[], $4::text[], $5::text[])
-                            AS t(s, w, p, k, c)
-                        ON CONFLICT (watermark, pos, segment) DO UPDATE
-                        SET kind = excluded.kind, change = excluded.change,
+                        INSERT INTO change_streamer.txn_log
+                            (segment, watermark, first_pos, changes, body, stored_ms)
+                        SELECT s, w, p, n, b, $6
+                        FROM unnest($1::int8[], $2::text[], $3::int8[], $4::int8[], $5::bytea[])
+                            AS t(s, w, p, n, b)
+                        ON CONFLICT (watermark, first_pos, segment) DO UPDATE
+                        SET changes = excluded.changes, body = excluded.body,
                             stored_ms = excluded.stored_ms
                     ), counted AS (
                         UPDATE change_streamer.segments AS g
@@ -51,8 +52,8 @@ impl GroupStatements {
             open_segment: c
                 .prepare(
                     "INSERT INTO change_streamer.segments
-                         (id, min_watermark, max_watermark, rows, max_stored_ms)
-                     VALUES ($1, $2, $2, 0, $3)",
+                         (id, min_watermark, max_watermark, rows, max_stored_ms, layout)
+                     VALUES ($1, $2, $2, 0, $3, $4)",
                 )
                 .await?,
         })

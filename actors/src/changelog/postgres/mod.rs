@@ -39,7 +39,7 @@ use tokio::sync::{oneshot, watch};
 use tokio_postgres::{Client, Config};
 
 // The change log's shared leaves, for this engine's files.
-use super::{catalogue, commands, safety, types};
+use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
 use self::connection::{connect, redacted, runtime, with_causes};

@@ -6,7 +6,8 @@
 //! rows of the partitions it lists as overlapping the range, in segment order. One snapshot
 //! makes the catalogue and the rows agree (the owner updates both in the transaction that
 //! stores a commit group), so a purge that commits during the read cannot cut a gap into it.
-//! Reading each partition (`change_log_<id>`) by a statement prepared once per connection,
+//! Reading each partition (`txn_log_<id>`, or `change_log_<id>` of an older segment) by a
+//! statement prepared once per connection,
 //! rather than the partitioned parent, is what keeps a read cheap however long the log: a
 //! statement on the parent is planned over every partition (milliseconds at 65 partitions)
 //! and waits for the owner's transaction that creates a partition (it locks the parent). The
@@ -16,6 +17,15 @@
 //! A partition the snapshot still lists can be dropped by a purge before the read reaches it
 //! (dropping needs no lock the snapshot holds): that read fails as an undefined table and is
 //! made again, in a new snapshot that no longer lists it.
+//!
+//! ### Transaction rows, fetched by the changes they hold
+//! A read's limit counts changes, and a row of `txn_log` holds a transaction's (a dozen, or
+//! one). So its rows are fetched in steps sized by the changes per row seen so far
+//! ([`Conn::changes_per_row`]), each step from after the last row of the one before, in the same
+//! snapshot, until the limit is reached or the range ends: asking for `limit` rows would read
+//! up to a dozen times what is needed, asking for too few costs one more round trip. The
+//! commit travels with a step only when that step asks for as many rows as changes are left
+//! (it cannot be followed by another).
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
@@ -28,7 +38,8 @@ use tokio_postgres::{Client, Config, Statement};
 use super::commands::{RangeQuery, ReadCommand};
 use super::connection::connect;
 use super::read_cache::ReadCache;
-use super::schema::{parse_watermark, partition};
+use super::schema::{parse_watermark, Layout};
+use super::txn_value::{decode, unpack};
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
 
 /// Whether a reader checks that nothing it read past was purged: a standby's must (its
@@ -122,6 +133,9 @@ struct Conn {
     /// Each partition's read, prepared at its first read; forgotten once the catalogue no
     /// longer lists it.
     partitions: HashMap<i64, Statement>,
+    /// The changes per row of `txn_log` the last step read, at least 1: how many rows the next
+    /// step asks for (see the module documentation).
+    changes_per_row: usize,
 }
 
 impl Conn {
@@ -132,10 +146,12 @@ impl Conn {
             .await?;
         let catalogue = client
             .prepare(
-                "SELECT o.oldest, o.first, COALESCE(r.ids, '{}')
+                "SELECT o.oldest, o.first, COALESCE(r.ids, '{}'), COALESCE(r.layouts, '{}')
                  FROM (SELECT MIN(min_watermark) AS oldest, MIN(id) AS first
                        FROM change_streamer.segments) AS o,
-                      (SELECT array_agg(id ORDER BY id) AS ids FROM change_streamer.segments
+                      (SELECT array_agg(id ORDER BY id) AS ids,
+                              array_agg(layout ORDER BY id) AS layouts
+                       FROM change_streamer.segments
                        WHERE max_watermark >= $1 AND min_watermark <= $2) AS r",
             )
             .await?;
@@ -144,6 +160,7 @@ impl Conn {
             oldest,
             catalogue,
             partitions: HashMap::new(),
+            changes_per_row: 1,
         })
     }
 
@@ -224,29 +241,21 @@ impl Conn {
             purged_past(query, catalogue.get(0))?;
         }
         let ids: Vec<i64> = catalogue.get(2);
+        let layouts: Vec<i16> = catalogue.get(3);
         let mut out = Vec::new();
-        for (i, id) in ids.iter().enumerate() {
-            let statement = self.partition(*id).await?;
-            let c = &self.client;
-            let left = (*limit - out.len()) as i64;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&after.0.as_str(), &after.1, &up_to.as_str(), &left];
-            let rows = if i + 1 == ids.len() {
-                *open = false;
-                let (rows, _) =
-                    tokio::try_join!(c.query(&statement, &params), c.batch_execute("COMMIT"))?;
-                rows
-            } else {
-                c.query(&statement, &params).await?
-            };
-            for r in rows {
-                let kind: String = r.get(2);
-                out.push(StoredChange {
-                    watermark: parse_watermark(r.get(0))?,
-                    pos: r.get(1),
-                    kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
-                    json: Arc::from(r.get::<_, &str>(3)),
-                });
+        for (i, (id, layout)) in ids.iter().zip(layouts).enumerate() {
+            let layout = Layout::from_column(layout)?;
+            let statement = self.partition(*id, layout).await?;
+            let last = i + 1 == ids.len();
+            match layout {
+                Layout::RowPerChange => {
+                    self.read_changes(&statement, query, last, open, &mut out)
+                        .await?
+                }
+                Layout::RowPerTransaction => {
+                    self.read_transactions(&statement, query, last, open, &mut out)
+                        .await?
+                }
             }
             if out.len() >= *limit {
                 break;
@@ -255,20 +264,133 @@ impl Conn {
         Ok(out)
     }
 
-    /// Segment `id`'s read statement, prepared at its first use.
-    async fn partition(&mut self, id: i64) -> Result<Statement, ChangeLogError> {
+    /// Appends the rows of a partition of [`Layout::RowPerChange`] after `query.after`, at most
+    /// what the limit leaves; with the commit if `last`.
+    async fn read_changes(
+        &self,
+        statement: &Statement,
+        query: &RangeQuery,
+        last: bool,
+        open: &mut bool,
+        out: &mut Vec<StoredChange>,
+    ) -> Result<(), ChangeLogError> {
+        let c = &self.client;
+        let (after, up_to) = (&query.after, &query.up_to);
+        let left = (query.limit - out.len()) as i64;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&after.0.as_str(), &after.1, &up_to.as_str(), &left];
+        let rows = if last {
+            *open = false;
+            let (rows, _) =
+                tokio::try_join!(c.query(statement, &params), c.batch_execute("COMMIT"))?;
+            rows
+        } else {
+            c.query(statement, &params).await?
+        };
+        for r in rows {
+            let kind: String = r.get(2);
+            out.push(StoredChange {
+                watermark: parse_watermark(r.get(0))?,
+                pos: r.get(1),
+                kind: ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?,
+                json: Arc::from(r.get::<_, &str>(3)),
+            });
+        }
+        Ok(())
+    }
+
+    /// Appends the changes after `query.after` of a partition of [`Layout::RowPerTransaction`],
+    /// until the limit, in steps (see the module documentation); with the commit if `last` and
+    /// a step cannot be followed by another.
+    async fn read_transactions(
+        &mut self,
+        statement: &Statement,
+        query: &RangeQuery,
+        last: bool,
+        open: &mut bool,
+        out: &mut Vec<StoredChange>,
+    ) -> Result<(), ChangeLogError> {
+        let (mut from, up_to) = (query.after.clone(), query.up_to.as_str());
+        let mut scratch = Vec::new();
+        loop {
+            let left = query.limit - out.len();
+            let step = left.div_ceil(self.changes_per_row).max(1);
+            let rows = step as i64;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&from.0.as_str(), &from.1, &up_to, &rows];
+            let c = &self.client;
+            let got = if last && step >= left {
+                *open = false;
+                let (got, _) =
+                    tokio::try_join!(c.query(statement, &params), c.batch_execute("COMMIT"))?;
+                got
+            } else {
+                c.query(statement, &params).await?
+            };
+            let (mut changes, mut read) = (0usize, 0usize);
+            for r in &got {
+                let w: &str = r.get(0);
+                let first_pos: i64 = r.get(1);
+                let count: i64 = r.get(2);
+                let watermark = parse_watermark(w.to_string())?;
+                let body = unpack(r.get(3), &mut scratch, w)?;
+                let mut decoded = 0i64;
+                for change in decode(body, first_pos, w) {
+                    let (pos, kind, json) = change?;
+                    decoded += 1;
+                    if watermark == query.after.0 && pos <= query.after.1 {
+                        continue;
+                    }
+                    if out.len() < query.limit {
+                        out.push(StoredChange {
+                            watermark: watermark.clone(),
+                            pos,
+                            kind,
+                            json,
+                        });
+                    }
+                }
+                if decoded != count {
+                    return Err(ChangeLogError::Corrupt(format!(
+                        "transaction {w}: {decoded} of its {count} changes stored"
+                    )));
+                }
+                changes += count as usize;
+                read += 1;
+                from = (watermark, first_pos + count - 1);
+            }
+            if read > 0 {
+                self.changes_per_row = (changes / read).max(1);
+            }
+            if out.len() >= query.limit || got.len() < step || !*open {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Segment `id`'s read statement, prepared at its first use. Its parameters: after which
+    /// `(watermark, pos)`, up to which watermark, how many rows.
+    async fn partition(&mut self, id: i64, layout: Layout) -> Result<Statement, ChangeLogError> {
         if let Some(s) = self.partitions.get(&id) {
             return Ok(s.clone());
         }
-        let s = self
-            .client
-            .prepare(&format!(
-                "SELECT watermark, pos, kind, change FROM {}
+        let table = layout.partition(id);
+        let sql = match layout {
+            Layout::RowPerChange => format!(
+                "SELECT watermark, pos, kind, change FROM {table}
                  WHERE (watermark, pos) > ($1, $2) AND watermark <= $3
-                 ORDER BY watermark, pos LIMIT $4",
-                partition(id)
-            ))
-            .await?;
+                 ORDER BY watermark, pos LIMIT $4"
+            ),
+            // A row ending at or before `after` is passed over; the range on `watermark` is
+            // what the index is scanned by.
+            Layout::RowPerTransaction => format!(
+                "SELECT watermark, first_pos, changes, body FROM {table}
+                 WHERE watermark >= $1 AND watermark <= $3
+                   AND (watermark > $1 OR first_pos + changes - 1 > $2)
+                 ORDER BY watermark, first_pos LIMIT $4"
+            ),
+        };
+        let s = self.client.prepare(&sql).await?;
         self.partitions.insert(id, s.clone());
         Ok(s)
     }

@@ -141,14 +141,26 @@ async fn has_commit(c: &Client, w: &Watermark) -> Result<bool, ChangeLogError> {
     if !created(c).await? {
         return Ok(false);
     }
-    // One index probe per partition (the log is partitioned by segment, not watermark).
-    let row = c
-        .query_opt(
-            "SELECT 1 FROM change_streamer.change_log
-             WHERE watermark = $1 AND kind = 'commit' LIMIT 1",
-            &[&w.as_str()],
+    // One index probe per partition (the log is partitioned by segment, not watermark): a
+    // transaction row is a whole transaction, its commit included; an older segment's commit
+    // is a row of its own. An owner of a build before transaction rows has no `txn_log`.
+    let has_txn_log: bool = c
+        .query_one(
+            "SELECT to_regclass('change_streamer.txn_log') IS NOT NULL",
+            &[],
         )
-        .await?;
+        .await?
+        .get(0);
+    let sql = if has_txn_log {
+        "SELECT 1 FROM change_streamer.txn_log WHERE watermark = $1
+         UNION ALL
+         SELECT 1 FROM change_streamer.change_log WHERE watermark = $1 AND kind = 'commit'
+         LIMIT 1"
+    } else {
+        "SELECT 1 FROM change_streamer.change_log
+         WHERE watermark = $1 AND kind = 'commit' LIMIT 1"
+    };
+    let row = c.query_opt(sql, &[&w.as_str()]).await?;
     Ok(row.is_some())
 }
 

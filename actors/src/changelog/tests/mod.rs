@@ -11,6 +11,7 @@ use super::*;
 mod commit_window;
 mod disk_bytes;
 mod layouts; // SQLite only
+mod pg_layouts; // PostgreSQL only
 mod retention;
 mod safety_state;
 mod storage;

@@ -5,8 +5,12 @@
 //! appends are committed in one PostgreSQL transaction (group commit: one statement stores the
 //! group's rows, the catalogue's counts, the replication state and the commit notice), purges drop whole partitions, and each state change is its own transaction. Every
 //! transaction that writes first passes the ownership fence, and fails with
-//! [`ChangeLogError::NotOwner`] if this session no longer holds the lock.
+//! [`ChangeLogError::NotOwner`] if this session no longer holds the lock. Its purge:
+//! [`purge`].
 
+mod purge;
+
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use log::error;
@@ -17,11 +21,11 @@ use tokio_postgres::{Client, IsolationLevel, Transaction as PgTransaction};
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
 use super::group_statements::GroupStatements;
-use super::records;
 use super::safety::StateChange;
-use super::schema::{self, create_partition_sql, parse_watermark, partition};
+use super::schema::{self, create_partition_sql, Layout, CURRENT};
 use super::state;
-use super::types::{ChangeLogError, LogStats, PurgeGate, PurgeOutcome, Reply, Transaction};
+use super::txn_value::{chunks, encode, pack};
+use super::types::{ChangeLogError, LogStats, Reply, Transaction};
 use super::COMMITS_CHANNEL;
 use crate::clock::Clock;
 use crate::ownership;
@@ -31,6 +35,9 @@ pub(super) struct PgWriter {
     pub(super) client: Client,
     pub(super) stats: LogStats,
     segments: Vec<Segment>,
+    /// The segments of [`Layout::RowPerChange`], written by builds before transaction rows:
+    /// never appended to.
+    row_per_change: HashSet<i64>,
     segment_rows: u64,
     clock: Clock,
     /// The newest store time written; store times never go back, even if the clock does.
@@ -43,14 +50,15 @@ pub(super) struct PgWriter {
     statements: GroupStatements,
 }
 
-/// The rows of one group commit, as the columns of its insert.
+/// The rows of one group commit, as the columns of its insert: a row per transaction of
+/// ordinary size, its value packed (`changelog/txn_value.rs`).
 #[derive(Default)]
 struct Rows<'a> {
     segments: Vec<i64>,
     watermarks: Vec<&'a str>,
-    positions: Vec<i64>,
-    kinds: Vec<&'a str>,
-    changes: Vec<&'a str>,
+    first_positions: Vec<i64>,
+    counts: Vec<i64>,
+    bodies: Vec<Vec<u8>>,
 }
 
 /// Opens a transaction that may write: only if this session still owns the change DB.
@@ -84,13 +92,20 @@ impl PgWriter {
         schema::create_missing(&client, schema::SCHEMA).await?;
         // A purge reads the instance records: they exist before the first one.
         schema::create_missing(&client, schema::INSTANCES_SCHEMA).await?;
-        let (stats, segments) = schema::read_stats(&client).await?;
+        let (stats, catalogue) = schema::read_stats(&client).await?;
+        let row_per_change = catalogue
+            .iter()
+            .filter(|(_, l)| *l == Layout::RowPerChange)
+            .map(|(s, _)| s.id)
+            .collect();
+        let segments: Vec<Segment> = catalogue.into_iter().map(|(s, _)| s).collect();
         let last_stored_ms = segments.iter().map(|s| s.max_stored_ms).max().unwrap_or(0);
         let statements = GroupStatements::prepare(&client).await?;
         Ok(PgWriter {
             client,
             stats,
             segments,
+            row_per_change,
             segment_rows,
             clock,
             last_stored_ms,
@@ -234,8 +249,18 @@ impl PgWriter {
         let mut touched_from = self.segments.len().saturating_sub(1);
         let mut opened: Vec<(i64, &Watermark)> = Vec::new();
         let mut rows = Rows::default();
+        let mut plain = Vec::new();
         for (txn, _) in group {
-            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows) {
+            // A segment of the older layout is never appended to: the first append after an
+            // upgrade opens a new segment.
+            let old_last = self
+                .segments
+                .last()
+                .filter(|s| self.row_per_change.contains(&s.id))
+                .map(|s| s.id + 1);
+            if let Some(id) =
+                catalogue::new_segment_id(&self.segments, self.segment_rows).or(old_last)
+            {
                 opened.push((id, &txn.watermark));
                 self.segments
                     .push(Segment::opened(id, &txn.watermark, stored_ms));
@@ -244,12 +269,15 @@ impl PgWriter {
             let Some(id) = self.segments.last().map(|s| s.id) else {
                 continue;
             };
-            for (pos, (kind, json)) in txn.changes.iter().enumerate() {
+            for (first_pos, run) in chunks(&txn.changes) {
+                encode(run, &mut plain)?;
+                let mut body = Vec::new();
+                pack(&plain, &mut body);
                 rows.segments.push(id);
                 rows.watermarks.push(txn.watermark.as_str());
-                rows.positions.push(pos as i64);
-                rows.kinds.push(kind.as_str());
-                rows.changes.push(json);
+                rows.first_positions.push(first_pos);
+                rows.counts.push(run.len() as i64);
+                rows.bodies.push(body);
             }
             catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
         }
@@ -266,9 +294,9 @@ impl PgWriter {
         let params: [&(dyn ToSql + Sync); 14] = [
             &rows.segments,
             &rows.watermarks,
-            &rows.positions,
-            &rows.kinds,
-            &rows.changes,
+            &rows.first_positions,
+            &rows.counts,
+            &rows.bodies,
             &stored_ms,
             &ids,
             &maxes,
@@ -295,7 +323,7 @@ impl PgWriter {
                         c.batch_execute(&create_partition_sql(*id)).await?;
                         c.execute(
                             &self.statements.open_segment,
-                            &[id, &first.as_str(), &stored_ms],
+                            &[id, &first.as_str(), &stored_ms, &(CURRENT as i16)],
                         )
                         .await?;
                     }
@@ -316,138 +344,36 @@ impl PgWriter {
         result
     }
 
-    /// The oldest watermark stored after `stored_by_ms`, if any (see
-    /// [`catalogue::first_younger`]).
-    async fn first_stored_after(
-        &self,
-        stored_by_ms: i64,
-    ) -> Result<Option<Watermark>, ChangeLogError> {
-        let Some(seg) = catalogue::first_younger(&self.segments, stored_by_ms) else {
-            return Ok(None);
-        };
-        let row = self
-            .client
-            .query_opt(
-                &format!(
-                    "SELECT watermark FROM {} WHERE stored_ms > $1 ORDER BY watermark, pos LIMIT 1",
-                    partition(seg.id)
-                ),
-                &[&stored_by_ms],
-            )
-            .await?;
-        row.map(|r| parse_watermark(r.get(0))).transpose()
-    }
-
-    /// Deletes the rows below `before` (and, with `stored_by_ms`, stored by then), keeping the
-    /// newest stored transaction; drops every partition wholly below the bound and deletes rows
-    /// only in the one it cuts through. A complete purge also takes `before` off the scheduled
-    /// purges, in the same transaction.
-    ///
-    /// With a `gate`, the other instances' subscribers are checked first, in the same
-    /// transaction ([`records::purge_hold`]); one that holds the purge back leaves everything
-    /// as it was.
-    async fn purge(
-        &mut self,
-        before: &Watermark,
-        stored_by_ms: Option<i64>,
-        gate: Option<PurgeGate>,
-    ) -> Result<PurgeOutcome, ChangeLogError> {
-        let young = match stored_by_ms {
-            Some(t) => self.first_stored_after(t).await?,
-            None => None,
-        };
-        let Some((bound, held_by_retention)) =
-            catalogue::purge_bound(self.stats.max_watermark.as_ref(), before, young)
-        else {
-            return Ok(PurgeOutcome::default());
-        };
-        let mut segments = self.segments.clone();
-        let whole = catalogue::wholly_below(&segments, &bound);
-        let tx = fenced(&mut self.client).await?;
-        if whole > 0 {
-            // Dropping a partition takes the parent's ACCESS EXCLUSIVE lock, which waits for
-            // every catch-up read at every instance. Wait for it before the gate's lock, so
-            // that no refresh (nor a joiner at a standby) waits behind that wait; and not for
-            // long: a purge can come again, a record that ages past 10 s cannot.
-            tx.batch_execute(
-                "SET LOCAL lock_timeout = '2s';
-                 LOCK TABLE change_streamer.change_log IN ACCESS EXCLUSIVE MODE;
-                 SET LOCAL lock_timeout = 0;",
-            )
-            .await?;
-        }
-        if let Some(gate) = gate {
-            let held = records::purge_hold(&tx, before, gate, self.instance.as_deref()).await?;
-            if held.is_some() {
-                tx.rollback().await?;
-                return Ok(PurgeOutcome {
-                    held,
-                    ..PurgeOutcome::default()
-                });
-            }
-        }
-        let mut purged = 0u64;
-        for seg in segments.drain(..whole) {
-            tx.batch_execute(&format!("DROP TABLE {}", partition(seg.id)))
-                .await?;
-            tx.execute(
-                "DELETE FROM change_streamer.segments WHERE id = $1",
-                &[&seg.id],
-            )
-            .await?;
-            purged += seg.rows;
-        }
-        if let Some(seg) = segments.first_mut().filter(|s| s.min < bound) {
-            let table = partition(seg.id);
-            let n = tx
-                .execute(
-                    &format!("DELETE FROM {table} WHERE watermark < $1"),
-                    &[&bound.as_str()],
-                )
-                .await?;
-            let min: Option<String> = tx
-                .query_one(&format!("SELECT MIN(watermark) FROM {table}"), &[])
-                .await?
-                .get(0);
-            if let Some(min) = min {
-                seg.min = parse_watermark(min)?;
-            }
-            seg.rows -= n;
-            tx.execute(
-                "UPDATE change_streamer.segments SET min_watermark = $2, rows = $3 WHERE id = $1",
-                &[&seg.id, &seg.min.as_str(), &(seg.rows as i64)],
-            )
-            .await?;
-            purged += n;
-        }
-        if !held_by_retention {
-            state::apply(&tx, &StateChange::Purged(before.clone())).await?;
-        }
-        tx.commit().await?;
-        self.segments = segments;
-        catalogue::refresh_range(&mut self.stats, &self.segments);
-        self.stats.changes_purged_total += purged;
-        Ok(PurgeOutcome {
-            rows: purged,
-            held_by_retention,
-            held: None,
-        })
-    }
-
     async fn has_commit(&self, w: &Watermark) -> Result<bool, ChangeLogError> {
         let Some(seg) = catalogue::holding(&self.segments, w) else {
             return Ok(false);
         };
-        let row = self
-            .client
-            .query_opt(
-                &format!(
-                    "SELECT 1 FROM {} WHERE watermark = $1 AND kind = 'commit' LIMIT 1",
-                    partition(seg.id)
-                ),
-                &[&w.as_str()],
-            )
-            .await?;
+        // A transaction row is a whole transaction, its commit included.
+        let sql = match self.layout(seg.id) {
+            Layout::RowPerChange => format!(
+                "SELECT 1 FROM {} WHERE watermark = $1 AND kind = 'commit' LIMIT 1",
+                Layout::RowPerChange.partition(seg.id)
+            ),
+            layout => format!(
+                "SELECT 1 FROM {} WHERE watermark = $1 LIMIT 1",
+                layout.partition(seg.id)
+            ),
+        };
+        let row = self.client.query_opt(&sql, &[&w.as_str()]).await?;
         Ok(row.is_some())
+    }
+
+    /// Segment `id`'s layout.
+    fn layout(&self, id: i64) -> Layout {
+        layout_of(&self.row_per_change, id)
+    }
+}
+
+/// Segment `id`'s layout, `row_per_change` listing those of the older one.
+fn layout_of(row_per_change: &HashSet<i64>, id: i64) -> Layout {
+    if row_per_change.contains(&id) {
+        Layout::RowPerChange
+    } else {
+        CURRENT
     }
 }
