@@ -359,8 +359,8 @@ impl Conn {
                 read += 1;
                 from = (watermark, first_pos + count - 1);
             }
-            if read > 0 {
-                self.changes_per_row = (changes / read).max(1);
+            if let Some(per_row) = changes.checked_div(read) {
+                self.changes_per_row = per_row.max(1);
             }
             if out.len() >= query.limit || got.len() < step || !*open {
                 return Ok(());
