@@ -43,9 +43,17 @@ pub(super) fn refresh_range(stats: &mut LogStats, segments: &[Segment]) {
 }
 
 /// The id of the segment to start before storing the next transaction, if the current one is
-/// full (or there is none): a new segment starts only at a transaction boundary.
-pub(super) fn new_segment_id(segments: &[Segment], segment_rows: u64) -> Option<i64> {
-    let full = segments.last().is_none_or(|s| s.rows >= segment_rows);
+/// full (or there is none), or was written by an earlier build in an older layout (`older`:
+/// never appended to, so the first append after an upgrade opens a new segment): a new segment
+/// starts only at a transaction boundary.
+pub(super) fn new_segment_id(
+    segments: &[Segment],
+    segment_rows: u64,
+    older: impl Fn(i64) -> bool,
+) -> Option<i64> {
+    let full = segments
+        .last()
+        .is_none_or(|s| s.rows >= segment_rows || older(s.id));
     full.then(|| segments.last().map_or(1, |s| s.id + 1))
 }
 

@@ -34,7 +34,8 @@
 
 use std::sync::Arc;
 
-use super::types::{ChangeKind, ChangeLogError};
+use super::types::{ChangeKind, ChangeLogError, StoredChange};
+use crate::watermark::Watermark;
 
 fn kind_byte(kind: ChangeKind) -> u8 {
     match kind {
@@ -211,6 +212,51 @@ pub(in crate::changelog) fn decode<'a>(
         }
         Some(item)
     })
+}
+
+/// A transaction row read back: its commit watermark (`w` as stored), the position of its
+/// first change, how many it holds, and its value's encoded changes (unpacked).
+pub(in crate::changelog) struct TxnRow<'a> {
+    pub watermark: &'a Watermark,
+    pub w: &'a str,
+    pub first_pos: i64,
+    pub count: i64,
+    pub body: &'a [u8],
+}
+
+/// Appends to `out` the changes of `row` after `after`, until `out` holds `limit`: what both
+/// engines' readers do with each transaction row. A row read whole must decode to as many
+/// changes as it says it holds, or the change log is corrupt.
+pub(in crate::changelog) fn append_row(
+    row: TxnRow<'_>,
+    after: &(Watermark, i64),
+    limit: usize,
+    out: &mut Vec<StoredChange>,
+) -> Result<(), ChangeLogError> {
+    let mut decoded = 0i64;
+    for change in decode(row.body, row.first_pos, row.w) {
+        let (pos, kind, json) = change?;
+        decoded += 1;
+        if *row.watermark == after.0 && pos <= after.1 {
+            continue;
+        }
+        if out.len() >= limit {
+            return Ok(());
+        }
+        out.push(StoredChange {
+            watermark: row.watermark.clone(),
+            pos,
+            kind,
+            json,
+        });
+    }
+    if decoded != row.count {
+        return Err(ChangeLogError::Corrupt(format!(
+            "transaction {}: {decoded} of its {} changes stored",
+            row.w, row.count
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -39,7 +39,7 @@ use super::commands::{RangeQuery, ReadCommand};
 use super::connection::connect;
 use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
-use super::txn_value::{decode, unpack};
+use super::txn_value::{append_row, unpack, TxnRow};
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
 
 /// Whether a reader checks that nothing it read past was purged: a standby's must (its
@@ -120,6 +120,23 @@ fn purged_past(query: &RangeQuery, oldest: Option<String>) -> Result<(), ChangeL
         }),
         _ => Ok(()),
     }
+}
+
+/// Runs a read's `statement`, sending the read-only transaction's commit with it if `end`
+/// (then `open` goes false): one round trip for the last statement of a read.
+async fn fetch(
+    c: &Client,
+    statement: &Statement,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    end: bool,
+    open: &mut bool,
+) -> Result<Vec<tokio_postgres::Row>, ChangeLogError> {
+    if !end {
+        return Ok(c.query(statement, params).await?);
+    }
+    *open = false;
+    let (rows, _) = tokio::try_join!(c.query(statement, params), c.batch_execute("COMMIT"))?;
+    Ok(rows)
 }
 
 /// The reader's connection and the statements prepared on it.
@@ -279,15 +296,7 @@ impl Conn {
         let left = (query.limit - out.len()) as i64;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&after.0.as_str(), &after.1, &up_to.as_str(), &left];
-        let rows = if last {
-            *open = false;
-            let (rows, _) =
-                tokio::try_join!(c.query(statement, &params), c.batch_execute("COMMIT"))?;
-            rows
-        } else {
-            c.query(statement, &params).await?
-        };
-        for r in rows {
+        for r in fetch(c, statement, &params, last, open).await? {
             let kind: String = r.get(2);
             out.push(StoredChange {
                 watermark: parse_watermark(r.get(0))?,
@@ -318,15 +327,7 @@ impl Conn {
             let rows = step as i64;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&from.0.as_str(), &from.1, &up_to, &rows];
-            let c = &self.client;
-            let got = if last && step >= left {
-                *open = false;
-                let (got, _) =
-                    tokio::try_join!(c.query(statement, &params), c.batch_execute("COMMIT"))?;
-                got
-            } else {
-                c.query(statement, &params).await?
-            };
+            let got = fetch(&self.client, statement, &params, last && step >= left, open).await?;
             let (mut changes, mut read) = (0usize, 0usize);
             for r in &got {
                 let w: &str = r.get(0);
@@ -334,27 +335,14 @@ impl Conn {
                 let count: i64 = r.get(2);
                 let watermark = parse_watermark(w.to_string())?;
                 let body = unpack(r.get(3), &mut scratch, w)?;
-                let mut decoded = 0i64;
-                for change in decode(body, first_pos, w) {
-                    let (pos, kind, json) = change?;
-                    decoded += 1;
-                    if watermark == query.after.0 && pos <= query.after.1 {
-                        continue;
-                    }
-                    if out.len() < query.limit {
-                        out.push(StoredChange {
-                            watermark: watermark.clone(),
-                            pos,
-                            kind,
-                            json,
-                        });
-                    }
-                }
-                if decoded != count {
-                    return Err(ChangeLogError::Corrupt(format!(
-                        "transaction {w}: {decoded} of its {count} changes stored"
-                    )));
-                }
+                let row = TxnRow {
+                    watermark: &watermark,
+                    w,
+                    first_pos,
+                    count,
+                    body,
+                };
+                append_row(row, &query.after, query.limit, out)?;
                 changes += count as usize;
                 read += 1;
                 from = (watermark, first_pos + count - 1);

@@ -11,7 +11,7 @@ use rusqlite::{params, Connection};
 use super::commands::{RangeQuery, ReadCommand};
 use super::segments::{load_segments, segment_table};
 use super::txn_rows::Layout;
-use super::txn_value::{decode, unpack};
+use super::txn_value::{append_row, unpack, TxnRow};
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
 
@@ -145,28 +145,14 @@ fn read_transactions(
             Layout::RowPerTransactionLz4 => unpack(value, &mut scratch, w)?,
             _ => value,
         };
-        let mut decoded = 0i64;
-        for change in decode(body, first_pos, w) {
-            let (pos, kind, json) = change?;
-            decoded += 1;
-            if watermark == after.0 && pos <= after.1 {
-                continue;
-            }
-            if out.len() >= *limit {
-                return Ok(());
-            }
-            out.push(StoredChange {
-                watermark: watermark.clone(),
-                pos,
-                kind,
-                json,
-            });
-        }
-        if decoded != count {
-            return Err(ChangeLogError::Corrupt(format!(
-                "transaction {w}: {decoded} of its {count} changes stored"
-            )));
-        }
+        let row = TxnRow {
+            watermark: &watermark,
+            w,
+            first_pos,
+            count,
+            body,
+        };
+        append_row(row, after, *limit, out)?;
     }
     Ok(())
 }

@@ -120,41 +120,6 @@ async fn a_row_per_change_log_reads_on_into_transaction_rows_and_purges_across()
 }
 
 #[actix_rt::test]
-async fn a_large_transaction_is_several_rows_read_from_any_position() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = ChangeLog::open_with(dir.path(), 100_000, Clock::System).unwrap();
-    // ~40 changes of 8 KiB: several rows of about 64 KiB.
-    let mut big = txn(2, 40);
-    for (_, json) in big.changes.iter_mut().skip(1).take(40) {
-        json.push_str(&" ".repeat(8 * 1024));
-    }
-    log.append(txn(1, 1)).await.unwrap();
-    log.append(big.clone()).await.unwrap();
-    log.append(txn(3, 1)).await.unwrap();
-    let w = Watermark::from_u64;
-    let conn = Connection::open(dir.path().join(DB_FILE)).unwrap();
-    let rows: i64 = conn
-        .query_row("SELECT COUNT(*) FROM change_log_1", [], |r| r.get(0))
-        .unwrap();
-    assert!(rows >= 6, "{rows} rows for 3 transactions");
-    for from in [-1, 0, 7, 8, 9, 20, 40, 41] {
-        let got = log.read((w(2), from), w(3), 100).await.unwrap();
-        let want: Vec<_> = (from + 1..42).map(|p| (2, p)).chain(all_of(&[3])).collect();
-        assert_eq!(positions(&got), want, "after (2, {from})");
-        if let Some((_, json)) = big.changes.get((from + 1) as usize) {
-            assert_eq!(got[0].json, json.as_str().into());
-        }
-    }
-    let cut = log.read((w(2), 3), w(3), 5).await.unwrap();
-    assert_eq!(positions(&cut), (4..9).map(|p| (2, p)).collect::<Vec<_>>());
-    assert!(log.has_commit(w(2)).await.unwrap());
-    assert_eq!(
-        log.purge_scheduled(w(3), i64::MAX).await.unwrap().rows,
-        3 + 42
-    );
-}
-
-#[actix_rt::test]
 async fn a_purge_cutting_through_transaction_rows_counts_their_changes() {
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open_with(dir.path(), 1000, Clock::System).unwrap();

@@ -130,49 +130,6 @@ async fn a_row_per_change_db_reads_on_into_transaction_rows_and_purges_across() 
 }
 
 #[actix_rt::test]
-async fn a_large_transaction_is_several_rows_read_from_any_position() {
-    let db = TestDb::create("pg_layouts_large").await;
-    let log = open(&db).await;
-    // ~40 changes of 8 KiB of text that does not compress: several rows of about 64 KiB.
-    let mut big = txn(2, 40);
-    for (i, (_, json)) in big.changes.iter_mut().enumerate().skip(1).take(40) {
-        let noise: String = (0..8 * 1024)
-            .map(|k| char::from(b'a' + ((k * 7919 + i * 104_729) % 26) as u8))
-            .collect();
-        json.push_str(&noise);
-    }
-    log.append(txn(1, 1)).await.unwrap();
-    log.append(big.clone()).await.unwrap();
-    log.append(txn(3, 1)).await.unwrap();
-    let c = db.connect().await;
-    let rows: i64 = c
-        .query_one("SELECT count(*) FROM change_streamer.txn_log", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(rows >= 6, "{rows} rows for 3 transactions");
-    let w = Watermark::from_u64;
-    for from in [-1, 0, 7, 8, 9, 20, 40, 41] {
-        let got = log.read((w(2), from), w(3), 100).await.unwrap();
-        let want: Vec<_> = (from + 1..42)
-            .map(|p| (2, p))
-            .chain(all_of(&[3], 3))
-            .collect();
-        assert_eq!(positions(&got), want, "after (2, {from})");
-        if let Some((_, json)) = big.changes.get((from + 1) as usize) {
-            assert_eq!(got[0].json, json.as_str().into());
-        }
-    }
-    let cut = log.read((w(2), 3), w(3), 5).await.unwrap();
-    assert_eq!(positions(&cut), (4..9).map(|p| (2, p)).collect::<Vec<_>>());
-    assert!(log.has_commit(w(2)).await.unwrap());
-    assert_eq!(
-        log.purge_scheduled(w(3), i64::MAX).await.unwrap().rows,
-        3 + 42
-    );
-}
-
-#[actix_rt::test]
 async fn a_read_fetches_rows_in_steps_until_its_limit_of_changes_with_no_gap() {
     let db = TestDb::create("pg_layouts_steps").await;
     let log = open(&db).await;

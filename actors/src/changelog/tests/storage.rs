@@ -6,6 +6,7 @@ on_both_engines!(
     purge_keeps_the_newest_transaction,
     segments_roll_over_read_across_and_purge_whole,
     queued_appends_commit_in_order,
+    a_large_transaction_is_several_rows_read_from_any_position,
 );
 
 async fn stores_reads_and_survives_reopen(store: Store) {
@@ -129,4 +130,64 @@ async fn queued_appends_commit_in_order(store: Store) {
     let s = log.stats().await.unwrap();
     assert_eq!(s.rows, 5000);
     assert_eq!(s.max_watermark, Some(Watermark::from_u64(1000)));
+}
+
+/// The rows of the change log's transaction tables (segment 1 of SQLite; every partition of
+/// PostgreSQL's `txn_log`).
+async fn transaction_rows(store: &Store) -> i64 {
+    match store {
+        Store::Sqlite(dir) => rusqlite::Connection::open(dir.path().join(DB_FILE))
+            .unwrap()
+            .query_row("SELECT COUNT(*) FROM change_log_1", [], |r| r.get(0))
+            .unwrap(),
+        Store::Postgres(db) => db
+            .connect()
+            .await
+            .query_one("SELECT count(*) FROM change_streamer.txn_log", &[])
+            .await
+            .unwrap()
+            .get(0),
+    }
+}
+
+/// A transaction over `txn_value::CHUNK_BYTES` is several rows, each of about that size, read
+/// back from any position inside it.
+async fn a_large_transaction_is_several_rows_read_from_any_position(store: Store) {
+    let log = store.open_with(100_000, Clock::System).await;
+    // ~40 changes of 8 KiB of text that does not compress: several rows of about 64 KiB.
+    let mut big = txn(2, 40);
+    for (i, (_, json)) in big.changes.iter_mut().enumerate().skip(1).take(40) {
+        let noise: String = (0..8 * 1024)
+            .map(|k| char::from(b'a' + ((k * 7919 + i * 104_729) % 26) as u8))
+            .collect();
+        json.push_str(&noise);
+    }
+    log.append(txn(1, 1)).await.unwrap();
+    log.append(big.clone()).await.unwrap();
+    log.append(txn(3, 1)).await.unwrap();
+    let rows = transaction_rows(&store).await;
+    assert!(rows >= 6, "{rows} rows for 3 transactions");
+    let positions = |rows: &[StoredChange]| -> Vec<(u64, i64)> {
+        rows.iter()
+            .map(|r| (r.watermark.to_u64().unwrap(), r.pos))
+            .collect()
+    };
+    for from in [-1, 0, 7, 8, 9, 20, 40, 41] {
+        let got = log.read((w(2), from), w(3), 100).await.unwrap();
+        let want: Vec<_> = (from + 1..42)
+            .map(|p| (2, p))
+            .chain((0..3).map(|p| (3, p)))
+            .collect();
+        assert_eq!(positions(&got), want, "after (2, {from})");
+        if let Some((_, json)) = big.changes.get((from + 1) as usize) {
+            assert_eq!(got[0].json, json.as_str().into());
+        }
+    }
+    let cut = log.read((w(2), 3), w(3), 5).await.unwrap();
+    assert_eq!(positions(&cut), (4..9).map(|p| (2, p)).collect::<Vec<_>>());
+    assert!(log.has_commit(w(2)).await.unwrap());
+    assert_eq!(
+        log.purge_scheduled(w(3), i64::MAX).await.unwrap().rows,
+        3 + 42
+    );
 }

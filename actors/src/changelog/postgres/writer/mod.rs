@@ -251,16 +251,8 @@ impl PgWriter {
         let mut rows = Rows::default();
         let mut plain = Vec::new();
         for (txn, _) in group {
-            // A segment of the older layout is never appended to: the first append after an
-            // upgrade opens a new segment.
-            let old_last = self
-                .segments
-                .last()
-                .filter(|s| self.row_per_change.contains(&s.id))
-                .map(|s| s.id + 1);
-            if let Some(id) =
-                catalogue::new_segment_id(&self.segments, self.segment_rows).or(old_last)
-            {
+            let older = |id| self.row_per_change.contains(&id);
+            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows, older) {
                 opened.push((id, &txn.watermark));
                 self.segments
                     .push(Segment::opened(id, &txn.watermark, stored_ms));

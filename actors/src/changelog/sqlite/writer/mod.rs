@@ -306,16 +306,8 @@ impl Writer {
     ) -> Result<(), rusqlite::Error> {
         let mut touched_from = self.segments.len().saturating_sub(1);
         for (txn, _) in group {
-            // A segment of an earlier layout is never appended to: the first append after an
-            // upgrade opens a new segment.
-            let old_last = self
-                .segments
-                .last()
-                .filter(|s| self.earlier.contains(&s.id))
-                .map(|s| s.id + 1);
-            if let Some(id) =
-                catalogue::new_segment_id(&self.segments, self.segment_rows).or(old_last)
-            {
+            let older = |id| self.earlier.contains(&id);
+            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows, older) {
                 self.conn.execute_batch(&create_segment_sql(id))?;
                 self.conn.execute(
                     "INSERT INTO segments (id, min_watermark, max_watermark, rows, max_stored_ms, layout)
