@@ -108,9 +108,9 @@ pub(in crate::changelog) const LZ4: u8 = 1;
 /// byte per 255 bytes), so a stated length above it is a corrupt value, not an allocation.
 const LZ4_MAX_RATIO: usize = 255;
 
-/// Packs the encoded changes `plain` into `out` (cleared first) as a value of
-/// [`Layout::RowPerTransactionLz4`]: compressed by LZ4 when that saves at least an eighth,
-/// else as they are.
+/// Packs the encoded changes `plain` into `out` (cleared first) as a packed value (both
+/// engines' current layout): compressed by LZ4 when that saves at least an eighth, else as
+/// they are.
 pub(in crate::changelog) fn pack(plain: &[u8], out: &mut Vec<u8>) {
     out.clear();
     // A length field holds it: `encode` refuses any change over 4 GiB, and a row's changes are
@@ -361,16 +361,46 @@ mod tests {
 
     /// A transaction as the load generator's: ten inserts into one table.
     fn inserts() -> Vec<(ChangeKind, String)> {
+        inserts_of(|_| "x".repeat(32))
+    }
+
+    /// The same, the text column of insert `i` being `text(i)`.
+    fn inserts_of(text: impl Fn(usize) -> String) -> Vec<(ChangeKind, String)> {
         let mut txn = vec![(ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string())];
         txn.extend((0..10).map(|i| {
             let row = format!(
                 r#"{{"tag":"insert","relation":{{"schema":"public","name":"t","rowKey":{{"columns":["id"]}}}},"new":{{"id":"4abcd-{i}","n":{i},"s":"{}"}}}}"#,
-                "x".repeat(32)
+                text(i)
             );
             (ChangeKind::Data, row)
         }));
         txn.push((ChangeKind::Commit, r#"{"tag":"commit"}"#.to_string()));
         txn
+    }
+
+    /// How much packing shrinks the load generator's transaction (`benches/`), with its text
+    /// column of `x`s and with letters and digits drawn anew for every row (`--row-noise`).
+    #[test]
+    #[ignore = "a measurement: cargo test -p change-streamer-actors --lib -- --ignored packed_sizes --nocapture"]
+    fn packed_sizes() {
+        const CHARS: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+        let drawn = |i: usize| -> String {
+            let mut x = (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+            (0..32)
+                .map(|_| {
+                    x ^= x >> 12;
+                    x ^= x << 25;
+                    x ^= x >> 27;
+                    char::from(CHARS[(x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 58) as usize % 62])
+                })
+                .collect()
+        };
+        for (name, txn) in [("x text", inserts()), ("drawn text", inserts_of(drawn))] {
+            let (mut plain, mut packed) = (Vec::new(), Vec::new());
+            encode(&txn, &mut plain).unwrap();
+            pack(&plain, &mut packed);
+            println!("{name}: {} bytes, packed {}", plain.len(), packed.len());
+        }
     }
 
     /// Bytes no compressor shrinks (a xorshift stream), as text of a change.

@@ -64,7 +64,7 @@ struct Rows<'a> {
 /// Opens a transaction that may write: only if this session still owns the change DB.
 ///
 /// Always READ COMMITTED, whatever the database's default: the purge's gate
-/// ([`records::purge_hold`]) relies on each statement seeing what committed before it started,
+/// ([`super::records::purge_hold`]) relies on each statement seeing what committed before it started,
 /// after the gate's lock was granted; a REPEATABLE READ snapshot taken at the fence would miss a
 /// subscriber recorded while the purge waited for the lock.
 async fn fenced(client: &mut Client) -> Result<PgTransaction<'_>, ChangeLogError> {
