@@ -35,6 +35,30 @@
 #   Their measured windows start apart (the second once its subscribers have their status),
 #   so CPU per delivery mixes two windows a few ms apart. Not with figure 3: commit → receipt
 #   latency needs the change source and the subscribers in one generator.
+#   PLACEMENT=hosts: the owner's side and the standbys' side each on a CPU of its own, as on
+#   hosts of their own, pinned with `taskset`: the owner and the change source's generator
+#   on OWNER_CPUS; both standbys and the subscribers' generator (a second one, as with
+#   SUBS_NICE) on STANDBY_CPUS; every PostgreSQL backend of the run's change DB on PG_CPUS
+#   (default OWNER_CPUS: the change DB shares the owner's host, so what the standbys' reads
+#   and records cost PostgreSQL is taken from the owner; PG_CPUS=side pins each backend beside
+#   the instance it serves instead, read off `ss` by its client's port). A backend is pinned
+#   once the sampler below sees it, within 0.5 s of its connection; PostgreSQL's own
+#   processes (WAL writer, checkpointer, autovacuum) are not pinned. So the owner's ingest
+#   measures what the standbys cost it through the design (the change DB's CPU, locks, WAL
+#   and disk, what the owner does for them), not through a share of 2 cores. Both cases of a
+#   figure run so placed, so the ratio is taken on the same CPUs; its absolute rates are a
+#   core's. Not with figure 3.
+#   OWNER_CPUS defaults to the CPU that takes the disk's interrupts (/proc/interrupts; CPU 1
+#   on this box, `virtio1-req.0`), STANDBY_CPUS to the other of two: the change DB's fsyncs
+#   complete where the disk interrupts. With PG_CPUS=side, a standby's backend committing its
+#   record on the standbys' busy CPU held PostgreSQL's WAL write lock for up to 2 s
+#   (`WALSync` in pg_stat_activity, the disk idle) while the owner's commits queued behind
+#   it; PostgreSQL on a host of its own does not run on the standbys' CPU.
+#   Figures 2 and 4 then run a third case each, the control (ingest-busy, catchup-busy): no
+#   subscriber, and STANDBY_CPUS kept busy by a spinning shell loop per CPU for the whole run.
+#   Two CPUs of one machine are not two machines (they share caches, memory and often a
+#   physical core), so the control says what the standbys' CPU merely being busy costs the
+#   owner, apart from what the standbys do to it through the change DB or the owner.
 #
 # With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
 # make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
@@ -48,10 +72,33 @@ RUNS=${RUNS:-3} FIGURES=${FIGURES:-1 2 3 4} SUBS=${SUBS:-64} INGEST_SUBS=${INGES
 RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-9} CATCHUP_SUBS=${CATCHUP_SUBS:-100}
 FILL_S=${FILL_S:-10} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256}
 FRAMING=${FRAMING:-per-frame} PG=${PG:-postgres://postgres@127.0.0.1:5432}
-if [[ -n ${SUBS_NICE:-} && " $FIGURES " == *" 3 "* ]]; then
-  echo "SUBS_NICE: not with figure 3 (its latency needs the change source and the subscribers in one load generator); set FIGURES" >&2
+# The CPU that takes the most interrupts of a block device's request queue (virtio, NVMe,
+# SCSI): where the change DB's fsyncs complete.
+DISK_CPU=$(awk 'NR == 1 { n = NF } /-req|nvme|blk|scsi|ahci/ {
+  for (i = 2; i <= n + 1; i++) t[i - 2] += $i } END { b = 0; for (c in t) if (t[c] > t[b]) b = c; print b }' /proc/interrupts 2>/dev/null || echo 0)
+OTHER_CPU=$(( DISK_CPU == 0 ? 1 : 0 ))
+PLACEMENT=${PLACEMENT:-shared} OWNER_CPUS=${OWNER_CPUS:-$DISK_CPU} STANDBY_CPUS=${STANDBY_CPUS:-$OTHER_CPU}
+PG_CPUS=${PG_CPUS:-$OWNER_CPUS}
+case $PLACEMENT in
+  shared | hosts) ;;
+  *) echo "PLACEMENT: shared or hosts, not '$PLACEMENT'" >&2; exit 2 ;;
+esac
+# The subscribers in a second generator of their own.
+SPLIT=; [[ -n ${SUBS_NICE:-} || $PLACEMENT == hosts ]] && SPLIT=1
+if [[ -n $SPLIT && " $FIGURES " == *" 3 "* ]]; then
+  echo "SUBS_NICE, PLACEMENT=hosts: not with figure 3 (its latency needs the change source and the subscribers in one load generator); set FIGURES" >&2
   exit 2
 fi
+# on SIDE: the command words that place a process of SIDE (owner or standby): its CPUs
+# (PLACEMENT=hosts) and its niceness (STANDBY_NICE, SUBS_NICE for the subscribers).
+on() {
+  local cpus=$OWNER_CPUS
+  [[ $1 != owner ]] && cpus=$STANDBY_CPUS
+  [[ $PLACEMENT == hosts ]] && printf '%s\n' taskset -c "$cpus"
+  [[ $1 == standby && -n ${STANDBY_NICE:-} ]] && printf '%s\n' nice -n "$STANDBY_NICE"
+  [[ $1 == subs && -n ${SUBS_NICE:-} ]] && printf '%s\n' nice -n "$SUBS_NICE"
+  return 0
+}
 OUT=$(mktemp -d /tmp/cs-standby.XXXXXX)
 echo "logs and results in $OUT" >&2
 
@@ -59,15 +106,41 @@ echo "logs and results in $OUT" >&2
 source "$ROOT/benches/e2e_lib.sh"
 e2e_build
 
-# backends DB FILE: every second, FILE lists the PIDs of the PostgreSQL backends connected to
-# DB (the load generator reads it again at each snapshot); until killed.
+# backends DB FILE DIR: every second (half, PLACEMENT=hosts), FILE lists the PIDs of the
+# PostgreSQL backends connected to DB (the load generator reads it again at each snapshot);
+# with PLACEMENT=hosts each backend not pinned yet is pinned to PG_CPUS, or (PG_CPUS=side)
+# beside the instance it serves (DIR/owner.pid; any other client is a standby's), and listed
+# in DIR/pinned with the side of its client; until killed.
 backends() {
+  local pid port client owner line side cpus
+  local -A pinned=() clients=()
   while :; do
-    psql "$PG/postgres" -Atc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" > "$2.new" 2>/dev/null \
-      && [[ -s $2.new ]] && mv "$2.new" "$2"
-    sleep 1
+    psql "$PG/postgres" -AtF' ' -c "SELECT pid, client_port FROM pg_stat_activity WHERE datname = '$1'" \
+      > "$2.all" 2>/dev/null || true
+    cut -d' ' -f1 "$2.all" > "$2.new"
+    [[ -s $2.new ]] && mv "$2.new" "$2"
+    if [[ $PLACEMENT == hosts && -s $3/owner.pid ]]; then
+      owner=$(cat "$3/owner.pid")
+      clients=()
+      # Local port -> the PID of the process holding it, for connections to PostgreSQL.
+      while read -r line; do
+        [[ $line =~ :([0-9]+)\ .*pid=([0-9]+), ]] && clients[${BASH_REMATCH[1]}]=${BASH_REMATCH[2]}
+      done < <(ss -Htnp state established "( dport = :${PG_PORT} )" | awk '{print $3, $5}')
+      while read -r pid port; do
+        [[ -n $port && -z ${pinned[$pid]:-} && -n ${clients[$port]:-} ]] || continue
+        client=${clients[$port]}
+        side=standby cpus=$STANDBY_CPUS
+        [[ $client == "$owner" ]] && side=owner cpus=$OWNER_CPUS
+        [[ $PG_CPUS != side ]] && cpus=$PG_CPUS
+        taskset -pc "$cpus" "$pid" > /dev/null && pinned[$pid]=$client && echo "$side $pid $cpus" >> "$3/pinned"
+      done < "$2.all"
+      sleep 0.5
+    else
+      sleep 1
+    fi
   done
 }
+PG_PORT=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.urlsplit(sys.argv[1]).port or 5432)' "$PG")
 
 # ready PID PORT BODY: waits (60 s at most) until the instance PID on PORT answers /readyz with
 # BODY (`ready`; a standby that does not serve answers `standby`); fails at once if PID ended.
@@ -92,7 +165,7 @@ ready() {
 # generator ended (one that could not start leaves another to own the change DB).
 run() {
   local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
-  local up dir db lg lgs='' lg_subs spare rc=0 n urls=() pids=() batched=() nice=() end flags sampler roles
+  local up dir db lg lgs='' lg_subs spare rc=0 n urls=() pids=() batched=() place=() spin=() end flags sampler roles
   local -A port pid
   dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
   db=cs_bench_standby_$$_${tag//-/_}
@@ -100,20 +173,28 @@ run() {
   read -r up port[owner] port[sb1] port[sb2] spare <<< "$(free_ports 5)"
   for n in owner sb1 sb2; do pids+=("$dir/$n.pid"); done
   pids+=("$dir/postgres.pids")
-  backends "$db" "$dir/postgres.pids" &
+  backends "$db" "$dir/postgres.pids" "$dir" &
   sampler=$!
   for n in ${serves//,/ }; do urls+=("ws://127.0.0.1:${port[$n]}"); done
   [[ $FRAMING == batched ]] && batched=(--batched)
   lg_subs=$subs
-  [[ -n ${SUBS_NICE:-} && $subs != 0 ]] && lg_subs=0
-  "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$up" \
+  [[ -n $SPLIT && $subs != 0 ]] && lg_subs=0
+  if [[ -n ${BUSY:-} ]]; then
+    for n in $(seq "$(taskset -c "$STANDBY_CPUS" nproc)"); do
+      taskset -c "$STANDBY_CPUS" bash -c 'while :; do :; done' &
+      spin+=($!)
+    done
+  fi
+  mapfile -t place < <(on owner)
+  "${place[@]}" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$up" \
     --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
     --subs "$lg_subs" --rate "$rate" --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
     > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
   lg=$!
   if [[ $lg_subs != "$subs" ]]; then
-    # The subscribers alone, niced; its change source listens where no service connects.
-    nice -n "$SUBS_NICE" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$spare" \
+    # The subscribers alone, placed; its change source listens where no service connects.
+    mapfile -t place < <(on subs)
+    "${place[@]}" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$spare" \
       --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
       --subs "$subs" --rate 0 --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
       > "$dir/loadgen-subs.out" 2> "$dir/loadgen-subs.err" &
@@ -122,15 +203,16 @@ run() {
   # The owner first (it takes the change DB's lock), then the standbys once it is ready.
   for n in owner sb1 sb2; do
     if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
-    nice=(); [[ $n != owner && -n ${STANDBY_NICE:-} ]] && nice=(nice -n "$STANDBY_NICE")
+    mapfile -t place < <(on "$([[ $n == owner ]] && echo owner || echo standby)")
     # shellcheck disable=SC2086 # the flags are words
-    RUST_LOG=${RUST_LOG:-warn} "${nice[@]}" "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
+    RUST_LOG=${RUST_LOG:-warn} "${place[@]}" "$BIN" --host 127.0.0.1 --port "${port[$n]}" --data-dir "$dir/$n-data" \
       --change-db "$PG/$db" --upstream ws://127.0.0.1:"$up"/changes $flags > "$dir/$n.log" 2>&1 &
     pid[$n]=$!
     ready "${pid[$n]}" "${port[$n]}" "$([[ $flags == *standby-serves=false* ]] && echo standby || echo ready)" || true
     echo "${pid[$n]}" > "$dir/$n.pid"
   done
   wait "$lg" || rc=$?
+  if ((${#spin[@]})); then kill "${spin[@]}"; wait "${spin[@]}" 2>/dev/null || true; fi
   if [[ -n $lgs ]]; then
     wait "$lgs" || rc=$?
     # One line: the subscribers' figures, the owner's ingest and the change source's side
@@ -163,6 +245,10 @@ PY
   fi
   end=$(date -u -d @$(($(date +%s) - 2)) +%FT%TZ)
   kill "$sampler" 2>/dev/null || true; wait "$sampler" 2>/dev/null || true
+  if [[ $PLACEMENT == hosts ]]; then
+    echo "$tag: change DB backends pinned (PG_CPUS=$PG_CPUS): the owner's $(grep -c '^owner' "$dir/pinned" 2>/dev/null || true)," \
+      "the standbys' $(grep -c '^standby' "$dir/pinned" 2>/dev/null || true)" >&2
+  fi
   roles=$(for n in owner sb1 sb2; do
     curl -s "http://127.0.0.1:${port[$n]}/status" | python3 -c 'import json, sys; print(json.load(sys.stdin)["role"])' 2>/dev/null || echo down
   done | tr '\n' ' ')
@@ -202,10 +288,14 @@ for r in $(seq "$RUNS"); do
       1) again spread "$SUBS" 0 "spread-$r" owner,sb1,sb2
          again owner "$SUBS" 0 "owner-$r" owner ;;
       2) again ingest-0 0 0 "ingest0-$r" sb1,sb2
-         again ingest-sb "$INGEST_SUBS" 0 "ingestsb-$r" sb1,sb2 ;;
+         again ingest-sb "$INGEST_SUBS" 0 "ingestsb-$r" sb1,sb2
+         if [[ $PLACEMENT == hosts ]]; then BUSY=1 again ingest-busy 0 0 "ingestbusy-$r" sb1,sb2; fi ;;
       3) again rate "$RATE_SUBS" "$RATE" "rate-$r" owner,sb1,sb2 ;;
       4) WARM=$FILL_S again catchup-0 0 0 "catchup0-$r" sb1,sb2 --join-late
-         WARM=$FILL_S again catchup-sb "$CATCHUP_SUBS" 0 "catchupsb-$r" sb1,sb2 --join-late ;;
+         WARM=$FILL_S again catchup-sb "$CATCHUP_SUBS" 0 "catchupsb-$r" sb1,sb2 --join-late
+         if [[ $PLACEMENT == hosts ]]; then
+           WARM=$FILL_S BUSY=1 again catchup-busy 0 0 "catchupbusy-$r" sb1,sb2 --join-late
+         fi ;;
       *) echo "FIGURES: no figure $f (1 to 4)" >&2; exit 2 ;;
     esac
   done
@@ -240,7 +330,7 @@ def own_us(r, c, i):  # µs of instance i's CPU per delivery to its own subscrib
     return r["processes"][i]["cpuS"] * 1e6 / d if d else None
 
 print("medians (runs):")
-for c in ["spread", "owner", "ingest-0", "ingest-sb", "rate", "catchup-0", "catchup-sb"]:
+for c in ["spread", "owner", "ingest-0", "ingest-sb", "ingest-busy", "rate", "catchup-0", "catchup-sb", "catchup-busy"]:
     rs = cases.get(c)
     if not rs: continue
     print(f"  {c:10} {rs[0]['subs']:3} subs: {m(rs, lambda r: r['deliveriesPerS']):.0f} deliveries/s "
@@ -271,10 +361,12 @@ for c in ["spread", "owner", "ingest-0", "ingest-sb", "rate", "catchup-0", "catc
               f"{m(rs, lambda r: r['ackLatencyMs']['p50']):.2f} ms, p99 {m(rs, lambda r: r['ackLatencyMs']['p99']):.2f} ms")
         print(f"      kept {m(rs, lambda r: r['upstreamTxnsPerS']):.0f} txns/s upstream; longest gap between commits "
               f"{m(rs, lambda r: r['longestCommitGapMs']):.1f} ms")
-def ratio(a, b, what):
+def ratio(a, b, what, goal="; goal ≤ 10 %"):
     if a in cases and b in cases:
         x, y = m(cases[a], lambda r: r["storedTxnsPerS"]), m(cases[b], lambda r: r["storedTxnsPerS"])
-        print(f"  {what}: {x:.0f} / {y:.0f} txns/s = {x / y:.3f} ({(1 - x / y) * 100:.1f} % lower; goal ≤ 10 %)")
+        # The ratio of each run's pair too (the cases alternate run by run).
+        per = "/".join(f"{p['storedTxnsPerS'] / q['storedTxnsPerS']:.2f}" for p, q in zip(cases[a], cases[b]))
+        print(f"  {what}: {x:.0f} / {y:.0f} txns/s = {x / y:.3f} ({(1 - x / y) * 100:.1f} % lower{goal}; runs {per})")
 print("ratios (same invocation):")
 if "spread" in cases and "owner" in cases:
     print(f"  deliveries/s spread over the three / all on the owner: "
@@ -282,6 +374,10 @@ if "spread" in cases and "owner" in cases:
 subs = lambda c: cases[c][0]["subs"] if c in cases else "?"
 ratio("ingest-sb", "ingest-0", f"owner ingest, {subs('ingest-sb')} subscribers at the standbys / none")
 ratio("catchup-sb", "catchup-0", f"owner ingest, {subs('catchup-sb')} subscribers catching up at the standbys / none")
+ratio("ingest-busy", "ingest-0", "control: owner ingest, the standbys' CPUs kept busy / not", "")
+ratio("ingest-sb", "ingest-busy", f"owner ingest, {subs('ingest-sb')} subscribers at the standbys / the control", "")
+ratio("catchup-busy", "catchup-0", "control: owner ingest, the standbys' CPUs kept busy / not (figure 4's)", "")
+ratio("catchup-sb", "catchup-busy", f"owner ingest, {subs('catchup-sb')} subscribers catching up / the control", "")
 print(f"instance logs, WARN/ERROR lines while measured (and {sum(l['teardown'] for l in logs)} in teardowns):")
 for l in logs:
     if l["count"]:
