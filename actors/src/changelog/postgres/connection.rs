@@ -1,5 +1,6 @@
 //! How the PostgreSQL engine reaches the change DB: the connection each thread drives on its
-//! own runtime, and the URL as it may be shown (without its password).
+//! own runtime, the name each connection gives itself, and the URL as it may be shown (without
+//! its password).
 
 use log::warn;
 use tokio::runtime::{Builder, Runtime};
@@ -24,6 +25,19 @@ pub(super) fn redacted(config: &Config) -> String {
         config.get_user().unwrap_or(""),
         config.get_dbname().unwrap_or("")
     )
+}
+
+/// `config` for the connection that serves `part` of this process (`writer`, `reader`,
+/// `listen`, `records`, `standby`, `standby-reader`): named `change-streamer <part> pid <pid>`
+/// (PostgreSQL's `application_name`, shown in `pg_stat_activity`), so that an operator can
+/// tell which instance, and which part of it, a backend serves: the pid is the one in the
+/// instance's id (`/status` `instance`). A name the URL sets is kept.
+pub(super) fn named(config: &Config, part: &str) -> Config {
+    let mut config = config.clone();
+    if config.get_application_name().is_none() {
+        config.application_name(format!("change-streamer {part} pid {}", std::process::id()));
+    }
+    config
 }
 
 /// The single-threaded runtime one engine thread drives its connection on.

@@ -12,7 +12,7 @@ use log::{debug, warn};
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
-use super::connection::with_causes;
+use super::connection::{named, with_causes};
 use super::types::ChangeLogError;
 use super::COMMITS_CHANNEL;
 use crate::watermark::Watermark;
@@ -30,7 +30,7 @@ impl CommitNotices {
     /// Listens for the owner's commits on the change DB at `url`, on a connection driven on
     /// the current runtime.
     pub async fn listen(url: &str) -> Result<CommitNotices, ChangeLogError> {
-        let config: Config = url.parse()?;
+        let config = named(&url.parse::<Config>()?, "listen");
         let (client, mut connection) = config.connect(NoTls).await?;
         let (tx, newest) = watch::channel(None);
         tokio::spawn(async move {

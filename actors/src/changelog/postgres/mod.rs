@@ -42,7 +42,7 @@ use tokio_postgres::{Client, Config};
 use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
-use self::connection::{connect, redacted, runtime, with_causes};
+use self::connection::{connect, named, redacted, runtime, with_causes};
 pub use self::listen::CommitNotices;
 pub use self::records::{ChangeDbView, InstanceDb};
 use self::types::{ChangeLogError, SEGMENT_ROWS};
@@ -146,7 +146,7 @@ fn run(engine: Engine) {
         }
     };
     let interval = options.takeover_interval;
-    let Some(client) = rt.block_on(claim(&config, interval, &ready)) else {
+    let Some(client) = rt.block_on(claim(&named(&config, "writer"), interval, &ready)) else {
         return; // nobody waits for this instance to own the change DB any more
     };
     let loaded = PgWriter::load(
@@ -164,7 +164,7 @@ fn run(engine: Engine) {
         }
     };
     let reader = runtime().and_then(|reader_rt| {
-        let config = config.clone();
+        let config = named(&config, "reader");
         thread::Builder::new()
             .name("change-log-pg-reader".into())
             .spawn(move || reader::run(reader_rt, config, reads, reader::PurgeCheck::Owner))

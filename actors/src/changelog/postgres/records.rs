@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use tokio_postgres::{Client, Config, GenericClient};
 
-use super::connection::{connect, redacted};
+use super::connection::{connect, named, redacted};
 use super::safety::SafetyState;
 use super::schema::{self, parse_watermark, INSTANCES_SCHEMA};
 use super::state;
@@ -109,7 +109,7 @@ impl InstanceDb {
     /// tables if they are missing.
     pub async fn connect(url: &str) -> Result<InstanceDb, ChangeLogError> {
         let config: Config = url.parse()?;
-        let client = connect(&config).await?;
+        let client = connect(&named(&config, "records")).await?;
         schema::create_missing(&client, INSTANCES_SCHEMA).await?;
         Ok(InstanceDb {
             client: Arc::new(client),

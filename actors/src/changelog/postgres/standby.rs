@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
 use super::commands::{Ends, WriteCommand};
-use super::connection::{connect, redacted, runtime};
+use super::connection::{connect, named, redacted, runtime};
 use super::reader::{self, PurgeCheck};
 use super::safety::SafetyState;
 use super::schema;
@@ -35,14 +35,14 @@ pub(super) fn open(url: &str) -> Result<Ends, ChangeLogError> {
     let (reads, rrx) = mpsc::channel();
     let (_, owner) = watch::channel(false);
     let reader_rt = runtime()?;
-    let reader_config = config.clone();
+    let reader_config = named(&config, "standby-reader");
     thread::Builder::new()
         .name("change-log-pg-standby-reader".into())
         .spawn(move || reader::run(reader_rt, reader_config, rrx, PurgeCheck::Standby))?;
     let rt = runtime()?;
     thread::Builder::new()
         .name("change-log-pg-standby".into())
-        .spawn(move || answer_questions(rt, config, wrx))?;
+        .spawn(move || answer_questions(rt, named(&config, "standby"), wrx))?;
     Ok(Ends {
         writes,
         reads,

@@ -12,6 +12,7 @@ mod commit_window;
 mod disk_bytes;
 mod layouts; // SQLite only
 mod pg_layouts; // PostgreSQL only
+mod pg_names; // PostgreSQL only
 mod retention;
 mod safety_state;
 mod storage;
