@@ -20,20 +20,10 @@ async fn names(db: &TestDb) -> Vec<String> {
     rows.iter().map(|r| r.get(0)).collect()
 }
 
-fn owner_options(url: String) -> PgOptions {
-    PgOptions {
-        url,
-        takeover_interval: Duration::from_millis(50),
-        segment_rows: 100,
-        clock: Clock::System,
-        instance: None,
-    }
-}
-
 #[actix_rt::test]
 async fn connections_are_named_for_their_part() {
     let db = TestDb::create("connection_names").await;
-    let owner = ChangeLog::open_postgres(owner_options(db.url.clone()))
+    let owner = ChangeLog::open_postgres(PgOptions::new(db.url.clone(), Duration::from_millis(50)))
         .await
         .unwrap();
     owner.append(txn(1, 1)).await.unwrap();
@@ -65,7 +55,7 @@ async fn connections_are_named_for_their_part() {
 async fn a_name_the_url_sets_is_kept() {
     let db = TestDb::create("connection_named_by_url").await;
     let url = format!("{}?application_name=replication-manager-7", db.url);
-    let owner = ChangeLog::open_postgres(owner_options(url.clone()))
+    let owner = ChangeLog::open_postgres(PgOptions::new(url.clone(), Duration::from_millis(50)))
         .await
         .unwrap();
     owner.append(txn(1, 1)).await.unwrap();
