@@ -13,6 +13,7 @@ pub mod litestream;
 pub mod own_thread;
 pub mod peer;
 pub mod pg;
+pub mod pg_cluster;
 pub mod process;
 #[cfg(feature = "service")]
 pub mod service;

@@ -1,17 +1,60 @@
 //! A database of its own for each PostgreSQL test, on the server the project's machines run.
 //!
-//! The server is `$CHANGE_STREAMER_TEST_PG` (default `postgres://postgres@127.0.0.1:5432`,
-//! trust auth). Each [`TestDb`] creates a uniquely named database and drops it when dropped.
-//! If no server answers, the test fails with how to start one: it never passes silently.
+//! Which server, decided once per test process:
+//! - `$CHANGE_STREAMER_TEST_PG` set to a URL (trust auth, user `postgres`): that server;
+//! - `CHANGE_STREAMER_TEST_PG=own`: a throwaway cluster of this process's own
+//!   ([`crate::pg_cluster`]), even where a server answers (`.ci/run` tests the fallback so);
+//! - unset: `postgres://postgres@127.0.0.1:5432` if something answers there, else a throwaway
+//!   cluster; where no server binaries are installed, the test fails saying what to install.
+//!
+//! Each [`TestDb`] creates a uniquely named database and drops it when dropped. Nothing here
+//! passes silently without a server.
 
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
+use std::time::Duration;
 
 use tokio_postgres::{Client, NoTls};
 
-const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+use crate::pg_cluster;
 
+const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+const DEFAULT_ADDR: &str = "127.0.0.1:5432";
+
+/// The server's URL (without a database), or why there is none.
 fn server() -> String {
-    std::env::var("CHANGE_STREAMER_TEST_PG").unwrap_or_else(|_| DEFAULT_SERVER.to_string())
+    static SERVER: OnceLock<Result<String, String>> = OnceLock::new();
+    match SERVER.get_or_init(choose_server) {
+        Ok(url) => url.clone(),
+        Err(why) => panic!("no PostgreSQL server for the tests: {why}"),
+    }
+}
+
+fn choose_server() -> Result<String, String> {
+    match std::env::var("CHANGE_STREAMER_TEST_PG").ok().as_deref() {
+        Some("own") => own_cluster(),
+        Some(url) if !url.is_empty() => Ok(url.to_string()),
+        _ if default_answers() => Ok(DEFAULT_SERVER.to_string()),
+        _ => own_cluster(),
+    }
+}
+
+/// Whether anything accepts a connection at 127.0.0.1:5432 (refused is immediate; the timeout
+/// only bounds a filtered port).
+fn default_answers() -> bool {
+    let addr: SocketAddr = DEFAULT_ADDR.parse().expect("a literal socket address");
+    TcpStream::connect_timeout(&addr, Duration::from_secs(2)).is_ok()
+}
+
+/// Starts the throwaway cluster, kept (and its reaper's pipe held open) for the process's life.
+fn own_cluster() -> Result<String, String> {
+    static CLUSTER: OnceLock<pg_cluster::Cluster> = OnceLock::new();
+    let cluster = pg_cluster::start()?;
+    let url = cluster.url.clone();
+    eprintln!("change-streamer tests: a throwaway PostgreSQL cluster at {url}");
+    let _ = CLUSTER.set(cluster);
+    Ok(url)
 }
 
 /// A fresh database, dropped (with whatever is still connected to it) at the end of the test.
