@@ -17,13 +17,13 @@ use change_streamer_actors::changelog::{
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::ownership::OWNER_LOCK_KEY;
-use change_streamer_actors::reservation::{ReservationActor, ReservationEvent, Reserve};
-use change_streamer_actors::session_end::{truncate_reason, SessionEnd, SessionId};
+use change_streamer_actors::reservation::{ReservationActor, ReservationEvent};
+use change_streamer_actors::session_end::{truncate_reason, SessionEnd};
 use change_streamer_actors::streamer::{Streamer, StreamerConfig};
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::pg::TestDb;
 use common::recording_purge::RecordingPurge;
-use common::reservation_session::{Events, Session};
+use common::reservation_session::{self, Events};
 
 const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 const NOT_INITIALIZED: &str = "change log is not initialized yet (no replicaVersion)";
@@ -40,15 +40,7 @@ fn reservations(log: ChangeLog, stats: &LogStats) -> Addr<ReservationActor> {
 
 /// Reserves `task` and waits for the first thing its session is told.
 async fn reserve(reservations: &Addr<ReservationActor>, task: &str, n: u64) -> ReservationEvent {
-    let session = Session::default().start();
-    reservations
-        .send(Reserve {
-            task_id: task.into(),
-            session_id: SessionId(n),
-            session: session.clone().recipient(),
-        })
-        .await
-        .unwrap();
+    let session = reservation_session::reserve(reservations, task, n).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(e) = session.send(Events).await.unwrap().into_iter().next() {
