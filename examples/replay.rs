@@ -12,8 +12,10 @@
 //! [`CleanupActor`] and [`ReservationActor`], all reading an injected manual clock set to each
 //! step's `at`. Around them sit only recorders: the purge side (records `ScheduleCleanup`), each
 //! reservation's session (records what it is told), and the change log (answers the status, or
-//! fails, or holds the answer until `releaseStatus`, as the scenario says). Checks are explicit `check`
-//! steps, as in the seed's tests; the monitor does not poll by itself here.
+//! fails with the scenario's `changeLogStateError` as an engine's own error, which the
+//! reservation's close says as it is, or holds the answer until `releaseStatus`, as the scenario
+//! says). Checks are explicit `check` steps, as in the seed's tests; the monitor does not poll
+//! by itself here.
 //!
 //! Events of one step are printed in the peer's canonical order: cleanups first, then each
 //! reservation's events by reservation number.
@@ -265,7 +267,12 @@ async fn run(scenario: Value) -> Result<(), String> {
                 let res = sessions.len() as u64 + 1;
                 let plan = Plan {
                     state: change_log_state(step.get("changeLogState")),
-                    uninitialized: step.get("changeLogStateError").is_some(),
+                    // `new Error(x)` in the original: its message is `String(x)`.
+                    error: step.get("changeLogStateError").map(|e| {
+                        e.as_str()
+                            .map(str::to_string)
+                            .unwrap_or_else(|| e.to_string())
+                    }),
                     defer_for: step
                         .get("deferStatus")
                         .and_then(Value::as_bool)

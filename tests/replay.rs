@@ -1,5 +1,7 @@
 //! Differential replay of the seed's backup-monitor scenarios: every scenario in
-//! `test-support/fixtures/scenarios/` (vendored from `shared/peer/scenarios/`) is replayed by
+//! `test-support/fixtures/scenarios/` (01 to 08 vendored from `shared/peer/scenarios/`; 09, a
+//! reservation failed by the change log's error, written here and recorded with the peer's
+//! `backup-monitor-replay.mjs`) is replayed by
 //! `examples/replay.rs` against the real actors, and its output must equal the scenario's
 //! `*.expected.jsonl` (recorded from the original implementation) line for line. Where node and
 //! the peer harness are there, the original is also run live on the same scenarios and must

@@ -1,11 +1,12 @@
 //! What sits around the real backup-monitor actors in a replay, recording instead of acting:
 //! the purge side, each reservation's websocket client, and a change log that answers the
-//! status as the scenario plans it (or fails, or holds the answer until `releaseStatus`).
+//! status as the scenario plans it (or fails with the scenario's `changeLogStateError`, or holds
+//! the answer until `releaseStatus`).
 
 use std::collections::HashMap;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::LogRange;
+use change_streamer_actors::changelog::{ChangeLogError, LogRange};
 use change_streamer_actors::cleanup::ScheduleCleanup;
 use change_streamer_actors::reservation::ReservationEvent;
 use change_streamer_actors::streamer::{GetSnapshotBase, SnapshotBaseError};
@@ -89,8 +90,10 @@ impl Handler<Cancel> for SessionRecorder {
 #[derive(Default, Clone)]
 pub struct Plan {
     pub state: Option<LogRange>,
-    /// Answer as a change log that stored nothing yet (the scenario names an error).
-    pub uninitialized: bool,
+    /// The read fails with this text (the scenario's `changeLogStateError`): an engine's own
+    /// failure, which the reservation's close says as it is (PROTOCOL.md §6.3), as the
+    /// original closes with the rejection's message.
+    pub error: Option<String>,
     pub defer_for: Option<u64>,
 }
 
@@ -124,10 +127,11 @@ impl Handler<GetSnapshotBase> for FakeChangeLog {
     type Result = ResponseFuture<Result<LogRange, SnapshotBaseError>>;
     fn handle(&mut self, _: GetSnapshotBase, _: &mut Context<Self>) -> Self::Result {
         let plan = std::mem::take(&mut self.next);
-        let answer = if plan.uninitialized {
-            Err(SnapshotBaseError::NotInitialized)
-        } else {
-            Ok(plan.state.unwrap_or_else(|| self.default.clone()))
+        let answer = match plan.error {
+            Some(text) => Err(SnapshotBaseError::ChangeLog(ChangeLogError::Engine(
+                text.into(),
+            ))),
+            None => Ok(plan.state.unwrap_or_else(|| self.default.clone())),
         };
         match plan.defer_for {
             None => Box::pin(async move { answer }),

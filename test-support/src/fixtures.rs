@@ -1,7 +1,8 @@
 //! The data the tests read, vendored in `test-support/fixtures/` so that a clone with nothing
 //! beside it passes its tests: litestream `/metrics` pages (`litestream/`, copied from the
 //! project's `shared/fixtures/`) and the backup-monitor scenarios with the output the original
-//! implementation recorded for them (`scenarios/`, copied from `shared/peer/scenarios/`).
+//! implementation recorded for them (`scenarios/`, copied from `shared/peer/scenarios/`, and one
+//! of ours, 09, recorded with the peer's harness).
 
 use std::path::{Path, PathBuf};
 

@@ -1,6 +1,7 @@
 //! The vocabulary both change-log engines share: what is stored ([`Transaction`],
 //! [`StoredChange`]), what the log holds ([`LogStats`], [`LogRange`]), what a purge did
-//! ([`PurgeOutcome`]) and how a command fails ([`ChangeLogError`]).
+//! ([`PurgeOutcome`]) and how a command fails ([`ChangeLogError`], said with its causes by
+//! [`with_causes`]).
 //!
 //! A leaf: it imports nothing else of the change log, so the handle, the commands and both
 //! engines can all use it without importing each other.
@@ -26,8 +27,15 @@ pub enum ChangeLogError {
     },
     #[error("change log: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("change DB: {0}")]
+    /// Said with its causes: tokio-postgres's own text is only its kind ("db error", "error
+    /// communicating with the server"), the server's message is its source, and this text is
+    /// what a reservation's close reason says (PROTOCOL.md §6.3).
+    #[error("change DB: {}", with_causes(.0))]
     Postgres(#[from] tokio_postgres::Error),
+    /// An engine's failure that no variant here names, in the engine's own words: a third
+    /// engine's error, or the replay's stand-in change log saying a scenario's failure.
+    #[error("{}", with_causes(.0.as_ref()))]
+    Engine(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A thread or runtime of the engine could not be started.
     #[error("change log could not start: {0}")]
     Start(#[from] std::io::Error),
@@ -44,6 +52,23 @@ pub enum ChangeLogError {
     /// be there any more (PROTOCOL.md §14.1).
     #[error("the change log was purged past watermark={after} (its oldest row is now {oldest}); what follows it may be incomplete")]
     PurgedPast { after: Watermark, oldest: Watermark },
+}
+
+/// `e` and its causes, each said once: "db error: FATAL: terminating connection due to
+/// administrator command" where tokio-postgres alone says "db error". A cause whose text is
+/// already said (a wrapper that prints its source) is not repeated.
+pub(super) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The kind of a stored message.

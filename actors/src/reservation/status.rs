@@ -32,7 +32,7 @@ pub enum ReservationEvent {
 }
 
 /// Why a reservation failed before its status could be sent (the session closes with 1011
-/// and this message).
+/// and this message, PROTOCOL.md §6.3).
 #[derive(Debug, thiserror::Error)]
 pub enum ReservationError {
     #[error("reservation could not be stored: {0}")]
@@ -40,8 +40,26 @@ pub enum ReservationError {
     /// A standby's reservation could not be recorded in the change DB (PROTOCOL.md §14.1).
     #[error("reservation could not be recorded in the change DB: {0}")]
     NotRecorded(String),
+    /// The change log's state could not be read: the read's own failure (an engine error, a
+    /// lost connection to the change DB, a deposed owner's refusal), said as it is, nothing
+    /// added (PROTOCOL.md §6.3).
     #[error(transparent)]
-    NoStatus(#[from] SnapshotBaseError),
+    ReadFailed(ChangeLogError),
+    /// No base for a status otherwise: the change log has no replicaVersion yet (the
+    /// documented `change log is not initialized yet (no replicaVersion)`), or the streamer
+    /// that reads it is gone.
+    #[error(transparent)]
+    NoStatus(SnapshotBaseError),
+}
+
+/// A failed read of the change log keeps its cause: it is that failure, not a missing base.
+impl From<SnapshotBaseError> for ReservationError {
+    fn from(e: SnapshotBaseError) -> Self {
+        match e {
+            SnapshotBaseError::ChangeLog(e) => ReservationError::ReadFailed(e),
+            other => ReservationError::NoStatus(other),
+        }
+    }
 }
 
 /// Two failures are the same when they say the same (what a recording session compares).

@@ -9,13 +9,12 @@ use actix::prelude::*;
 use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::monitor::{Check, MonitorActor, MonitorConfig, PollOutcome};
-use change_streamer_actors::reservation::{ReservationActor, ReservationEvent, Reserve};
-use change_streamer_actors::session_end::SessionId;
+use change_streamer_actors::reservation::{ReservationActor, ReservationEvent};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 
 use super::fake_log::FakeLog;
 use super::recording_purge::{RecordingPurge, Take};
-use super::reservation_session::{Events, Session};
+use super::reservation_session::{self, Events, Session};
 
 pub const START: i64 = 1_745_452_800_000; // 2025-04-24T00:00:00Z
 
@@ -90,16 +89,7 @@ impl Harness {
     }
 
     pub async fn reserve(&self, task: &str, session_id: u64) -> Addr<Session> {
-        let s = Session::default().start();
-        self.reservations
-            .send(Reserve {
-                task_id: task.into(),
-                session_id: SessionId(session_id),
-                session: s.clone().recipient(),
-            })
-            .await
-            .unwrap();
-        s
+        reservation_session::reserve(&self.reservations, task, session_id).await
     }
 
     pub async fn delay(&self) -> i64 {

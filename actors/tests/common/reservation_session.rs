@@ -1,8 +1,9 @@
 //! A reservation's session for actor tests: records what the ReservationActor tells it, and
-//! hands the record over on [`Events`].
+//! hands the record over on [`Events`]; [`reserve`] opens a reservation held by a new one.
 
 use actix::prelude::*;
-use change_streamer_actors::reservation::ReservationEvent;
+use change_streamer_actors::reservation::{ReservationActor, ReservationEvent, Reserve};
+use change_streamer_actors::session_end::SessionId;
 
 /// A reservation's session: records what it is told.
 #[derive(Default)]
@@ -26,4 +27,22 @@ impl Handler<Events> for Session {
     fn handle(&mut self, _: Events, _: &mut Context<Self>) -> Vec<ReservationEvent> {
         std::mem::take(&mut self.0)
     }
+}
+
+/// Reserves `task` for a new session numbered `session_id`, which it returns.
+pub async fn reserve(
+    reservations: &Addr<ReservationActor>,
+    task: &str,
+    session_id: u64,
+) -> Addr<Session> {
+    let s = Session::default().start();
+    reservations
+        .send(Reserve {
+            task_id: task.into(),
+            session_id: SessionId(session_id),
+            session: s.clone().recipient(),
+        })
+        .await
+        .expect("the reservation actor");
+    s
 }

@@ -56,18 +56,5 @@ pub(super) async fn connect(config: &Config) -> Result<Client, ChangeLogError> {
     Ok(client)
 }
 
-/// `e` and its causes: tokio-postgres says only "db error" and leaves the server's message to
-/// its source.
-pub(super) fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let said = c.to_string();
-        if !text.ends_with(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        cause = c.source();
-    }
-    text
-}
+/// `e` and its causes (written beside the change log's errors, which say theirs with it).
+pub(super) use super::types::with_causes;
