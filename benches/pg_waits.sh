@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# What the change DB's backends wait for, sampled beside a bench (BENCHMARKS.md, "Each side on
-# a CPU of its own"): every INTERVAL s until stopped, one line per backend of the databases
+# What the change DB's backends wait for, sampled beside a bench (BENCHMARKS.md, the `PG_CPUS=side`
+# row; benches/HISTORY.md, "At e0e0bc7: each side on a CPU of its own"): every INTERVAL s until
+# stopped, one line per backend of the databases
 # named like PATTERN that is not idle and not waiting for its client, with its wait event, the
 # start of its statement and how long its transaction has been open; and per sample one
 # `disk` line: the write requests and flushes the disk holding PostgreSQL's data completed
