@@ -32,7 +32,7 @@ use log::warn;
 
 use super::access::Access;
 use super::changes::{subscribe, Subscribing};
-use super::metrics::{auth_failures_text, OWNER_GAUGE_HELP};
+use super::metrics::{page, standby_page};
 use super::readyz::{answer, NotReady};
 use super::snapshot::{reserve, Reserving};
 use super::status::{respond, Status};
@@ -119,14 +119,7 @@ pub fn refuse_session(
 }
 
 pub async fn metrics(state: &StandbyState) -> HttpResponse {
-    let gauge = format!(
-        "# HELP change_streamer_owner {OWNER_GAUGE_HELP}\n\
-         # TYPE change_streamer_owner gauge\n\
-         change_streamer_owner 0\n"
-    );
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(gauge + &auth_failures_text(&state.access.failures()))
+    page(standby_page(&state.access.failures()))
 }
 
 pub async fn readyz(state: &StandbyState) -> HttpResponse {
