@@ -21,23 +21,21 @@ use std::sync::Arc;
 
 use actix::Addr;
 use actix_web::{web, HttpRequest, HttpResponse};
-use change_streamer_actors::changelog::{ChangeDbView, ChangeLog, ChangeLogError};
-use change_streamer_actors::cleanup::PendingWatermark;
+use change_streamer_actors::changelog::{ChangeLog, ChangeLogError};
 use change_streamer_actors::instance::recorder::{GetChangeDbView, InstanceRecorder, IsReachable};
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::ownership::Role;
 use change_streamer_actors::reservation::standby::StandbyReservations;
-use change_streamer_actors::reservation::{ListReservations, ReservationInfo};
+use change_streamer_actors::reservation::ListReservations;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{GetStreamerState, Streamer, SubscriberInfo};
+use change_streamer_actors::streamer::{GetStreamerState, Streamer};
 use log::warn;
-use serde_json::{json, Value};
 
 use super::access::Access;
 use super::changes::{subscribe, Subscribing};
-use super::metrics::{auth_failures_text, OWNER_GAUGE_HELP};
+use super::metrics::{page, standby_page};
 use super::readyz::{answer, NotReady};
 use super::snapshot::{reserve, Reserving};
+use super::status::{respond, Status};
 use super::{close_at_once, open_websocket, refuse, Opening};
 use crate::config::Config;
 use crate::shutdown::Guards;
@@ -121,14 +119,7 @@ pub fn refuse_session(
 }
 
 pub async fn metrics(state: &StandbyState) -> HttpResponse {
-    let gauge = format!(
-        "# HELP change_streamer_owner {OWNER_GAUGE_HELP}\n\
-         # TYPE change_streamer_owner gauge\n\
-         change_streamer_owner 0\n"
-    );
-    HttpResponse::Ok()
-        .content_type("text/plain; version=0.0.4")
-        .body(gauge + &auth_failures_text(&state.access.failures()))
+    page(standby_page(&state.access.failures()))
 }
 
 pub async fn readyz(state: &StandbyState) -> HttpResponse {
@@ -187,61 +178,12 @@ pub async fn status(state: &StandbyState) -> HttpResponse {
         }
         Err(_) => None, // the recorder stopped: the standby is stopping
     };
-    HttpResponse::Ok().json(standby_json(
-        state,
+    let status = Status::standby(
+        &state.config,
+        &state.instance,
         view.as_ref(),
-        &subscribers,
-        &reservations,
-    ))
-}
-
-fn standby_json(
-    state: &StandbyState,
-    view: Option<&ChangeDbView>,
-    subscribers: &[SubscriberInfo],
-    reservations: &[ReservationInfo],
-) -> Value {
-    let cfg = &state.config;
-    let stored = view.map(|v| {
-        let log = &v.log;
-        let safety = &v.safety;
-        let pending: Vec<PendingWatermark> = safety
-            .recorded
-            .iter()
-            .map(|r| PendingWatermark::new(r.watermark.clone(), r.replica.clone(), r.backed_up_ms))
-            .collect();
-        let delay = safety
-            .cleanup_delay
-            .unwrap_or_default()
-            .max(cfg.starting_cleanup_delay());
-        (
-            json!(log.replica_version),
-            json!({
-                "minWatermark": log.min_watermark,
-                "maxWatermark": log.max_watermark,
-                "rows": log.rows,
-            }),
-            json!({
-                "backupURL": cfg.litestream_backup_url,
-                "metricsURL": cfg.litestream_metrics_url,
-                "cleanupDelayMs": delay.as_millis() as u64,
-                "paused": !safety.reservations.is_empty(),
-                "lastScheduledWatermark": safety.last_scheduled,
-                "pendingWatermarks": pending,
-                "source": if cfg.litestream_vfs.is_some() { "vfs" } else { "metrics" },
-            }),
-        )
-    });
-    let (replica_version, change_log, backup) = stored.unwrap_or_default();
-    json!({
-        "role": Role::Standby,
-        "instance": state.instance,
-        "replicaVersion": replica_version,
-        "changeLog": change_log,
-        "backup": backup,
-        "upstream": null,
-        "purge": null,
-        "reservations": reservations,
-        "subscribers": subscribers,
-    })
+        subscribers,
+        reservations,
+    );
+    respond(&status)
 }
