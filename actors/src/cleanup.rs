@@ -39,10 +39,9 @@ use actix::prelude::*;
 use log::{info, warn};
 use serde::Serialize;
 
-use crate::changelog::{ChangeLog, RecordedWatermark, SafetyState, StateChange};
+use crate::changelog::{ChangeLog, ChangeLogError, RecordedWatermark, SafetyState, StateChange};
 use crate::clock::{format_rfc3339_ms, Clock};
 use crate::litestream::BackupSample;
-use crate::reservation::{OthersView, SyncRecords};
 use crate::watermark::Watermark;
 
 /// The longest a poll waits for the other instances' reservations.
@@ -77,6 +76,37 @@ pub struct ReservationOpened {
 pub struct ReservationClosed {
     pub task_id: String,
     pub ended_by_subscription_after: Option<Duration>,
+}
+
+/// The cleanup actor's question to whoever holds the other instances' reservations (on a
+/// shared change DB, the reservation actor: `reservation/others.rs`). It is written here, with
+/// the one who asks, so that the cleanup actor depends on no reservation type.
+/// Reads the other instances' reservations and the ends by subscription (one backup poll);
+/// `cleanup_delay` is the delay now, from which a newly found orphan ends.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Result<OthersView, RecordsError>")]
+pub struct SyncRecords {
+    pub cleanup_delay: Duration,
+}
+
+/// What the other instances' reservations mean for this poll's scheduling.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OthersView {
+    /// What pauses cleanup besides this actor's reported reservations: `task@instance` of
+    /// each open reservation of a live instance, and the tasks orphaned at this poll.
+    pub paused_by: Vec<String>,
+    /// Ends by subscription of other instances' reservations found at this poll: the task and
+    /// the time its reservation was held.
+    pub grown: Vec<(String, Duration)>,
+}
+
+/// Why the records could not be read (the poll then schedules nothing).
+#[derive(Debug, thiserror::Error)]
+pub enum RecordsError {
+    #[error("the change DB's reservation records could not be read: {0}")]
+    Read(#[from] ChangeLogError),
+    #[error("the instance recorder is gone")]
+    RecorderGone,
 }
 
 /// Stops the actor; what it wrote down stays for the next start.

@@ -3,52 +3,19 @@
 //! change source. One thread reads ~1.3 M messages/s at most, less on a shared core: 64
 //! subscribers at 2,000 txns/s are that many, and a generator that falls behind measures its
 //! own delay as the service's latency. Inside a thread everything stays `Rc`/`Cell`
-//! ([`Ctx`], [`Tally`]); what crosses is the [`Run`], each thread's [`Counters`], and the
+//! ([`Ctx`], [`Tally`](crate::tally::Tally)); what crosses is the [`Run`], each thread's [`Counters`], and the
 //! [`Received`] figures it hands back once the run stops.
 
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::shared::{Phases, Run, ServiceAccess};
-use crate::subscriber::{self, Framing};
-use crate::tally::{Counters, Received, Tally};
-
-/// What the subscriber tasks of one thread share.
-pub struct Ctx {
-    pub run: Arc<Run>,
-    pub tally: Tally,
-    pub access: ServiceAccess,
-    /// `data` changes per transaction, as the change source sends them.
-    pub changes: usize,
-    pub framing: Framing,
-    /// Subscribing is given up after this.
-    pub deadline: Instant,
-}
-
-/// How every thread's subscribers subscribe (each thread gets its copy).
-#[derive(Clone)]
-pub struct Setup {
-    pub access: ServiceAccess,
-    pub changes: usize,
-    pub framing: Framing,
-    pub deadline: Instant,
-}
-
-impl Setup {
-    pub fn ctx(&self, run: Arc<Run>, counters: Arc<Counters>) -> Ctx {
-        Ctx {
-            run,
-            tally: Tally::new(counters),
-            access: self.access.clone(),
-            changes: self.changes,
-            framing: self.framing,
-            deadline: self.deadline,
-        }
-    }
-}
+use crate::ctx::{Ctx, Setup};
+use crate::shared::{Phases, Run};
+use crate::subscriber;
+use crate::tally::{Counters, Received};
 
 /// One subscriber to start: one that reads and checks, or one that never reads.
 #[derive(Debug, PartialEq, Eq)]

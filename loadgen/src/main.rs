@@ -19,6 +19,7 @@
 
 mod cpu;
 mod crew;
+mod ctx;
 mod frames;
 mod memory;
 mod report;
@@ -37,10 +38,10 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use tokio::net::TcpListener;
 
-use crate::crew::Setup;
+use crate::ctx::Framing;
+use crate::ctx::Setup;
 use crate::report::{Report, Snapshot};
 use crate::shared::{Run, ServiceAccess};
-use crate::subscriber::Framing;
 use crate::tally::Counters;
 use crate::upstream::{Pace, SourceConfig, SourceStats};
 

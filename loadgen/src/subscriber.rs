@@ -18,21 +18,12 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
-use crate::crew::Ctx;
+use crate::ctx::{Ctx, Framing};
 use crate::frames::{ack_text, payloads, split_batch, split_frame, Frame};
 use crate::shared::{Phases, Run, ServiceAccess};
 use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// How a subscriber subscribes and acks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Framing {
-    /// One ack per frame, in order (zero 0.26.2's client).
-    PerFrame,
-    /// `wsBatched=true`: both shapes, one cumulative ack per read.
-    Batched,
-}
 
 /// Where a subscriber is in the stream it checks.
 struct Check {
@@ -332,7 +323,7 @@ mod measure {
     use std::sync::Arc;
 
     use super::*;
-    use crate::crew::Setup;
+    use crate::ctx::Setup;
     use crate::tally::Counters;
     use crate::workload::{filler, live_tx};
 

@@ -58,7 +58,6 @@ use crate::reservation::records::{EndedElsewhere, HeldReservation, ListHeld, Rec
 
 pub use self::adopt::{Adopt, HandedOver};
 pub use self::expiry::ExpireReservations;
-pub use self::others::{OthersView, RecordsError, SyncRecords};
 pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::GetSnapshotBase;
@@ -204,7 +203,7 @@ impl ReservationActor {
     }
 
     /// Reads the other instances' reservations and the ends by subscription through
-    /// `recorder` at each [`SyncRecords`], and records this instance's ends there
+    /// `recorder` at each [`SyncRecords`](crate::cleanup::SyncRecords), and records this instance's ends there
     /// (PROTOCOL.md §14.1).
     pub fn with_records(mut self, recorder: Addr<InstanceRecorder>) -> Self {
         self.records = Some(recorder);

@@ -34,37 +34,9 @@ use log::{info, warn};
 use super::expiry::millis;
 use super::records::{RecordedEnd, RecordedReservation, ReservationRecords};
 use super::{Reservation, ReservationActor};
-use crate::changelog::{ChangeLogError, StateChange, StoredReservation};
-use crate::cleanup::ReservationOpened;
+use crate::changelog::{StateChange, StoredReservation};
+use crate::cleanup::{OthersView, RecordsError, ReservationOpened, SyncRecords};
 use crate::instance::recorder::{ForgetRecords, ReadReservationRecords};
-
-/// Reads the other instances' reservations and the ends by subscription (one backup poll);
-/// `cleanup_delay` is the delay now, from which a newly found orphan ends.
-#[derive(Message, Debug, Clone, Copy)]
-#[rtype(result = "Result<OthersView, RecordsError>")]
-pub struct SyncRecords {
-    pub cleanup_delay: Duration,
-}
-
-/// What the other instances' reservations mean for this poll's scheduling.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OthersView {
-    /// What pauses cleanup besides this actor's reported reservations: `task@instance` of
-    /// each open reservation of a live instance, and the tasks orphaned at this poll.
-    pub paused_by: Vec<String>,
-    /// Ends by subscription of other instances' reservations found at this poll: the task and
-    /// the time its reservation was held.
-    pub grown: Vec<(String, Duration)>,
-}
-
-/// Why the records could not be read (the poll then schedules nothing).
-#[derive(Debug, thiserror::Error)]
-pub enum RecordsError {
-    #[error("the change DB's reservation records could not be read: {0}")]
-    Read(#[from] ChangeLogError),
-    #[error("the instance recorder is gone")]
-    RecorderGone,
-}
 
 /// What the actor remembers of the records between polls.
 #[derive(Default)]

@@ -113,22 +113,15 @@ impl Broadcast {
         self.latest_completed_ms.map(|t| t + padding_ms)
     }
 
-    /// The consensus rule: `true` if the broadcast was already done or is released now (a
-    /// majority finished and `padding` has passed since the latest finish). No padding (wait
-    /// for all) never releases early.
+    /// The consensus rule: `true` if the broadcast was already done or is released now, that
+    /// is once `now_ms` has reached [`Broadcast::release_at`] (the one place the rule is
+    /// written). No padding (wait for all) never releases early.
     pub fn check_progress(&mut self, padding: Option<Duration>, now_ms: f64) -> bool {
         if self.is_done() {
             return true;
         }
-        let Some(padding) = padding else {
-            return false;
-        };
-        let padding_ms = padding.as_secs_f64() * 1000.0;
-        if self.completed.len() < self.majority {
-            return false;
-        }
-        match self.latest_completed_ms {
-            Some(t) if now_ms - t >= padding_ms => {
+        match self.release_at(padding) {
+            Some(at) if now_ms >= at => {
                 self.released = Some(Release::Consensus);
                 true
             }

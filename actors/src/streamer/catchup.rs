@@ -17,7 +17,7 @@ use actix::prelude::*;
 use log::info;
 
 use super::change::Change;
-use super::session_messages::Token;
+use super::frames::Token;
 use super::subscriber::{Delivery, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::StoredChange;

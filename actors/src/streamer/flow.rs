@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 
 use super::broadcast::{Broadcast, Release};
 use super::change::Change;
-use super::session_messages::Token;
+use super::frames::Token;
 use super::subscriber::{Delivery, Lag};
 use super::Streamer;
 use crate::alarm::Alarm;

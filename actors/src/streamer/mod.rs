@@ -40,6 +40,7 @@ mod catchup;
 mod change;
 mod flow;
 mod follow;
+mod frames;
 mod ingest;
 mod join;
 mod purge;
@@ -65,13 +66,13 @@ use shared::SharedFrames;
 use subscriber::Subscriber;
 
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
+pub use frames::{Batch, FrameList, Outgoing, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS};
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
-pub use session_messages::{Outgoing, SessionGone, SessionProgress, ToSession, Token};
-pub use shared::{Batch, FrameList, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS};
+pub use session_messages::{SessionGone, SessionProgress, ToSession};
 pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
 
 /// Tunables of the streamer.

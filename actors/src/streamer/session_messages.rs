@@ -13,34 +13,10 @@ use std::sync::Arc;
 use actix::prelude::*;
 use log::info;
 
-use super::shared::FrameList;
+use super::frames::{FrameList, Token};
 use super::Streamer;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
-
-/// One frame for a session to write, with what its ack means.
-#[derive(Debug, Clone)]
-pub struct Outgoing {
-    /// The message JSON (`["data",{...}]`); the session wraps it as `{"msg":…,"id":n}`.
-    pub message: Arc<str>,
-    /// Set on commits: acking this frame acks that commit watermark.
-    pub commit: Option<Watermark>,
-    /// Set on tracked frames: report this token when acked.
-    pub token: Option<Token>,
-}
-
-/// What the ack of a tracked frame lets go on. Numbered, so that an ack for a tracked frame
-/// that no longer waits (an earlier broadcast) is told apart from the current one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Token {
-    /// The tracked send of a broadcast: its ack counts towards the release (flow control).
-    Broadcast(u64),
-    /// The last frame of a catch-up batch: its ack asks for the next batch.
-    CatchupBatch(u64),
-    /// A frame whose ack only tells the streamer how far the client has read, so that what it
-    /// holds for the subscriber is known inside long transactions too (PROTOCOL.md §10.2).
-    Progress,
-}
 
 /// From the streamer to a subscriber's session.
 #[derive(Message, Debug, Clone)]

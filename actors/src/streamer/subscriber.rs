@@ -25,8 +25,9 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::change::{Change, Kind};
-use super::session_messages::{Outgoing, ToSession, Token};
-use super::shared::{FrameList, SharedFrames};
+use super::frames::{FrameList, Outgoing, Token};
+use super::session_messages::ToSession;
+use super::shared::SharedFrames;
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 
