@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use change_streamer_actors::changelog::ChangeDb;
 use change_streamer_actors::secret::Secret;
 use change_streamer_actors::streamer::StreamerConfig;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
@@ -25,39 +26,28 @@ mod values;
 #[derive(Parser, Debug, Clone)]
 #[command(name = "change-streamer", version, about, long_about = None)]
 pub struct Config {
-    /// HTTP and websocket port (0 picks a free one).
-    #[arg(
-        long,
-        env = "ZERO_CHANGE_STREAMER_PORT",
-        default_value_t = 4849,
-        allow_negative_numbers = true
-    )]
-    pub port: u16,
-
-    /// Address to bind.
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_HOST", default_value = "0.0.0.0")]
-    pub host: String,
-
-    /// Directory holding the change log database (created if missing).
-    #[arg(
-        long,
-        env = "ZERO_CHANGE_STREAMER_DATA_DIR",
-        default_value = "./change-streamer-data"
-    )]
-    pub data_dir: PathBuf,
-
     /// ws:// or wss:// URL of the custom change source. Without it the service serves what
     /// the change log already holds and receives nothing new.
-    #[arg(long, env = "ZERO_UPSTREAM_URL", value_parser = parse_ws_url)]
+    #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_URL", value_parser = parse_ws_url)]
     pub upstream: Option<String>,
+
+    /// File whose content (one trailing newline stripped) is sent to the change source as
+    /// `Authorization: Bearer <secret>`.
+    #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_SECRET_FILE")]
+    pub upstream_secret_file: Option<PathBuf>,
+
+    /// Extra PEM root certificate(s) trusted for a wss:// --upstream, beside the system's.
+    #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<PathBuf>,
 
     /// Litestream backup URL: enables the backup monitor and is sent to restoring replicas.
     /// Without it nothing is polled or purged and snapshot reservations are refused.
-    #[arg(long, env = "ZERO_LITESTREAM_BACKUP_URL", value_parser = parse_non_empty)]
+    #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_BACKUP_URL", value_parser = parse_non_empty)]
     pub litestream_backup_url: Option<String>,
 
     /// litestream's Prometheus endpoint (http:// or https://).
     #[arg(
+        help_heading = "Backup",
         long,
         env = "ZERO_LITESTREAM_METRICS_URL",
         default_value = "http://localhost:4850/metrics",
@@ -67,12 +57,13 @@ pub struct Config {
 
     /// Period of the litestream metrics poll, in ms (≥ 1). The first poll comes one period
     /// after start.
-    #[arg(long, env = "ZERO_BACKUP_CHECK_INTERVAL_MS", default_value_t = 60_000, allow_negative_numbers = true,
+    #[arg(help_heading = "Backup", long, env = "ZERO_BACKUP_CHECK_INTERVAL_MS", default_value_t = 60_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub backup_check_interval_ms: u64,
 
     /// Starting cleanup delay in ms; raised to --min-cleanup-delay-ms.
     #[arg(
+        help_heading = "Backup",
         long,
         env = "ZERO_INITIAL_CLEANUP_DELAY_MS",
         default_value_t = 0,
@@ -82,6 +73,7 @@ pub struct Config {
 
     /// Floor of the cleanup delay in ms: a backed-up watermark is cleaned up no sooner.
     #[arg(
+        help_heading = "Backup",
         long,
         env = "ZERO_MIN_CLEANUP_DELAY_MS",
         default_value_t = 30_000,
@@ -89,8 +81,45 @@ pub struct Config {
     )]
     pub min_cleanup_delay_ms: u64,
 
+    /// A snapshot reservation held longer than this, in ms, is ended with 1011 (PROTOCOL.md §6.6);
+    /// 0: no cap.
+    #[arg(
+        help_heading = "Backup",
+        long,
+        env = "ZERO_MAX_RESERVATION_MS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    pub max_reservation_ms: u64,
+
+    /// Path of litestream 0.5's SQLite VFS extension (`litestream-vfs.so`): the backup monitor
+    /// reads the backed-up watermark out of the backup itself instead of the metrics.
+    #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_VFS")]
+    pub litestream_vfs: Option<PathBuf>,
+
+    /// Run on the backup through the VFS: the first column of the first row is the backed-up
+    /// watermark.
+    #[arg(
+        help_heading = "Backup",
+        long,
+        env = "ZERO_BACKUP_WATERMARK_QUERY",
+        default_value = r#"SELECT stateVersion FROM "_zero.replicationState""#,
+        value_parser = parse_non_empty
+    )]
+    pub backup_watermark_query: String,
+
+    /// Directory holding the change log database (created if missing).
+    #[arg(
+        help_heading = "Change log",
+        long,
+        env = "ZERO_CHANGE_STREAMER_DATA_DIR",
+        default_value = "./change-streamer-data"
+    )]
+    pub data_dir: PathBuf,
+
     /// Wait in ms between a scheduled cleanup and its purge check (and between retries).
     #[arg(
+        help_heading = "Change log",
         long,
         env = "ZERO_PURGE_DELAY_MS",
         default_value_t = 30_000,
@@ -100,6 +129,7 @@ pub struct Config {
 
     /// A change-log row is purged only once it has been stored this long, in ms (PROTOCOL.md §9).
     #[arg(
+        help_heading = "Change log",
         long,
         env = "ZERO_CHANGE_LOG_RETENTION_MS",
         default_value_t = 60_000,
@@ -107,19 +137,16 @@ pub struct Config {
     )]
     pub change_log_retention_ms: u64,
 
-    /// A snapshot reservation held longer than this, in ms, is ended with 1011 (PROTOCOL.md §6.6);
-    /// 0: no cap.
-    #[arg(
-        long,
-        env = "ZERO_MAX_RESERVATION_MS",
-        default_value_t = 0,
-        allow_negative_numbers = true
-    )]
-    pub max_reservation_ms: u64,
+    /// postgres:// URL of a change DB shared by several instances: the change log and the
+    /// service's state live there instead of in SQLite under --data-dir; one instance owns it,
+    /// the others stand by.
+    #[arg(help_heading = "Change log", long, env = "ZERO_CHANGE_DB", value_parser = parse_postgres_url)]
+    pub change_db: Option<String>,
 
     /// Seconds that the subscribers outside a majority get after the latest ack before flow
     /// control moves on without them; negative waits for every subscriber.
     #[arg(
+        help_heading = "Subscribers",
         long,
         env = "ZERO_CHANGE_STREAMER_FLOW_CONTROL_CONSENSUS_PADDING_SECONDS",
         default_value_t = 1.0,
@@ -130,13 +157,14 @@ pub struct Config {
 
     /// Websocket liveness: ping period in ms; a connection silent for a whole period is
     /// dropped.
-    #[arg(long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub ping_interval_ms: u64,
 
     /// A subscriber still lagging on the same tracked send this many ms after it began lagging
     /// (another subscriber acked it, it did not) is closed with 1013; 0 never evicts.
     #[arg(
+        help_heading = "Subscribers",
         long,
         env = "ZERO_FLOW_CONTROL_SLOW_SUBSCRIBER_GRACE_MS",
         default_value_t = 30_000,
@@ -146,92 +174,90 @@ pub struct Config {
 
     /// The most changes held in memory for one subscriber (sent and not acked, or queued);
     /// past it the subscriber reads from the change log instead (≥ 1).
-    #[arg(long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES", default_value_t = 20_000, allow_negative_numbers = true,
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_CHANGES", default_value_t = 20_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_subscriber_queue_changes: u64,
 
     /// The most bytes of change payload held in memory for one subscriber, counted in the same
     /// changes (a change shared with others counts for each); past it the subscriber reads
     /// from the change log instead (≥ 65536).
-    #[arg(long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_BYTES", default_value_t = 16 << 20, allow_negative_numbers = true,
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_MAX_SUBSCRIBER_QUEUE_BYTES", default_value_t = 16 << 20, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(65536..))]
     pub max_subscriber_queue_bytes: u64,
 
     /// The most bytes of change payload held in memory for all subscribers together; past it
     /// the subscriber holding the most reads from the change log first (≥ 65536).
-    #[arg(long, env = "ZERO_MAX_QUEUED_BYTES", default_value_t = 256 << 20, allow_negative_numbers = true,
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_MAX_QUEUED_BYTES", default_value_t = 256 << 20, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(65536..))]
     pub max_queued_bytes: u64,
 
-    /// Path of litestream 0.5's SQLite VFS extension (`litestream-vfs.so`): the backup monitor
-    /// reads the backed-up watermark out of the backup itself instead of the metrics.
-    #[arg(long, env = "ZERO_LITESTREAM_VFS")]
-    pub litestream_vfs: Option<PathBuf>,
-
-    /// Run on the backup through the VFS: the first column of the first row is the backed-up
-    /// watermark.
+    /// HTTP and websocket port (0 picks a free one).
     #[arg(
+        help_heading = "Access",
         long,
-        env = "ZERO_BACKUP_WATERMARK_QUERY",
-        default_value = r#"SELECT stateVersion FROM "_zero.replicationState""#,
-        value_parser = parse_non_empty
+        env = "ZERO_CHANGE_STREAMER_PORT",
+        default_value_t = 4849,
+        allow_negative_numbers = true
     )]
-    pub backup_watermark_query: String,
+    pub port: u16,
 
-    /// postgres:// URL of a change DB shared by several instances: the change log and the
-    /// service's state live there instead of in SQLite under --data-dir; one instance owns it,
-    /// the others stand by.
-    #[arg(long, env = "ZERO_CHANGE_DB", value_parser = parse_postgres_url)]
-    pub change_db: Option<String>,
+    /// Address to bind.
+    #[arg(
+        help_heading = "Access",
+        long,
+        env = "ZERO_CHANGE_STREAMER_HOST",
+        default_value = "0.0.0.0"
+    )]
+    pub host: String,
+
+    /// File whose content (one trailing newline stripped) is the shared secret that clients
+    /// must present as `Authorization: Bearer <secret>` on every path but /healthz, /readyz and
+    /// /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
+    #[arg(
+        help_heading = "Access",
+        long,
+        env = "ZERO_CHANGE_STREAMER_SECRET_FILE"
+    )]
+    pub secret_file: Option<PathBuf>,
+
+    /// The shared secret itself (as --secret-file); prefer the file or the variable: a flag
+    /// shows in `ps`.
+    #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_SECRET", hide_env_values = true,
+          allow_hyphen_values = true, value_name = "SECRET", value_parser = parse_secret)]
+    pub secret: Option<SecretArg>,
+
+    /// Without a secret, serve the guarded paths (all but /healthz, /readyz and /metrics) to
+    /// clients that are not on loopback too (otherwise they get 403).
+    #[arg(
+        help_heading = "Access",
+        long,
+        env = "ZERO_CHANGE_STREAMER_ALLOW_UNAUTHENTICATED"
+    )]
+    pub allow_unauthenticated: bool,
+
+    /// PEM certificate chain: with --tls-key, every endpoint is served over TLS 1.2+ on
+    /// --port (HTTPS, wss://).
+    #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
 
     /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
-    #[arg(long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
+    #[arg(help_heading = "Instances", long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
 
     /// With --change-db, whether a standby serves /changes from the change DB (catch-up, then
     /// the owner's commits as they are made) while it stands by, and keeps those subscribers
     /// when it takes over; `--standby-serves=false` closes those websockets with 1011
-    /// `standby: not the owner`. /snapshot at a standby is closed with 1011 either way
-    /// (reservations are held by the owner).
-    #[arg(long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
+    /// `standby: not the owner`. /snapshot at a serving standby holds its reservation there,
+    /// recorded in the change DB so that the owner pauses cleanup for it (PROTOCOL.md §14.1);
+    /// at one that does not serve it is closed with 1011 the same way.
+    #[arg(help_heading = "Instances", long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub standby_serves: bool,
-
-    /// File whose content (one trailing newline stripped) is the shared secret that clients
-    /// must present as `Authorization: Bearer <secret>` on /replication/* and /status; 16 to
-    /// 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_SECRET_FILE")]
-    pub secret_file: Option<PathBuf>,
-
-    /// The shared secret itself (as --secret-file); prefer the file or the variable: a flag
-    /// shows in `ps`.
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_SECRET", hide_env_values = true,
-          allow_hyphen_values = true, value_name = "SECRET", value_parser = parse_secret)]
-    pub secret: Option<SecretArg>,
-
-    /// Without a secret, serve /replication/* and /status to clients that are not on loopback
-    /// too (otherwise they get 403).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_ALLOW_UNAUTHENTICATED")]
-    pub allow_unauthenticated: bool,
-
-    /// PEM certificate chain: with --tls-key, every endpoint is served over TLS 1.2+ on
-    /// --port (HTTPS, wss://).
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_TLS_CERT")]
-    pub tls_cert: Option<PathBuf>,
-
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
-    pub tls_key: Option<PathBuf>,
-
-    /// File whose content (one trailing newline stripped) is sent to the change source as
-    /// `Authorization: Bearer <secret>`.
-    #[arg(long, env = "ZERO_UPSTREAM_SECRET_FILE")]
-    pub upstream_secret_file: Option<PathBuf>,
-
-    /// Extra PEM root certificate(s) trusted for a wss:// --upstream, beside the system's.
-    #[arg(long, env = "ZERO_UPSTREAM_CA_FILE")]
-    pub upstream_ca_file: Option<PathBuf>,
 }
 
 impl Config {
@@ -265,6 +291,17 @@ impl Config {
         (self.slow_subscriber_grace_ms > 0)
             .then(|| Duration::from_millis(self.slow_subscriber_grace_ms))
     }
+    /// The change log's engine (PROTOCOL.md §2): `--change-db`'s shared change DB, else SQLite
+    /// under `--data-dir`.
+    pub fn engine(&self) -> ChangeDb {
+        match &self.change_db {
+            Some(url) => ChangeDb::Postgres { url: url.clone() },
+            None => ChangeDb::Sqlite {
+                dir: self.data_dir.clone(),
+            },
+        }
+    }
+
     /// The streamer's tunables, from the same flags at the owner and at a serving standby.
     pub fn streamer(&self) -> StreamerConfig {
         StreamerConfig {

@@ -21,7 +21,7 @@
 //!   3. **Deposed.** Once the engine finds it no longer owns the change DB (the fence refused a
 //!      write, its session ended, or the idle check failed), it refuses every further write,
 //!      so nothing more is stored or acked upstream, and reports it ([`ChangeLog::deposed`]).
-//!      The owner then steps down ([`Owner::stop`] with [`StopMode::HandOver`]): it stops
+//!      The owner then steps down ([`Owner::stop`] with [`StopMode::StepDown`]): it stops
 //!      reading upstream, halts the actors that write and closes every session with 1011
 //!      `standby: not the owner` (what it forwarded may not all be durable); after one takeover
 //!      interval (the other standbys' turn first) it tries again, standing by at 1.
@@ -38,7 +38,9 @@ use actix::prelude::*;
 use actix_web::dev::ServerHandle;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
-use change_streamer_actors::changelog::{ChangeLog, ChangeLogError, PgOptions, SEGMENT_ROWS};
+use change_streamer_actors::changelog::{
+    ChangeDb, ChangeLog, ChangeLogError, PgOptions, SEGMENT_ROWS,
+};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{self, InstanceRecorder};
 use change_streamer_actors::instance::InstanceId;
@@ -50,7 +52,7 @@ use crate::edge::{no_delay, Edge};
 use crate::http::access::guard;
 use crate::http::standby::StandbyState;
 use crate::http::{limit_header_size, routes, Door, Phase};
-use crate::owner::Owner;
+use crate::owner::{Owner, OwnerStart};
 use crate::shutdown::StopMode;
 use crate::standby::StandbyServing;
 use crate::start_error::StartError;
@@ -62,6 +64,17 @@ pub struct Instance {
     stop: Option<oneshot::Sender<StopMode>>,
     /// The instance's life ended by itself: an error it cannot go on after.
     ended: oneshot::Receiver<Result<(), StartError>>,
+}
+
+/// How the instance lives, by its change log's engine (see the module documentation).
+enum LifeOf {
+    /// SQLite: the owner throughout.
+    Own(Owner),
+    /// A shared change DB at `url`: its phases, the instance's record kept by `recorder`.
+    Share {
+        url: String,
+        recorder: Addr<InstanceRecorder>,
+    },
 }
 
 /// What the instance's life needs, whatever its phases.
@@ -82,33 +95,32 @@ impl Instance {
     pub async fn start(config: Config, clock: Clock) -> Result<Instance, StartError> {
         let config = Arc::new(config);
         let edge = Edge::load(&config)?;
-        if let Some(url) = &config.change_db {
-            ChangeLog::check_postgres_url(url).map_err(StartError::ChangeDb)?;
-        }
+        let engine = config.engine();
+        engine.check().map_err(StartError::ChangeDb)?;
         let listener = listen(&config.host, config.port)?;
         let addr = listener.addr;
         let instance = InstanceId::new(addr, &clock);
-        let (first, owner, recorder) = match &config.change_db {
-            None => {
-                let log = ChangeLog::open_with(&config.data_dir, SEGMENT_ROWS, clock.clone())?;
-                let owner = Owner::start(
-                    config.clone(),
+        let (first, life_of) = match engine {
+            ChangeDb::Sqlite { dir } => {
+                let log = ChangeLog::open_with(&dir, SEGMENT_ROWS, clock.clone())?;
+                let owner = Owner::start(OwnerStart {
+                    config: config.clone(),
                     log,
-                    None,
-                    clock.clone(),
-                    &edge,
-                    instance.clone(),
-                    None,
-                )
+                    kept: None,
+                    clock: clock.clone(),
+                    edge: &edge,
+                    instance: instance.clone(),
+                    recorder: None,
+                })
                 .await?;
-                (Phase::Owner(owner.state().clone()), Some(owner), None)
+                (Phase::Owner(owner.state().clone()), LifeOf::Own(owner))
             }
-            Some(url) => {
+            ChangeDb::Postgres { url } => {
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
                 // §14.1).
                 let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();
                 let standing = standing(&config, &edge, &instance, &recorder);
-                (Phase::Standby(standing), None, Some(recorder))
+                (Phase::Standby(standing), LifeOf::Share { url, recorder })
             }
         };
         let (phase, door) = watch::channel(first);
@@ -127,10 +139,9 @@ impl Instance {
             server: server.clone(),
         };
         actix_rt::spawn(async move {
-            let result = match (owner, recorder) {
-                (Some(owner), _) => life.own(owner, stop_rx).await,
-                (None, Some(recorder)) => life.share(recorder, stop_rx).await,
-                (None, None) => Ok(()),
+            let result = match life_of {
+                LifeOf::Own(owner) => life.own(owner, stop_rx).await,
+                LifeOf::Share { url, recorder } => life.share(url, recorder, stop_rx).await,
             };
             let _ = ended_tx.send(result);
         });
@@ -222,47 +233,18 @@ impl Life {
     /// The phases of a shared change DB (see the module documentation) until asked to stop.
     async fn share(
         self,
+        url: String,
         recorder: Addr<InstanceRecorder>,
         mut stop: oneshot::Receiver<StopMode>,
     ) -> Result<(), StartError> {
-        let Some(url) = self.config.change_db.clone() else {
-            return Ok(());
-        };
         let standing = standing(&self.config, &self.edge, &self.instance, &recorder);
         let mut first_try_after = Duration::ZERO;
         // A standby's serving parts live across failed attempts to own the change DB.
         let mut serving: Option<StandbyServing> = None;
         let result = loop {
             // 1. Standby.
-            if serving.is_none() && self.config.standby_serves {
-                if let Some((s, handlers)) = StandbyServing::start(
-                    &self.config,
-                    &url,
-                    &recorder,
-                    &self.instance,
-                    &self.clock,
-                )
-                .await
-                {
-                    serving = Some(s);
-                    self.phase.send_replace(Phase::Standby(StandbyState {
-                        serving: Some(handlers),
-                        ..standing.clone()
-                    }));
-                }
-            }
-            if serving.is_none() {
-                self.phase.send_replace(Phase::Standby(standing.clone()));
-            }
-            info!(
-                "standby on {} until this instance owns the change DB ({})",
-                self.addr,
-                if serving.is_some() {
-                    "serving /changes and /snapshot from the change DB"
-                } else {
-                    "not serving /changes"
-                }
-            );
+            self.stand_by(&url, &recorder, &standing, &mut serving)
+                .await;
             let opened = tokio::select! {
                 opened = async {
                     actix_rt::time::sleep(first_try_after).await;
@@ -282,55 +264,20 @@ impl Life {
                     continue;
                 }
             };
-            // 2. Owner. Still the owner (the first command)? Else the standby goes on serving.
-            if let Err(e) = log.stats().await {
-                warn!("deposed or failed while starting ({e}): standing by again");
-                continue;
-            }
-            let kept = match serving.take() {
-                Some(s) => Some(s.take_over().await),
-                None => None,
-            };
-            let started = Owner::start(
-                self.config.clone(),
-                log.clone(),
-                kept,
-                self.clock.clone(),
-                &self.edge,
-                self.instance.clone(),
-                Some(recorder.clone()),
-            )
-            .await;
-            let owner = match started {
-                Ok(owner) => owner,
-                // Deposed, or the change DB failed, before anything started (reading the state
-                // back is the first write command): stand by again.
-                Err(StartError::ChangeLog(e)) | Err(StartError::ChangeDb(e)) => {
-                    warn!("deposed or failed while starting ({e}): standing by again");
-                    continue;
-                }
+            // 2. Owner.
+            let owner = match self.take_over(&log, &mut serving, &recorder).await {
+                Ok(Some(owner)) => owner,
+                Ok(None) => continue,
                 Err(e) => break Err(e),
             };
-            self.phase.send_replace(Phase::Owner(owner.state().clone()));
-            self.announce_owner(&log);
-            tokio::select! {
-                () = log.deposed() => {}
-                mode = &mut stop => {
-                    let mode = mode.unwrap_or(StopMode::Graceful);
-                    self.stopping(mode).await;
-                    owner.stop(mode).await;
-                    break Ok(());
-                }
+            if self
+                .own_until_deposed(owner, log, &standing, &mut stop)
+                .await
+            {
+                break Ok(());
             }
-            // 3. Deposed.
-            error!(
-                "no longer the owner of change DB {}: stepping down to a standby",
-                log.location()
-            );
-            self.phase.send_replace(Phase::Standby(standing.clone()));
-            drop(log);
-            owner.stop(StopMode::HandOver).await;
-            // The other standbys' turn first: this one tries again after one takeover interval.
+            // 3. Deposed: the other standbys' turn first, this one tries again after one
+            // takeover interval.
         };
         if let Some(s) = serving {
             s.stop().await;
@@ -338,6 +285,109 @@ impl Life {
         let _ = recorder.send(recorder::Stop).await;
         info!("stopped");
         result
+    }
+
+    /// Phase 1: answers as a standby, serving `/changes` and `/snapshot` from the change DB
+    /// with `--standby-serves` (its serving parts started once, kept across attempts).
+    async fn stand_by(
+        &self,
+        url: &str,
+        recorder: &Addr<InstanceRecorder>,
+        standing: &StandbyState,
+        serving: &mut Option<StandbyServing>,
+    ) {
+        if serving.is_none() && self.config.standby_serves {
+            if let Some((s, handlers)) =
+                StandbyServing::start(&self.config, url, recorder, &self.instance, &self.clock)
+                    .await
+            {
+                *serving = Some(s);
+                self.phase.send_replace(Phase::Standby(StandbyState {
+                    serving: Some(handlers),
+                    ..standing.clone()
+                }));
+            }
+        }
+        if serving.is_none() {
+            self.phase.send_replace(Phase::Standby(standing.clone()));
+        }
+        info!(
+            "standby on {} until this instance owns the change DB ({})",
+            self.addr,
+            if serving.is_some() {
+                "serving /changes and /snapshot from the change DB"
+            } else {
+                "not serving /changes"
+            }
+        );
+    }
+
+    /// Phase 2 begins: the owner's actors start on `log`, keeping the standby's streamer.
+    /// `Ok(None)`: deposed, or the change DB failed, before anything started (reading the
+    /// state back is the first write command): stand by again.
+    async fn take_over(
+        &self,
+        log: &ChangeLog,
+        serving: &mut Option<StandbyServing>,
+        recorder: &Addr<InstanceRecorder>,
+    ) -> Result<Option<Owner>, StartError> {
+        // Still the owner (the first command)? Else the standby goes on serving.
+        if let Err(e) = log.stats().await {
+            warn!("deposed or failed while starting ({e}): standing by again");
+            return Ok(None);
+        }
+        let kept = match serving.take() {
+            Some(s) => Some(s.take_over().await),
+            None => None,
+        };
+        let started = Owner::start(OwnerStart {
+            config: self.config.clone(),
+            log: log.clone(),
+            kept,
+            clock: self.clock.clone(),
+            edge: &self.edge,
+            instance: self.instance.clone(),
+            recorder: Some(recorder.clone()),
+        })
+        .await;
+        match started {
+            Ok(owner) => Ok(Some(owner)),
+            Err(StartError::ChangeLog(e)) | Err(StartError::ChangeDb(e)) => {
+                warn!("deposed or failed while starting ({e}): standing by again");
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Phase 2 until it ends: asked to stop (`true`, stopped as asked), or deposed (`false`,
+    /// phase 3: stepped down to a standby).
+    async fn own_until_deposed(
+        &self,
+        owner: Owner,
+        log: ChangeLog,
+        standing: &StandbyState,
+        stop: &mut oneshot::Receiver<StopMode>,
+    ) -> bool {
+        self.phase.send_replace(Phase::Owner(owner.state().clone()));
+        self.announce_owner(&log);
+        tokio::select! {
+            () = log.deposed() => {}
+            mode = stop => {
+                let mode = mode.unwrap_or(StopMode::Graceful);
+                self.stopping(mode).await;
+                owner.stop(mode).await;
+                return true;
+            }
+        }
+        error!(
+            "no longer the owner of change DB {}: stepping down to a standby",
+            log.location()
+        );
+        self.phase.send_replace(Phase::Standby(standing.clone()));
+        drop(log);
+        owner.stop(StopMode::StepDown).await;
+        false
     }
 }
 

@@ -22,7 +22,7 @@
 //! reading upstream, stop polling, close every reservation and subscription with 1001 (each
 //! actor's `Stop` carries that end), wait until every session has ended ([`crate::shutdown`]),
 //! wait until everything queued on the change log is durable, then stop the remaining actors.
-//! [`StopMode::HandOver`] is the end of an owner deposed from a shared change DB: the same,
+//! [`StopMode::StepDown`] is the end of an owner deposed from a shared change DB: the same,
 //! but every session is closed at once with 1011 and nothing is flushed. The HTTP server is
 //! the instance's ([`crate::instance`]), not the owner's: it outlives every phase.
 
@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::ChangeLog;
+use change_streamer_actors::changelog::{ChangeLog, LogStats, SafetyState};
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
@@ -71,188 +71,61 @@ pub struct Owner {
     drain: Drain,
 }
 
+/// What an owner is started from: the change log it owns, and the instance's parts it runs in.
+pub(crate) struct OwnerStart<'a> {
+    pub config: Arc<Config>,
+    /// The change log this instance owns.
+    pub log: ChangeLog,
+    /// The streamer of a standby that took over, with its subscribers and reservations.
+    pub kept: Option<Kept>,
+    pub clock: Clock,
+    pub edge: &'a Edge,
+    pub instance: InstanceId,
+    /// Keeps the instance's record in a shared change DB; told what the owner serves with.
+    pub recorder: Option<Addr<InstanceRecorder>>,
+}
+
+/// What [`Owner::start`] reads back before it starts anything.
+struct ReadBack {
+    stats: LogStats,
+    safety: SafetyState,
+    /// `--litestream-vfs`, loaded.
+    vfs: Option<(VfsSource, VfsReader)>,
+}
+
 impl Owner {
-    /// Starts the owner's actors on `log` (owned), as instance `instance`, keeping the
-    /// streamer of a standby that took over (`kept`); `recorder` keeps the instance's record
-    /// in a shared change DB and is told what it serves with.
-    pub(crate) async fn start(
-        config: Arc<Config>,
-        log: ChangeLog,
-        kept: Option<Kept>,
-        clock: Clock,
-        edge: &Edge,
-        instance: InstanceId,
-        recorder: Option<Addr<InstanceRecorder>>,
-    ) -> Result<Owner, StartError> {
-        let read = async {
-            let stats = log.stats().await?;
-            let safety = log.load_state().await?;
-            let vfs = match &config.litestream_vfs {
-                Some(path) => Some(check_vfs(&config, path).await?),
-                None => None,
-            };
-            Ok::<_, StartError>((stats, safety, vfs))
-        };
-        let (stats, safety, vfs) = match read.await {
+    /// Starts the owner's actors (see the module documentation), in the order that each one's
+    /// peers exist before it: read back, streamer, purger, the backup's three actors, then the
+    /// record of what it serves with and the upstream client.
+    pub(crate) async fn start(mut start: OwnerStart<'_>) -> Result<Owner, StartError> {
+        let kept = start.kept.take();
+        let read = match start.read_back().await {
             Ok(read) => read,
             Err(e) => {
-                // A kept streamer's subscribers have nothing more coming, nor will its
-                // reservations pause anything: close them.
                 if let Some(k) = kept {
-                    let end = Some(SessionEnd::Unavailable(STANDBY_REASON.into()));
-                    k.streamer.do_send(streamer::Stop { end: end.clone() });
-                    if let Some(r) = k.reservations {
-                        r.do_send(reservation::Stop { end });
-                    }
+                    k.close();
                 }
                 return Err(e);
             }
         };
-
-        // A standby that takes over keeps its streamer and every subscriber of it; it ingests
-        // from here on (the upstream client starts below, after this).
-        let (streamer, kept_reservations, drain) = match kept {
-            Some(Kept {
-                streamer,
-                reservations,
-                drain,
-            }) => {
-                let _ = streamer
-                    .send(Ingest {
-                        log: log.clone(),
-                        stats: stats.clone(),
-                    })
-                    .await;
-                (streamer, reservations, drain)
-            }
-            None => (
-                Streamer::new(config.streamer(), log.clone(), &stats).start(),
-                None,
-                Drain::default(),
-            ),
-        };
-        let purger = Purger::new(
-            streamer.clone().recipient(),
-            config.purge_delay(),
-            config.change_log_retention(),
-            clock.clone(),
-        )
-        .restore(&safety.scheduled)
-        .start();
-
-        let backup = match &config.litestream_backup_url {
-            None => {
-                warn!("no --litestream-backup-url: the backup monitor is off, nothing will be purged, and snapshot reservations are refused");
-                None
-            }
-            Some(url) => {
-                // The reservation actor's address first: on a shared change DB the cleanup
-                // actor asks it at each poll for the other instances' reservations.
-                let reservations_ctx = Context::<ReservationActor>::new();
-                let mut cleanup = CleanupActor::new(
-                    clock.clone(),
-                    config.initial_cleanup_delay(),
-                    config.min_cleanup_delay(),
-                    purger.clone().recipient(),
-                )
-                .restore(&safety, log.clone());
-                if recorder.is_some() {
-                    cleanup = cleanup.with_others(reservations_ctx.address().recipient());
-                }
-                let cleanup = cleanup.start();
-                // Orphans end after the delay this start goes on with: the learned one, never
-                // below this run's starting delay (as the cleanup actor restores it).
-                let cleanup_delay = safety
-                    .cleanup_delay
-                    .unwrap_or_default()
-                    .max(config.starting_cleanup_delay());
-                let mut reservations = ReservationActor::new(
-                    clock.clone(),
-                    url.clone(),
-                    streamer.clone().recipient(),
-                    cleanup.clone(),
-                )
-                .with_max_reservation(config.max_reservation())
-                .restore(&safety.reservations, cleanup_delay, log.clone());
-                if vfs.is_some() {
-                    reservations = reservations.verifying_backups();
-                }
-                if let Some(r) = &recorder {
-                    reservations = reservations.with_records(r.clone());
-                }
-                let reservations = reservations_ctx.run(reservations);
-                // The standby's reservations are this actor's now (adopted before anything
-                // the owner's door could send it), their sessions' messages forwarded to it.
-                if let Some(r) = &kept_reservations {
-                    let to = reservations.clone();
-                    if let Ok(n) = r.send(HandOver { to }).await {
-                        info!("{n} snapshot reservation(s) of the standby phase adopted, their sockets kept");
-                    }
-                }
-                let monitor = match vfs {
-                    None => MonitorActor::new(
-                        MonitorConfig::new(
-                            config.litestream_metrics_url.clone(),
-                            config.backup_check_interval(),
-                        ),
-                        cleanup.clone(),
-                    ),
-                    Some((source, reader)) => {
-                        let mut cfg = MonitorConfig::with_source(
-                            BackupSource::Vfs(source),
-                            config.backup_check_interval(),
-                        );
-                        cfg.clock = clock.clone();
-                        MonitorActor::new(cfg, cleanup.clone())
-                            .with_vfs_reader(reader)
-                            .reporting_backups_to(reservations.clone().recipient())
-                    }
-                }
-                .start();
-                Some(BackupActors {
-                    reservations,
-                    cleanup,
-                    monitor,
-                })
-            }
-        };
-
+        let (streamer, kept_reservations, drain) = start.streamer(kept, &read.stats).await;
+        let purger = start.purger(&streamer, &read.safety);
+        let backup = start
+            .backup(&streamer, &purger, read, kept_reservations)
+            .await;
         let state = AppState {
-            config: config.clone(),
-            streamer: streamer.clone(),
+            config: start.config.clone(),
+            streamer,
             purger,
-            log: log.clone(),
+            log: start.log.clone(),
             backup,
             guards: drain.guards(),
-            access: edge.access.clone(),
-            instance,
-            recorder,
+            access: start.edge.access.clone(),
+            instance: start.instance.clone(),
+            recorder: start.recorder.clone(),
         };
-        if let Some(r) = &state.recorder {
-            r.do_send(Serve(Holders {
-                log: log.clone(),
-                streamer: streamer.clone(),
-                reservations: state.backup.as_ref().map(|b| ReservationHolder {
-                    list: b.reservations.clone().recipient(),
-                    ended: b.reservations.clone().recipient(),
-                    record_rows: false,
-                }),
-            }));
-        }
-        let upstream = config.upstream.as_ref().map(|url| {
-            upstream::start(
-                UpstreamConfig {
-                    secret: edge.upstream_secret.clone(),
-                    tls: edge.upstream_tls.clone(),
-                    ..UpstreamConfig::new(url.clone())
-                },
-                log.clone(),
-                streamer.clone(),
-            )
-        });
-        if upstream.is_none() {
-            warn!("no --upstream: serving the stored change log only; nothing new will arrive");
-        }
+        record_serving(&state);
+        let upstream = start.upstream(&state.streamer);
         Ok(Owner {
             state,
             upstream,
@@ -269,86 +142,302 @@ impl Owner {
     /// before it, and only the wait for the sessions is bounded ([`SESSION_DRAIN`]).
     pub async fn stop(self, mode: StopMode) {
         match mode {
-            StopMode::Graceful => info!("stopping change-streamer"),
-            StopMode::HandOver => info!("stepping down: closing every session"),
+            StopMode::Graceful => self.stop_gracefully().await,
+            StopMode::StepDown => self.step_down().await,
         }
+    }
+
+    /// SIGINT/SIGTERM: the actors holding the sessions close them with 1001 after their last
+    /// frames, and the change log is flushed before the purge stops.
+    async fn stop_gracefully(self) {
+        info!("stopping change-streamer");
         let Owner {
             state,
             upstream,
             drain,
         } = self;
-        let AppState {
-            streamer,
-            purger,
-            log,
-            backup,
-            recorder,
-            ..
-        } = state;
-        // No more changes from upstream.
-        if let Some(u) = upstream {
-            u.stop().await;
+        let end = Some(SessionEnd::ServiceStop);
+        stop_intake(upstream, &state.backup, end.clone()).await;
+        let _ = state.streamer.send(streamer::Stop { end }).await;
+        drain_sessions(drain, None).await;
+        stand_by(&state);
+        match state.log.barrier().await {
+            Ok(()) => info!("change log flushed"),
+            Err(e) => warn!("change log flush at stop: {e}"),
         }
-        // Who closes the sessions: on a graceful stop the actors holding them, with 1001 after
-        // their last frames; on a hand-over the drain, every session at once with 1011 (what
-        // the reservation actor wrote down stays, so the next owner finds it orphaned, and the
-        // change log refuses any write anyway: ChangeLogError::NotOwner).
-        let end = match mode {
-            StopMode::Graceful => Some(SessionEnd::ServiceStop),
-            StopMode::HandOver => None,
-        };
-        if let Some(b) = &backup {
-            let _ = b.monitor.send(monitor::Stop).await;
-            let _ = b
-                .reservations
-                .send(reservation::Stop { end: end.clone() })
-                .await;
-        }
-        match mode {
-            StopMode::Graceful => {
-                let _ = streamer.send(streamer::Stop { end }).await;
-            }
-            StopMode::HandOver => {
-                if let Some(b) = &backup {
-                    let _ = b.cleanup.send(cleanup::Stop).await;
-                }
-                let _ = purger.send(purger::Stop).await;
-            }
-        }
-        // Each session drops its guard once its close frame is written and it has stopped.
-        let closing = match mode {
-            StopMode::Graceful => None,
-            StopMode::HandOver => Some(SessionEnd::Unavailable(STANDBY_REASON.into())),
-        };
-        if !drain.stop(closing.as_ref(), SESSION_DRAIN).await {
-            warn!(
-                "sessions still open {} s after the stop notice; stopping without them",
-                SESSION_DRAIN.as_secs()
-            );
-        }
-        // Only now does this instance hold no subscriber or reservation: until its sessions
-        // were closed, its record held their floor for the next owner's purge.
-        if let Some(r) = &recorder {
-            r.do_send(StandBy);
-        }
-        match mode {
-            StopMode::Graceful => {
-                match log.barrier().await {
-                    Ok(()) => info!("change log flushed"),
-                    Err(e) => warn!("change log flush at stop: {e}"),
-                }
-                if let Some(b) = &backup {
-                    let _ = b.cleanup.send(cleanup::Stop).await;
-                }
-                let _ = purger.send(purger::Stop).await;
-                info!("stopped");
-            }
-            StopMode::HandOver => {
-                let _ = streamer.send(streamer::Stop { end: None }).await;
-                info!("stepped down: every session closed, nothing more is written");
-            }
+        stop_purging(&state).await;
+        info!("stopped");
+    }
+
+    /// A deposed owner: the purge stops first, then the drain closes every session at once
+    /// with 1011 (what the reservation actor wrote down stays, so the next owner finds it
+    /// orphaned, and the change log refuses any write anyway: `ChangeLogError::NotOwner`).
+    async fn step_down(self) {
+        info!("stepping down: closing every session");
+        let Owner {
+            state,
+            upstream,
+            drain,
+        } = self;
+        stop_intake(upstream, &state.backup, None).await;
+        stop_purging(&state).await;
+        let closing = SessionEnd::Unavailable(STANDBY_REASON.into());
+        drain_sessions(drain, Some(&closing)).await;
+        stand_by(&state);
+        let _ = state.streamer.send(streamer::Stop { end: None }).await;
+        info!("stepped down: every session closed, nothing more is written");
+    }
+}
+
+impl Kept {
+    /// A kept streamer's subscribers have nothing more coming, nor will its reservations
+    /// pause anything: close them.
+    fn close(self) {
+        let end = Some(SessionEnd::Unavailable(STANDBY_REASON.into()));
+        self.streamer.do_send(streamer::Stop { end: end.clone() });
+        if let Some(r) = self.reservations {
+            r.do_send(reservation::Stop { end });
         }
     }
+}
+
+impl OwnerStart<'_> {
+    /// The safety state a previous run (or owner) wrote, and the VFS, checked before anything
+    /// starts.
+    async fn read_back(&self) -> Result<ReadBack, StartError> {
+        let stats = self.log.stats().await?;
+        let safety = self.log.load_state().await?;
+        let vfs = match &self.config.litestream_vfs {
+            Some(path) => Some(check_vfs(&self.config, path).await?),
+            None => None,
+        };
+        Ok(ReadBack { stats, safety, vfs })
+    }
+
+    /// A standby that takes over keeps its streamer and every subscriber of it; it ingests
+    /// from here on (the upstream client starts after this). Otherwise a new streamer.
+    async fn streamer(
+        &self,
+        kept: Option<Kept>,
+        stats: &LogStats,
+    ) -> (Addr<Streamer>, Option<Addr<StandbyReservations>>, Drain) {
+        match kept {
+            Some(Kept {
+                streamer,
+                reservations,
+                drain,
+            }) => {
+                let _ = streamer
+                    .send(Ingest {
+                        log: self.log.clone(),
+                        stats: stats.clone(),
+                    })
+                    .await;
+                (streamer, reservations, drain)
+            }
+            None => (
+                Streamer::new(self.config.streamer(), self.log.clone(), stats).start(),
+                None,
+                Drain::default(),
+            ),
+        }
+    }
+
+    fn purger(&self, streamer: &Addr<Streamer>, safety: &SafetyState) -> Addr<Purger> {
+        Purger::new(
+            streamer.clone().recipient(),
+            self.config.purge_delay(),
+            self.config.change_log_retention(),
+            self.clock.clone(),
+        )
+        .restore(&safety.scheduled)
+        .start()
+    }
+
+    /// The backup monitor's three actors, with `--litestream-backup-url`; they adopt the
+    /// reservations of a standby that took over.
+    async fn backup(
+        &self,
+        streamer: &Addr<Streamer>,
+        purger: &Addr<Purger>,
+        read: ReadBack,
+        kept: Option<Addr<StandbyReservations>>,
+    ) -> Option<BackupActors> {
+        let Some(url) = &self.config.litestream_backup_url else {
+            warn!("no --litestream-backup-url: the backup monitor is off, nothing will be purged, and snapshot reservations are refused");
+            return None;
+        };
+        // The reservation actor's address first: on a shared change DB the cleanup actor asks
+        // it at each poll for the other instances' reservations.
+        let reservations_ctx = Context::<ReservationActor>::new();
+        let cleanup = self.cleanup(purger, &read.safety, &reservations_ctx);
+        let reservations = self.reservations(url, streamer, &cleanup, &read, reservations_ctx);
+        // The standby's reservations are this actor's now (adopted before anything the owner's
+        // door could send it), their sessions' messages forwarded to it.
+        if let Some(r) = kept {
+            let to = reservations.clone();
+            if let Ok(n) = r.send(HandOver { to }).await {
+                info!(
+                    "{n} snapshot reservation(s) of the standby phase adopted, their sockets kept"
+                );
+            }
+        }
+        let monitor = self.monitor(read.vfs, &cleanup, &reservations);
+        Some(BackupActors {
+            reservations,
+            cleanup,
+            monitor,
+        })
+    }
+
+    fn cleanup(
+        &self,
+        purger: &Addr<Purger>,
+        safety: &SafetyState,
+        reservations: &Context<ReservationActor>,
+    ) -> Addr<CleanupActor> {
+        let mut cleanup = CleanupActor::new(
+            self.clock.clone(),
+            self.config.initial_cleanup_delay(),
+            self.config.min_cleanup_delay(),
+            purger.clone().recipient(),
+        )
+        .restore(safety, self.log.clone());
+        if self.recorder.is_some() {
+            cleanup = cleanup.with_others(reservations.address().recipient());
+        }
+        cleanup.start()
+    }
+
+    fn reservations(
+        &self,
+        url: &str,
+        streamer: &Addr<Streamer>,
+        cleanup: &Addr<CleanupActor>,
+        read: &ReadBack,
+        ctx: Context<ReservationActor>,
+    ) -> Addr<ReservationActor> {
+        // Orphans end after the delay this start goes on with: the learned one, never below
+        // this run's starting delay (as the cleanup actor restores it).
+        let cleanup_delay = read
+            .safety
+            .cleanup_delay
+            .unwrap_or_default()
+            .max(self.config.starting_cleanup_delay());
+        let mut reservations = ReservationActor::new(
+            self.clock.clone(),
+            url.to_string(),
+            streamer.clone().recipient(),
+            cleanup.clone(),
+        )
+        .with_max_reservation(self.config.max_reservation())
+        .restore(&read.safety.reservations, cleanup_delay, self.log.clone());
+        if read.vfs.is_some() {
+            reservations = reservations.verifying_backups();
+        }
+        if let Some(r) = &self.recorder {
+            reservations = reservations.with_records(r.clone());
+        }
+        ctx.run(reservations)
+    }
+
+    /// The monitor polls the metrics, or reads the backup itself through the VFS and then tells
+    /// the reservations what it saw (PROTOCOL.md §6.7).
+    fn monitor(
+        &self,
+        vfs: Option<(VfsSource, VfsReader)>,
+        cleanup: &Addr<CleanupActor>,
+        reservations: &Addr<ReservationActor>,
+    ) -> Addr<MonitorActor> {
+        let interval = self.config.backup_check_interval();
+        match vfs {
+            None => MonitorActor::new(
+                MonitorConfig::new(self.config.litestream_metrics_url.clone(), interval),
+                cleanup.clone(),
+            ),
+            Some((source, reader)) => {
+                let mut cfg = MonitorConfig::with_source(BackupSource::Vfs(source), interval);
+                cfg.clock = self.clock.clone();
+                MonitorActor::new(cfg, cleanup.clone())
+                    .with_vfs_reader(reader)
+                    .reporting_backups_to(reservations.clone().recipient())
+            }
+        }
+        .start()
+    }
+
+    fn upstream(&self, streamer: &Addr<Streamer>) -> Option<UpstreamHandle> {
+        let Some(url) = &self.config.upstream else {
+            warn!("no --upstream: serving the stored change log only; nothing new will arrive");
+            return None;
+        };
+        Some(upstream::start(
+            UpstreamConfig {
+                secret: self.edge.upstream_secret.clone(),
+                tls: self.edge.upstream_tls.clone(),
+                ..UpstreamConfig::new(url.clone())
+            },
+            self.log.clone(),
+            streamer.clone(),
+        ))
+    }
+}
+
+/// On a shared change DB, the instance's record learns what the owner serves with.
+fn record_serving(state: &AppState) {
+    if let Some(r) = &state.recorder {
+        r.do_send(Serve(Holders {
+            log: state.log.clone(),
+            streamer: state.streamer.clone(),
+            reservations: state.backup.as_ref().map(|b| ReservationHolder {
+                list: b.reservations.clone().recipient(),
+                ended: b.reservations.clone().recipient(),
+                record_rows: false,
+            }),
+        }));
+    }
+}
+
+/// The first steps of either stop: no more changes from upstream, no more polls, and the
+/// reservations closed with `end` (`None`: the drain closes their sockets).
+async fn stop_intake(
+    upstream: Option<UpstreamHandle>,
+    backup: &Option<BackupActors>,
+    end: Option<SessionEnd>,
+) {
+    if let Some(u) = upstream {
+        u.stop().await;
+    }
+    if let Some(b) = backup {
+        let _ = b.monitor.send(monitor::Stop).await;
+        let _ = b.reservations.send(reservation::Stop { end }).await;
+    }
+}
+
+/// Each session drops its guard once its close frame is written and it has stopped; with
+/// `closing`, the drain writes that frame to every session itself.
+async fn drain_sessions(drain: Drain, closing: Option<&SessionEnd>) {
+    if !drain.stop(closing, SESSION_DRAIN).await {
+        warn!(
+            "sessions still open {} s after the stop notice; stopping without them",
+            SESSION_DRAIN.as_secs()
+        );
+    }
+}
+
+/// Only once its sessions are closed does this instance hold no subscriber or reservation:
+/// until then, its record held their floor for the next owner's purge.
+fn stand_by(state: &AppState) {
+    if let Some(r) = &state.recorder {
+        r.do_send(StandBy);
+    }
+}
+
+async fn stop_purging(state: &AppState) {
+    if let Some(b) = &state.backup {
+        let _ = b.cleanup.send(cleanup::Stop).await;
+    }
+    let _ = state.purger.send(purger::Stop).await;
 }
 
 /// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded

@@ -12,8 +12,8 @@
 //! The same wrapper lets a deposed owner close every session with one close frame of its own
 //! ([`Drain::stop`] with a close) without asking each actor: see [`Guarded`].
 //!
-//! How the service stops is one typed value, [`StopMode`]: gracefully, or handing the listening
-//! socket over to another server of this process.
+//! How an owner's phase ends is one typed value, [`StopMode`]: gracefully, or stepping down to
+//! a standby.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,18 +29,17 @@ use tokio::sync::{mpsc, watch};
 /// The longest a stop waits for the sessions to end after the stop notice.
 pub const SESSION_DRAIN: Duration = Duration::from_secs(10);
 
-/// How a server of this process (the service, or a standby) stops.
+/// How an owner's phase ends (the instance's one HTTP server outlives a step-down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopMode {
     /// SIGINT/SIGTERM: every session is closed by the actor holding it with 1001, the open
     /// connections may finish (bounded), and the change log is flushed.
     Graceful,
-    /// The listening socket goes to another server of this process: a deposed owner's to its
-    /// standby (every session closed at once with 1011 `standby: not the owner`, nothing
-    /// flushed), or a standby's to the owner. Open connections are closed at once, so that a
-    /// client keeping its connection alive (a probe polling `/status`) does not hold the
-    /// socket back.
-    HandOver,
+    /// A deposed owner steps down to a standby (PROTOCOL.md §14): every session is closed at
+    /// once with 1011 `standby: not the owner` and nothing is flushed (the change log refuses
+    /// writes). Were the instance to stop this way, its open connections would be closed at
+    /// once too, so that a client keeping its connection alive does not hold the stop back.
+    StepDown,
 }
 
 impl StopMode {

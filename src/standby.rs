@@ -52,7 +52,7 @@ impl StandbyServing {
         instance: &InstanceId,
         clock: &Clock,
     ) -> Option<(StandbyServing, Serving)> {
-        let log = match ChangeLog::open_postgres_standby(url) {
+        let log = match ChangeLog::open_standby(url) {
             Ok(log) => log,
             Err(e) => {
                 warn!("standby: cannot serve /changes from the change DB: {e}");

@@ -4,7 +4,7 @@
 //! from upstream, while only the owner ingests.
 //!
 //! ### Reading what the owner committed
-//! The owner announces each commit group's last watermark ([`CommitNotices`]); the follower
+//! The owner announces each commit group's last watermark ([`CommitFeed`]); the follower
 //! reads the rows after the last one it handed on, up to that watermark, and passes them to the
 //! streamer as upstream messages ([`UpstreamBatch`]) of a streamer that forwards without storing
 //! ([`Streamer::following`]). Notices only say *when* to read: at every [`POLL_EVERY`], and
@@ -40,9 +40,7 @@ use actix::prelude::*;
 use log::{error, info, warn};
 use tokio::sync::oneshot;
 
-use crate::changelog::{
-    ChangeKind, ChangeLog, ChangeLogError, CommitNotices, LogStats, StoredChange,
-};
+use crate::changelog::{ChangeKind, ChangeLog, ChangeLogError, CommitFeed, LogStats, StoredChange};
 use crate::streamer::{Rebase, Streamer, UpstreamBatch};
 use crate::upstream::protocol::UpstreamMessage;
 use crate::watermark::Watermark;
@@ -159,14 +157,14 @@ impl Follower {
             self.log.location(),
             self.at.last_commit
         );
-        let mut notices: Option<CommitNotices> = None;
+        let mut notices: Option<CommitFeed> = None;
         let mut said_unreachable = false;
         let mut poll = actix_rt::time::interval(POLL_EVERY);
         loop {
             if notices.is_none() {
                 let listened = tokio::select! {
                     _ = &mut stop => return,
-                    listened = CommitNotices::listen(&self.url) => listened,
+                    listened = CommitFeed::listen(&self.url) => listened,
                 };
                 match listened {
                     Ok(n) => {

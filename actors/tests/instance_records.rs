@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::InstanceDb;
+use change_streamer_actors::changelog::InstanceRecords;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{self, InstanceRecorder, ListInstances};
 use change_streamer_actors::instance::{InstanceId, InstanceRecord, Refreshed, GONE_AFTER};
@@ -33,7 +33,7 @@ fn ids(db: &[change_streamer_actors::instance::InstanceSeen]) -> Vec<&str> {
 #[actix_rt::test]
 async fn a_refresh_records_the_role_the_subscribers_with_their_acks_and_the_reservations() {
     let db = TestDb::create("records_refresh").await;
-    let records = InstanceDb::connect(&db.url).await.unwrap();
+    let records = InstanceRecords::connect(&db.url).await.unwrap();
     let me = id(1);
     let record = InstanceRecord {
         role: Role::Owner,
@@ -80,7 +80,7 @@ async fn a_refresh_records_the_role_the_subscribers_with_their_acks_and_the_rese
 #[actix_rt::test]
 async fn a_record_older_than_10_s_is_gone_though_its_session_lives() {
     let db = TestDb::create("records_old").await;
-    let records = InstanceDb::connect(&db.url).await.unwrap();
+    let records = InstanceRecords::connect(&db.url).await.unwrap();
     let (old, fresh) = (id(1), id(2));
     records.refresh(&standby(&old)).await.unwrap();
     records.refresh(&standby(&fresh)).await.unwrap();
@@ -112,8 +112,8 @@ async fn a_record_older_than_10_s_is_gone_though_its_session_lives() {
 #[actix_rt::test]
 async fn a_record_whose_session_ended_is_gone_at_once() {
     let db = TestDb::create("records_session").await;
-    let mine = InstanceDb::connect(&db.url).await.unwrap();
-    let theirs = InstanceDb::connect(&db.url).await.unwrap();
+    let mine = InstanceRecords::connect(&db.url).await.unwrap();
+    let theirs = InstanceRecords::connect(&db.url).await.unwrap();
     let (me, them) = (id(1), id(2));
     mine.refresh(&standby(&me)).await.unwrap();
     theirs.refresh(&standby(&them)).await.unwrap();

@@ -108,7 +108,7 @@ async fn a_reservation_whose_change_log_read_fails_is_closed_with_that_failures_
     // An owner stores one transaction; a standby's handle reads the change DB it owns.
     let owner = ChangeLog::open_postgres(pg_options(&db)).await.unwrap();
     owner.append(txn(1)).await.unwrap();
-    let log = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    let log = ChangeLog::open_standby(&db.url).unwrap();
     let stats = log.stats().await.unwrap();
     let reservations = reservations(log.clone(), &stats);
     match reserve(&reservations, "before", 1).await {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use change_streamer_actors::changelog::{
-    ChangeKind, ChangeLog, ChangeLogError, CommitNotices, InstanceDb, PgOptions, PurgeGate,
+    ChangeKind, ChangeLog, ChangeLogError, CommitFeed, InstanceRecords, PgOptions, PurgeGate,
     PurgeHold, Transaction,
 };
 use change_streamer_actors::clock::Clock;
@@ -49,7 +49,7 @@ async fn owner(db: &TestDb, me: &InstanceId) -> ChangeLog {
 }
 
 /// Records instance `who` as a standby with `subscribers`.
-async fn record(records: &InstanceDb, who: &InstanceId, subscribers: &[(&str, u64)]) {
+async fn record(records: &InstanceRecords, who: &InstanceId, subscribers: &[(&str, u64)]) {
     records
         .refresh(&InstanceRecord {
             id: who.clone(),
@@ -77,7 +77,7 @@ async fn a_standbys_subscriber_holds_back_the_owners_purge_in_its_transaction() 
     let db = TestDb::create("gate_standby_sub").await;
     let (me, other) = (id(1), id(2));
     let log = owner(&db, &me).await;
-    let records = InstanceDb::connect(&db.url).await.unwrap();
+    let records = InstanceRecords::connect(&db.url).await.unwrap();
     record(&records, &other, &[("vs-far", 3)]).await;
     let out = log.purge_gated(w(7), NOW, gate(1)).await.unwrap();
     assert_eq!(
@@ -102,7 +102,7 @@ async fn the_purging_instances_own_record_does_not_hold_its_purge() {
     let db = TestDb::create("gate_own_record").await;
     let me = id(1);
     let log = owner(&db, &me).await;
-    let records = InstanceDb::connect(&db.url).await.unwrap();
+    let records = InstanceRecords::connect(&db.url).await.unwrap();
     // Its own record may be up to a refresh old; its streamer checked its subscribers.
     record(&records, &me, &[("vs-mine", 1)]).await;
     let out = log.purge_gated(w(5), NOW, gate(1)).await.unwrap();
@@ -116,7 +116,7 @@ async fn no_subscriber_on_any_instance_holds_the_purge_and_one_on_another_counts
     let log = owner(&db, &me).await;
     let out = log.purge_gated(w(5), NOW, gate(0)).await.unwrap();
     assert_eq!((out.held, out.rows), (Some(PurgeHold::NoSubscribers), 0));
-    let records = InstanceDb::connect(&db.url).await.unwrap();
+    let records = InstanceRecords::connect(&db.url).await.unwrap();
     record(&records, &other, &[]).await;
     let out = log.purge_gated(w(5), NOW, gate(0)).await.unwrap();
     assert_eq!(out.held, Some(PurgeHold::NoSubscribers));
@@ -133,7 +133,7 @@ async fn a_gone_instances_subscriber_no_longer_holds_the_purge() {
     let log = owner(&db, &me).await;
     {
         // Its session ends with this connection: PostgreSQL shows it gone at once.
-        let records = InstanceDb::connect(&db.url).await.unwrap();
+        let records = InstanceRecords::connect(&db.url).await.unwrap();
         record(&records, &other, &[("vs-gone", 2)]).await;
         let out = log.purge_gated(w(5), NOW, gate(1)).await.unwrap();
         assert!(matches!(out.held, Some(PurgeHold::Subscriber { .. })));
@@ -157,7 +157,7 @@ async fn a_gone_instances_subscriber_no_longer_holds_the_purge() {
 async fn a_standbys_handle_reads_what_the_owner_stored_and_refuses_writes() {
     let db = TestDb::create("standby_handle").await;
     // Before any owner created the tables: an empty change log.
-    let standby = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    let standby = ChangeLog::open_standby(&db.url).unwrap();
     let empty = standby.stats().await.unwrap();
     assert_eq!((empty.replica_version, empty.max_watermark), (None, None));
     let _owner = owner(&db, &id(1)).await;
@@ -190,7 +190,7 @@ async fn the_owner_announces_each_commit_group_once_it_is_durable() {
     let db = TestDb::create("commit_notices").await;
     let me = id(1);
     let log = owner(&db, &me).await;
-    let mut notices = CommitNotices::listen(&db.url).await.unwrap();
+    let mut notices = CommitFeed::listen(&db.url).await.unwrap();
     log.append(txn(11)).await.unwrap();
     let heard = tokio::time::timeout(Duration::from_secs(30), notices.next())
         .await
@@ -212,7 +212,7 @@ async fn the_owner_announces_each_commit_group_once_it_is_durable() {
 async fn a_standbys_read_past_a_purge_fails_rather_than_skip_what_was_purged() {
     let db = TestDb::create("standby_purged_past").await;
     let log = owner(&db, &id(1)).await;
-    let standby = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    let standby = ChangeLog::open_standby(&db.url).unwrap();
     assert_eq!(
         standby
             .read((w(3), i64::MAX), w(10), 100)

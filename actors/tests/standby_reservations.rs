@@ -9,7 +9,7 @@ mod common;
 use std::time::Duration;
 
 use actix::prelude::*;
-use change_streamer_actors::changelog::{ChangeLog, InstanceDb, PgOptions};
+use change_streamer_actors::changelog::{ChangeLog, InstanceRecords, PgOptions};
 use change_streamer_actors::cleanup::{CleanupActor, GetCleanupState, PollResult};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::InstanceRecorder;
@@ -42,7 +42,7 @@ struct Owner {
     cleanup: Addr<CleanupActor>,
     reservations: Addr<ReservationActor>,
     log: ChangeLog,
-    db: InstanceDb,
+    db: InstanceRecords,
 }
 
 fn id(port: u16) -> InstanceId {
@@ -88,7 +88,7 @@ impl Owner {
             cleanup,
             reservations,
             log,
-            db: InstanceDb::connect(&db.url).await.unwrap(),
+            db: InstanceRecords::connect(&db.url).await.unwrap(),
         }
     }
 
@@ -140,7 +140,7 @@ where
 }
 
 /// A standby's record holding `held` (task, start offset), written as its refresh writes it.
-async fn record_standby(db: &InstanceDb, standby: &InstanceId, held: &[(&str, i64)]) {
+async fn record_standby(db: &InstanceRecords, standby: &InstanceId, held: &[(&str, i64)]) {
     let held: Vec<HeldReservation> = held
         .iter()
         .map(|(t, at)| HeldReservation {
@@ -161,7 +161,7 @@ async fn record_standby(db: &InstanceDb, standby: &InstanceId, held: &[(&str, i6
 async fn a_standbys_recorded_reservation_pauses_the_owners_cleanup_until_dropped() {
     let db = TestDb::create("standby_res_pause").await;
     let owner = Owner::start(&db).await;
-    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby_db = InstanceRecords::connect(&db.url).await.unwrap();
     let standby = id(2);
     record_standby(&standby_db, &standby, &[("t1", 0)]).await;
 
@@ -192,7 +192,7 @@ async fn a_standbys_recorded_reservation_pauses_the_owners_cleanup_until_dropped
 async fn a_standbys_reservation_ended_at_the_owner_grows_the_delay_from_its_start() {
     let db = TestDb::create("standby_res_end_owner").await;
     let owner = Owner::start(&db).await;
-    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby_db = InstanceRecords::connect(&db.url).await.unwrap();
     let standby = id(2);
     record_standby(&standby_db, &standby, &[("t1", 0)]).await;
     owner.at(1_000);
@@ -252,7 +252,7 @@ async fn a_standbys_reservation_ended_at_the_owner_grows_the_delay_from_its_star
 async fn an_end_the_holder_filled_in_grows_the_delay_once_its_row_is_gone() {
     let db = TestDb::create("standby_res_end_claimed").await;
     let owner = Owner::start(&db).await;
-    let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+    let standby_db = InstanceRecords::connect(&db.url).await.unwrap();
     let standby = id(2);
     record_standby(&standby_db, &standby, &[("t1", 0)]).await;
     owner.at(1_000);
@@ -280,7 +280,7 @@ async fn a_gone_standbys_reservation_is_orphaned_at_the_owner_from_when_it_was_s
     let owner = Owner::start(&db).await;
     let standby = id(2);
     {
-        let standby_db = InstanceDb::connect(&db.url).await.unwrap();
+        let standby_db = InstanceRecords::connect(&db.url).await.unwrap();
         record_standby(&standby_db, &standby, &[("t1", 0)]).await;
         owner.at(1_000);
         owner.poll(5).await;
@@ -395,7 +395,7 @@ async fn at_a_takeover_the_standbys_reservations_are_the_owners_own_on_the_same_
     // t2's status is not sent yet when the standby takes over (or only just).
     let (s2, s2_id) = reserve_at(&standby, "t2").await;
     // What this instance's record held as a standby, under its own id.
-    let rows = InstanceDb::connect(&db.url).await.unwrap();
+    let rows = InstanceRecords::connect(&db.url).await.unwrap();
     record_standby(&rows, &owner.id, &[("t1", 0), ("t2", 500)]).await;
 
     let handed = standby

@@ -110,3 +110,40 @@ fn standby_serves_defaults_to_true_and_takes_an_explicit_false() {
     let e = parse(&["--standby-serves=yes"]).unwrap_err().to_string();
     assert!(e.contains("--standby-serves"), "{e}");
 }
+
+/// `--help` is grouped (issue 27): every flag sits under one of the six headings, in that order,
+/// so that an operator finds a flag by what it is about.
+#[test]
+fn every_flag_has_a_help_heading() {
+    const HEADINGS: [&str; 6] = [
+        "Upstream",
+        "Backup",
+        "Change log",
+        "Subscribers",
+        "Access",
+        "Instances",
+    ];
+    let command = Config::command();
+    let mut seen: Vec<&str> = Vec::new();
+    for arg in command.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" {
+            continue;
+        }
+        let heading = arg
+            .get_help_heading()
+            .unwrap_or_else(|| panic!("--{id} has no help heading"));
+        assert!(
+            HEADINGS.contains(&heading),
+            "--{id}: unknown heading {heading}"
+        );
+        if seen.last() != Some(&heading) {
+            assert!(
+                !seen.contains(&heading),
+                "--{id}: {heading} is split in --help"
+            );
+            seen.push(heading);
+        }
+    }
+    assert_eq!(seen, HEADINGS, "headings in --help, in order");
+}

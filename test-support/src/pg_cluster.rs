@@ -64,7 +64,10 @@ pub fn start() -> Result<Cluster, String> {
     let reaper_stdin = spawn_reaper(&bin, &base, &data, run_as.as_ref())?;
     init_db(&bin, &base, &data, run_as.as_ref())?;
     let port = start_server(&bin, &base, &data, run_as.as_ref())?;
-    log::info!("throwaway PostgreSQL cluster started on port {port} in {}", base.display());
+    log::info!(
+        "throwaway PostgreSQL cluster started on port {port} in {}",
+        base.display()
+    );
     Ok(Cluster {
         url: format!("postgres://postgres@127.0.0.1:{port}"),
         dir: base,
@@ -126,9 +129,11 @@ fn unprivileged_user() -> Result<Option<RunAs>, String> {
             }));
         }
     }
-    Err("running as root, and neither user `postgres` nor `nobody` exists to run initdb as \
+    Err(
+        "running as root, and neither user `postgres` nor `nobody` exists to run initdb as \
          (initdb refuses root): create one, or point CHANGE_STREAMER_TEST_PG at a server"
-        .to_string())
+            .to_string(),
+    )
 }
 
 /// A command run in `base` (the user's own folder, so a cwd it cannot read does not matter), as
@@ -149,7 +154,8 @@ fn spawn_reaper(
     data: &Path,
     run_as: Option<&RunAs>,
 ) -> Result<ChildStdin, String> {
-    let script = r#"cat >/dev/null; "$1/pg_ctl" -D "$2" stop -m immediate >/dev/null 2>&1; rm -rf "$3""#;
+    let script =
+        r#"cat >/dev/null; "$1/pg_ctl" -D "$2" stop -m immediate >/dev/null 2>&1; rm -rf "$3""#;
     let mut child = command(Path::new("sh"), base, run_as)
         .arg("-c")
         .arg(script)
@@ -175,7 +181,16 @@ fn init_db(bin: &Path, base: &Path, data: &Path, run_as: Option<&RunAs>) -> Resu
     let out = command(&bin.join("initdb"), base, run_as)
         .arg("-D")
         .arg(data)
-        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ])
         .output()
         .map_err(|e| format!("running {}: {e}", bin.join("initdb").display()))?;
     if !out.status.success() {

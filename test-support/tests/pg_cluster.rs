@@ -25,7 +25,10 @@ async fn own_cluster_serves_then_stops_when_released() {
     drop(client);
 
     let dir = cluster.dir.clone();
-    assert!(dir.join("data").is_dir(), "the cluster's data folder exists while it runs");
+    assert!(
+        dir.join("data").is_dir(),
+        "the cluster's data folder exists while it runs"
+    );
     drop(cluster);
     wait_until(
         "the reaper stops the cluster and removes its folder",

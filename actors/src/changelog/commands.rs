@@ -53,14 +53,49 @@ pub(super) enum ReadCommand {
     Size(Reply<u64>),
 }
 
+/// The sending side of an engine's write queue. An engine whose writer waits out a commit window between
+/// appends (SQLite's group commit) gives the writer's thread, so that every command but an
+/// append ends that wait: a purge or a barrier is not held back by a window meant for appends.
+#[derive(Clone)]
+pub(super) struct Writes {
+    tx: mpsc::Sender<WriteCommand>,
+    windowed_writer: Option<thread::Thread>,
+}
+
+impl Writes {
+    /// A queue whose writer takes each command as it arrives.
+    pub fn new(tx: mpsc::Sender<WriteCommand>) -> Writes {
+        Writes {
+            tx,
+            windowed_writer: None,
+        }
+    }
+
+    /// A queue whose writer, on `thread`, may be sleeping out a commit window.
+    pub fn windowed(tx: mpsc::Sender<WriteCommand>, thread: thread::Thread) -> Writes {
+        Writes {
+            tx,
+            windowed_writer: Some(thread),
+        }
+    }
+
+    /// Queues `cmd`; `false` once the writer is gone.
+    pub fn send(&self, cmd: WriteCommand) -> bool {
+        let append = matches!(cmd, WriteCommand::Append(..));
+        let queued = self.tx.send(cmd).is_ok();
+        if let Some(writer) = self.windowed_writer.as_ref().filter(|_| !append) {
+            writer.unpark();
+        }
+        queued
+    }
+}
+
 /// What an engine hands the `ChangeLog` handle once it serves commands.
 pub(super) struct Ends {
-    pub writes: mpsc::Sender<WriteCommand>,
+    pub writes: Writes,
     pub reads: mpsc::Sender<ReadCommand>,
     /// Whether this instance owns the change log.
     pub owner: watch::Receiver<bool>,
-    /// The thread to unpark for a command that must not wait out a commit window (SQLite).
-    pub wake: Option<thread::Thread>,
     /// The SQLite file, or the change DB's URL without its password, for logs.
     pub location: String,
 }

@@ -18,22 +18,27 @@
 
 mod catalogue;
 mod commands;
+mod engine;
 mod postgres;
 mod safety;
+mod shared;
 mod sqlite;
 mod txn_value;
 mod types;
 
 use std::path::Path;
 use std::sync::mpsc;
-use std::thread;
 use std::time::Instant;
 
 use tokio::sync::{oneshot, watch};
 
-use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand};
-pub use self::postgres::{ChangeDbView, CommitNotices, InstanceDb, PgOptions};
-pub use self::safety::{RecordedWatermark, SafetyState, StateChange, StoredReservation};
+use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand, Writes};
+pub use self::engine::ChangeDb;
+pub use self::postgres::PgOptions;
+pub use self::safety::{
+    ChangeDbView, RecordedWatermark, SafetyState, StateChange, StoredReservation,
+};
+pub use self::shared::{CommitFeed, InstanceRecords};
 pub use self::sqlite::DB_FILE;
 use self::types::Reply;
 pub use self::types::{
@@ -46,15 +51,12 @@ use crate::watermark::Watermark;
 /// A handle on the change log threads.
 #[derive(Clone)]
 pub struct ChangeLog {
-    writes: mpsc::Sender<WriteCommand>,
+    writes: Writes,
     reads: mpsc::Sender<ReadCommand>,
     /// The SQLite file, or the change DB's URL without its password.
     location: String,
     /// Whether this instance still owns the change log (SQLite: always).
     owner: watch::Receiver<bool>,
-    /// The SQLite writer thread, unparked by every command but an append: it may be sleeping
-    /// out a commit window (`sqlite/writer/mod.rs`), which such a command ends. `None`: PostgreSQL.
-    wake: Option<thread::Thread>,
 }
 
 impl std::fmt::Debug for ChangeLog {
@@ -71,7 +73,6 @@ impl From<Ends> for ChangeLog {
             writes,
             reads,
             owner,
-            wake,
             location,
         } = ends;
         ChangeLog {
@@ -79,7 +80,6 @@ impl From<Ends> for ChangeLog {
             reads,
             location,
             owner,
-            wake,
         }
     }
 }
@@ -114,18 +114,10 @@ impl ChangeLog {
         postgres::open(options).await.map(ChangeLog::from)
     }
 
-    /// Whether `url` is a change DB URL this engine can use (its options parse), checked before
-    /// anything starts, so that a bad one is a start error rather than a standby retrying for
-    /// ever.
-    pub fn check_postgres_url(url: &str) -> Result<(), ChangeLogError> {
-        url.parse::<tokio_postgres::Config>()?;
-        Ok(())
-    }
-
     /// A standby's handle on the PostgreSQL change DB at `url`, which another instance owns:
     /// it reads (catch-up, stats) and refuses every write with [`ChangeLogError::NotOwner`]
     /// (PROTOCOL.md §14.1). Returns at once; the change DB is reached on the first command.
-    pub fn open_postgres_standby(url: &str) -> Result<ChangeLog, ChangeLogError> {
+    pub fn open_standby(url: &str) -> Result<ChangeLog, ChangeLogError> {
         postgres::open_standby(url).map(ChangeLog::from)
     }
 
@@ -156,11 +148,7 @@ impl ChangeLog {
     ) -> impl std::future::Future<Output = Result<T, ChangeLogError>> {
         let (tx, rx) = oneshot::channel();
         let cmd = make(tx);
-        let append = matches!(cmd, WriteCommand::Append(..));
-        let queued = self.writes.send(cmd).is_ok();
-        if let Some(writer) = self.wake.as_ref().filter(|_| !append) {
-            writer.unpark();
-        }
+        let queued = self.writes.send(cmd);
         async move {
             if !queued {
                 return Err(ChangeLogError::Closed);

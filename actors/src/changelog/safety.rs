@@ -1,5 +1,6 @@
 //! The service's safety state, kept beside the change log (PROTOCOL.md §3, §13), as both
-//! engines read and write it.
+//! engines read and write it; and [`ChangeDbView`], that state with the log's range as a standby
+//! shows it.
 //!
 //! What protects a restoring replica must survive a restart, `kill -9` included: the cleanup
 //! delay learned from past restores, the backup watermarks recorded but not yet scheduled, the
@@ -16,7 +17,7 @@
 
 use std::time::Duration;
 
-use super::types::ChangeLogError;
+use super::types::{ChangeLogError, LogStats};
 use crate::watermark::Watermark;
 
 /// The key under which the cleanup delay is stored (in milliseconds).
@@ -83,4 +84,12 @@ pub(super) fn delay_from_stored(text: String) -> Result<Duration, ChangeLogError
         Ok(ms) => Ok(Duration::from_millis(ms)),
         Err(_) => Err(ChangeLogError::Corrupt(text)),
     }
+}
+
+/// What a standby shows of the shared change log on its `/status` (PROTOCOL.md §11): the
+/// log's range and the safety state, as the owner last wrote them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeDbView {
+    pub log: LogStats,
+    pub safety: SafetyState,
 }

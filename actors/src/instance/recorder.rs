@@ -4,7 +4,7 @@
 //!
 //! Every [`REFRESH_EVERY`] (a timer on the runtime's clock) it asks the actors this instance
 //! serves with (told by [`Serve`], forgotten at [`StandBy`]) for their subscribers and
-//! reservations, writes its record through its own unfenced connection ([`InstanceDb`]),
+//! reservations, writes its record through its own unfenced connection ([`InstanceRecords`]),
 //! then deletes the records it finds gone. One refresh runs at a time: a slow change DB
 //! makes refreshes late, never pile up; a [`Serve`] or [`StandBy`] during one refreshes again
 //! as soon as it ends. A lost connection is made anew at the next refresh.
@@ -28,7 +28,7 @@ use actix::prelude::*;
 use log::{info, warn};
 
 use super::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, LEASE, REFRESH_EVERY};
-use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceDb};
+use crate::changelog::{ChangeDbView, ChangeLog, ChangeLogError, InstanceRecords};
 use crate::ownership::Role;
 use crate::reservation::records::{
     EndedElsewhere, HeldReservation, ListHeld, RecordedEnd, RecordedReservation, ReservationHolder,
@@ -107,7 +107,7 @@ pub struct InstanceRecorder {
     id: InstanceId,
     url: String,
     every: Duration,
-    db: Option<InstanceDb>,
+    db: Option<InstanceRecords>,
     holders: Option<Holders>,
     refreshing: bool,
     /// What it serves with changed during a refresh: refresh again as soon as it ends.
@@ -143,13 +143,15 @@ impl InstanceRecorder {
     }
 
     /// The connection, made anew if there is none or it ended.
-    fn connection(&self) -> impl std::future::Future<Output = Result<InstanceDb, ChangeLogError>> {
+    fn connection(
+        &self,
+    ) -> impl std::future::Future<Output = Result<InstanceRecords, ChangeLogError>> {
         let db = self.db.clone().filter(|db| !db.is_closed());
         let url = self.url.clone();
         async move {
             match db {
                 Some(db) => Ok(db),
-                None => InstanceDb::connect(&url).await,
+                None => InstanceRecords::connect(&url).await,
             }
         }
     }
@@ -266,7 +268,11 @@ impl InstanceRecorder {
 
 /// Tells the holder of `held` which of them were ended by a subscription recorded at any
 /// instance (a failed read is tried again at the next refresh).
-async fn ended_elsewhere(db: &InstanceDb, holders: Option<&Holders>, held: &[HeldReservation]) {
+async fn ended_elsewhere(
+    db: &InstanceRecords,
+    holders: Option<&Holders>,
+    held: &[HeldReservation],
+) {
     let Some(holder) = holders.and_then(|h| h.reservations.as_ref()) else {
         return;
     };

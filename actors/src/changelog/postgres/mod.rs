@@ -41,10 +41,10 @@ use tokio_postgres::{Client, Config};
 // The change log's shared leaves, for this engine's files.
 use super::{catalogue, commands, safety, txn_value, types};
 
-use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue};
+use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue, Writes};
 use self::connection::{connect, named, redacted, runtime, with_causes};
-pub use self::listen::CommitNotices;
-pub use self::records::{ChangeDbView, InstanceDb};
+pub(super) use self::listen::CommitNotices;
+pub(super) use self::records::InstanceDb;
 use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
 use crate::clock::Clock;
@@ -109,10 +109,9 @@ pub(super) async fn open(options: PgOptions) -> Result<Ends, ChangeLogError> {
         .spawn(move || run(engine))?;
     ready_rx.await.map_err(|_| ChangeLogError::Closed)??;
     Ok(Ends {
-        writes,
+        writes: Writes::new(writes),
         reads,
         owner,
-        wake: None,
         location,
     })
 }

@@ -29,10 +29,10 @@ use std::sync::Arc;
 use tokio_postgres::{Client, Config, GenericClient};
 
 use super::connection::{connect, named, redacted};
-use super::safety::SafetyState;
+use super::safety::ChangeDbView;
 use super::schema::{self, parse_watermark, INSTANCES_SCHEMA};
 use super::state;
-use super::types::{ChangeLogError, LogStats, PurgeGate, PurgeHold};
+use super::types::{ChangeLogError, PurgeGate, PurgeHold};
 use crate::instance::{InstanceId, InstanceRecord, InstanceSeen, Refreshed, GONE_AFTER};
 use crate::reservation::records::{
     HeldReservation, RecordedEnd, RecordedReservation, ReservationRecords,
@@ -42,14 +42,6 @@ use crate::watermark::Watermark;
 /// The transaction advisory lock a purge (exclusive) and a refresh (shared) take ("cs" + 3):
 /// see the module documentation.
 pub(super) const PURGE_GATE_KEY: i64 = 0x6373_0003;
-
-/// What a standby shows of the change DB on its `/status` (PROTOCOL.md §11): the change log's
-/// range and the safety state, as the owner last wrote them.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ChangeDbView {
-    pub log: LogStats,
-    pub safety: SafetyState,
-}
 
 /// An instance's own, unfenced connection to the change DB (see the module documentation).
 /// Cheap to clone: the clones share the one connection, driven on the runtime that made it.
@@ -131,13 +123,9 @@ impl InstanceDb {
     /// it replaced was live. One statement, so one transaction: the rows of a refresh are
     /// seen together or not at all, and no explicit transaction is open on this shared
     /// connection while other reads use it.
-    pub async fn refresh(&self, record: &InstanceRecord) -> Result<Refreshed, ChangeLogError> {
-        self.refresh_with(record, None).await
-    }
-
-    /// [`InstanceDb::refresh`], and, when `held` is given, this instance's reservation rows
-    /// replaced by it in the same statement (a serving standby's; `None` leaves them as they
-    /// are: see `reservation/records.rs`).
+    ///
+    /// With `held`, this instance's reservation rows are replaced by it in the same statement
+    /// (a serving standby's; `None` leaves them as they are: see `reservation/records.rs`).
     pub async fn refresh_with(
         &self,
         record: &InstanceRecord,

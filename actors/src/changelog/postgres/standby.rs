@@ -17,7 +17,7 @@ use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
-use super::commands::{Ends, WriteCommand};
+use super::commands::{Ends, WriteCommand, Writes};
 use super::connection::{connect, named, redacted, runtime};
 use super::reader::{self, PurgeCheck};
 use super::safety::SafetyState;
@@ -44,10 +44,9 @@ pub(super) fn open(url: &str) -> Result<Ends, ChangeLogError> {
         .name("change-log-pg-standby".into())
         .spawn(move || answer_questions(rt, named(&config, "standby"), wrx))?;
     Ok(Ends {
-        writes,
+        writes: Writes::new(writes),
         reads,
         owner,
-        wake: None,
         location,
     })
 }

@@ -37,7 +37,7 @@ use tokio::sync::watch;
 // The change log's shared leaves, for this engine's files.
 use super::{catalogue, commands, safety, txn_value, types};
 
-use self::commands::{Ends, WriteQueue};
+use self::commands::{Ends, WriteQueue, Writes};
 use self::connection::open_connection;
 use self::types::ChangeLogError;
 use self::writer::Writer;
@@ -95,10 +95,9 @@ pub(super) fn open(
         .spawn(move || reader::run(reader, &db, rrx))
         .map_err(|e| open_err(Box::new(e)))?;
     Ok(Ends {
-        writes,
+        writes: Writes::windowed(writes, writer_thread.thread().clone()),
         reads,
         owner,
-        wake: Some(writer_thread.thread().clone()),
         location: path.display().to_string(),
     })
 }

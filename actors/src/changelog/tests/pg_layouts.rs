@@ -115,7 +115,7 @@ async fn a_row_per_change_db_reads_on_into_transaction_rows_and_purges_across() 
         assert!(!log.has_commit(w(n)).await.unwrap(), "no commit {n}");
     }
     // A standby's view answers the same.
-    let view = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    let view = ChangeLog::open_standby(&db.url).unwrap();
     assert!(view.has_commit(w(3)).await.unwrap() && view.has_commit(w(5)).await.unwrap());
     assert!(!view.has_commit(w(6)).await.unwrap());
     // A purge below 3 cuts through the old segment, one below 5 drops it and cuts through the

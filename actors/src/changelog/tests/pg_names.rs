@@ -30,11 +30,11 @@ async fn connections_are_named_for_their_part() {
     owner.append(txn(2, 1)).await.unwrap();
     // Each reader connects at its first read; the standby's questions at its first question.
     owner.read((w(1), i64::MAX), w(2), 10).await.unwrap();
-    let standby = ChangeLog::open_postgres_standby(&db.url).unwrap();
+    let standby = ChangeLog::open_standby(&db.url).unwrap();
     standby.stats().await.unwrap();
     standby.read((w(1), i64::MAX), w(2), 10).await.unwrap();
-    let _notices = CommitNotices::listen(&db.url).await.unwrap();
-    let _records = InstanceDb::connect(&db.url).await.unwrap();
+    let _notices = CommitFeed::listen(&db.url).await.unwrap();
+    let _records = InstanceRecords::connect(&db.url).await.unwrap();
 
     let pid = std::process::id();
     let expected: Vec<String> = [
@@ -60,6 +60,6 @@ async fn a_name_the_url_sets_is_kept() {
         .unwrap();
     owner.append(txn(1, 1)).await.unwrap();
     owner.read((w(0), i64::MAX), w(1), 10).await.unwrap();
-    let _records = InstanceDb::connect(&url).await.unwrap();
+    let _records = InstanceRecords::connect(&url).await.unwrap();
     assert_eq!(names(&db).await, vec!["replication-manager-7"; 3]);
 }
