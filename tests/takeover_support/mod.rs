@@ -159,6 +159,10 @@ pub async fn commits_until(c: &mut WsClient, last: u64) -> Vec<u64> {
     let mut commits = Vec::new();
     loop {
         let (id, msg) = c.msg().await;
+        assert_ne!(
+            msg[0], "error",
+            "the subscription got an error frame: {msg:?}"
+        );
         c.ack(id).await;
         if msg[0] == "commit" {
             let w = Watermark::parse(msg[2]["watermark"].as_str().unwrap()).unwrap();

@@ -240,7 +240,12 @@ impl Streamer {
             Change::new(Kind::Commit, watermark.clone(), pos, &payload),
         );
         t.changes.push((ChangeKind::Commit, payload));
-        if self.replica_version.is_none() {
+        // The first commit is the replicaVersion at the owner, which stored it. A standby's
+        // first forwarded commit need not be the change DB's first (its follower starts at
+        // the newest commit it read, and may read the rows before their replicaVersion): a
+        // following streamer takes the replicaVersion from the change DB only (`join.rs`,
+        // `Ingest`).
+        if self.replica_version.is_none() && self.follows.is_none() {
             info!("initial sync committed: replicaVersion={watermark}");
             self.replica_version = Some(watermark.clone());
         }
