@@ -1,7 +1,8 @@
 //! What the service loads at start for its edges, before it binds or opens anything: the access
 //! rule of its port ([`crate::http::access`]), TLS for that port and for a `wss://` change
-//! source ([`crate::tls`]), and the secret it presents upstream. Loaded once and shared by the
-//! owner's server and the standby's, so both apply the same rule on the same port.
+//! source ([`crate::tls`]), and the secret it presents upstream. Loaded once, before the
+//! instance's one HTTP server starts, so that every phase (owner, standby) applies the same rule
+//! on the same port.
 
 use std::any::Any;
 use std::sync::Arc;

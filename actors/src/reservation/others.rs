@@ -94,13 +94,28 @@ impl ReservationActor {
         let orphaned = self.adopt(gone, cleanup_delay, ctx);
         view.paused_by.extend(orphaned);
 
-        // Ends by subscription.
-        let ended_by = |r: &RecordedReservation| {
-            ends.iter()
-                .any(|e| e.task_id == r.task_id && e.ends(r.started_ms))
-        };
+        let forget = self.apply_ends(&ends, &live, poll, &mut view, ctx);
+        self.track_open(&live, &ends, &mut view);
+
+        if !forget.is_empty() || !handed_over.is_empty() {
+            self.forget(handed_over, forget, ctx);
+        }
+        view
+    }
+
+    /// The ends by subscription recorded (PROTOCOL.md §14.1): one of a reservation this owner
+    /// holds ends it; another's grows the delay once (`view.grown`). Answers the ends applied
+    /// at an earlier poll whose holders are gone, to forget.
+    fn apply_ends(
+        &mut self,
+        ends: &[RecordedEnd],
+        live: &[RecordedReservation],
+        poll: u64,
+        view: &mut OthersView,
+        ctx: &mut Context<Self>,
+    ) -> Vec<RecordedEnd> {
         let mut forget = Vec::new();
-        for e in &ends {
+        for e in ends {
             let own = self
                 .reservations
                 .get(&e.task_id)
@@ -142,7 +157,21 @@ impl ReservationActor {
             .applied
             .retain(|(t, at), _| ends.iter().any(|e| e.task_id == *t && e.ended_ms == *at));
 
-        // Live instances' open reservations.
+        forget
+    }
+
+    /// The open reservations of live instances, each pausing cleanup (`view.paused_by`) unless
+    /// an end of it is recorded; logs those found and those dropped since the last poll.
+    fn track_open(
+        &mut self,
+        live: &[RecordedReservation],
+        ends: &[RecordedEnd],
+        view: &mut OthersView,
+    ) {
+        let ended_by = |r: &RecordedReservation| {
+            ends.iter()
+                .any(|e| e.task_id == r.task_id && e.ends(r.started_ms))
+        };
         let open: BTreeMap<(String, String), i64> = live
             .iter()
             .filter(|r| !ended_by(r))
@@ -170,11 +199,6 @@ impl ReservationActor {
                 .map(|(instance, task)| format!("{task}@{instance}")),
         );
         self.others.open = open;
-
-        if !forget.is_empty() || !handed_over.is_empty() {
-            self.forget(handed_over, forget, ctx);
-        }
-        view
     }
 
     /// Writes the reservations of gone instances down as this owner's orphans, ending

@@ -18,6 +18,7 @@ use log::info;
 
 use super::change::Change;
 use super::frames::Token;
+use super::shared::SharedFrames;
 use super::subscriber::{Delivery, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::StoredChange;
@@ -221,21 +222,8 @@ impl Streamer {
             return;
         }
         if rows.is_empty() {
-            // Caught up: the backlog follows, then live changes.
             self.catchup.remove(&session_id);
-            let backlog = sub.take_backlog();
-            for change in &backlog {
-                sub.send(change, None, &mut self.shared);
-            }
-            sub.phase = Phase::Live;
-            sub.behind_since = None;
-            info!(
-                "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
-                sub.id,
-                sub.watermark,
-                backlog.len()
-            );
-            sub.flush(now, &self.shared);
+            go_live(sub, &mut self.shared, now);
             return;
         }
         // The backlog may have grown while the read was out: send only what there is room for,
@@ -250,21 +238,8 @@ impl Streamer {
         let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
         // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
         c.row_bytes = Some((read_bytes / rows.len().max(1)) as u64 + 48);
-        let mut bytes_left = sub.byte_room(global_room);
-        let holds_nothing = sub.held_bytes() == 0;
-        let (mut taken, mut sent) = (0, 0);
-        for row in &rows {
-            let change = Change::from_stored(row);
-            let len = change.message.len() as u64;
-            if len > bytes_left && !(holds_nothing && taken == 0) {
-                break;
-            }
-            bytes_left = bytes_left.saturating_sub(len);
-            taken += 1;
-            if sub.send(&change, None, &mut self.shared) == Delivery::Sent {
-                sent += 1;
-            }
-        }
+        let bytes_left = sub.byte_room(global_room);
+        let (taken, sent) = send_rows(sub, &rows, bytes_left, &mut self.shared);
         if taken == 0 {
             // No room for the next change. With nothing in flight no ack will make some: its
             // backlog fills it, and is read from the change log instead (at a transaction
@@ -290,6 +265,49 @@ impl Streamer {
             c.waiting_batch = Some(batch);
         }
     }
+}
+
+/// Caught up: the backlog follows, then live changes.
+fn go_live(sub: &mut Subscriber, shared: &mut SharedFrames, now: f64) {
+    let backlog = sub.take_backlog();
+    for change in &backlog {
+        sub.send(change, None, shared);
+    }
+    sub.phase = Phase::Live;
+    sub.behind_since = None;
+    info!(
+        "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
+        sub.id,
+        sub.watermark,
+        backlog.len()
+    );
+    sub.flush(now, shared);
+}
+
+/// Sends `rows` in order while `bytes_left` lasts; one change larger than that still goes
+/// alone to a subscriber that holds nothing. Answers how many rows were taken and how many of
+/// them were sent (the others filtered for the subscriber).
+fn send_rows(
+    sub: &mut Subscriber,
+    rows: &[StoredChange],
+    mut bytes_left: u64,
+    shared: &mut SharedFrames,
+) -> (usize, usize) {
+    let holds_nothing = sub.held_bytes() == 0;
+    let (mut taken, mut sent) = (0, 0);
+    for row in rows {
+        let change = Change::from_stored(row);
+        let len = change.message.len() as u64;
+        if len > bytes_left && !(holds_nothing && taken == 0) {
+            break;
+        }
+        bytes_left = bytes_left.saturating_sub(len);
+        taken += 1;
+        if sub.send(&change, None, shared) == Delivery::Sent {
+            sent += 1;
+        }
+    }
+    (taken, sent)
 }
 
 /// Drops a catching-up subscriber's backlog: its transactions, all committed up to `last` and

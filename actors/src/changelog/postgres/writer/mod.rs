@@ -246,33 +246,7 @@ impl PgWriter {
         group: &[(Transaction, Reply<()>)],
         stored_ms: i64,
     ) -> Result<(), ChangeLogError> {
-        let mut touched_from = self.segments.len().saturating_sub(1);
-        let mut opened: Vec<(i64, &Watermark)> = Vec::new();
-        let mut rows = Rows::default();
-        let mut plain = Vec::new();
-        for (txn, _) in group {
-            let older = |id| self.row_per_change.contains(&id);
-            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows, older) {
-                opened.push((id, &txn.watermark));
-                self.segments
-                    .push(Segment::opened(id, &txn.watermark, stored_ms));
-                touched_from = touched_from.min(self.segments.len() - 1);
-            }
-            let Some(id) = self.segments.last().map(|s| s.id) else {
-                continue;
-            };
-            for (first_pos, run) in chunks(&txn.changes) {
-                encode(run, &mut plain)?;
-                let mut body = Vec::new();
-                pack(&plain, &mut body);
-                rows.segments.push(id);
-                rows.watermarks.push(txn.watermark.as_str());
-                rows.first_positions.push(first_pos);
-                rows.counts.push(run.len() as i64);
-                rows.bodies.push(body);
-            }
-            catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
-        }
+        let (rows, opened, touched_from) = self.rows_of(group, stored_ms)?;
         let touched = &self.segments[touched_from..];
         let ids: Vec<i64> = touched.iter().map(|s| s.id).collect();
         let maxes: Vec<&str> = touched.iter().map(|s| s.max.as_str()).collect();
@@ -334,6 +308,45 @@ impl PgWriter {
             let _ = c.batch_execute("ROLLBACK").await;
         }
         result
+    }
+
+    /// The rows of `group` (a transaction's changes in runs, each packed), with the catalogue
+    /// brought up to date in memory: the segments it opens (id, first watermark) and the index
+    /// of the first segment it touched.
+    #[allow(clippy::type_complexity)]
+    fn rows_of<'g>(
+        &mut self,
+        group: &'g [(Transaction, Reply<()>)],
+        stored_ms: i64,
+    ) -> Result<(Rows<'g>, Vec<(i64, &'g Watermark)>, usize), ChangeLogError> {
+        let mut touched_from = self.segments.len().saturating_sub(1);
+        let mut opened: Vec<(i64, &Watermark)> = Vec::new();
+        let mut rows = Rows::default();
+        let mut plain = Vec::new();
+        for (txn, _) in group {
+            let older = |id| self.row_per_change.contains(&id);
+            if let Some(id) = catalogue::new_segment_id(&self.segments, self.segment_rows, older) {
+                opened.push((id, &txn.watermark));
+                self.segments
+                    .push(Segment::opened(id, &txn.watermark, stored_ms));
+                touched_from = touched_from.min(self.segments.len() - 1);
+            }
+            let Some(id) = self.segments.last().map(|s| s.id) else {
+                continue;
+            };
+            for (first_pos, run) in chunks(&txn.changes) {
+                encode(run, &mut plain)?;
+                let mut body = Vec::new();
+                pack(&plain, &mut body);
+                rows.segments.push(id);
+                rows.watermarks.push(txn.watermark.as_str());
+                rows.first_positions.push(first_pos);
+                rows.counts.push(run.len() as i64);
+                rows.bodies.push(body);
+            }
+            catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
+        }
+        Ok((rows, opened, touched_from))
     }
 
     async fn has_commit(&self, w: &Watermark) -> Result<bool, ChangeLogError> {

@@ -2,7 +2,11 @@
 //! dropped, rows deleted only in the one it cuts through, the retention floor, the newest
 //! transaction and the other instances' subscribers held to.
 
-use super::super::catalogue;
+use std::collections::HashSet;
+
+use tokio_postgres::Transaction as PgTransaction;
+
+use super::super::catalogue::{self, Segment};
 use super::super::records;
 use super::super::safety::StateChange;
 use super::super::schema::{parse_watermark, Layout};
@@ -62,22 +66,7 @@ impl PgWriter {
         let tx = fenced(&mut self.client).await?;
         let old = &self.row_per_change;
         if whole > 0 {
-            // Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which waits for
-            // every catch-up read at every instance. Wait for it before the gate's lock, so
-            // that no refresh (nor a joiner at a standby) waits behind that wait; and not for
-            // long: a purge can come again, a record that ages past 10 s cannot.
-            let mut parents: Vec<&str> = segments[..whole]
-                .iter()
-                .map(|s| layout_of(old, s.id).parent())
-                .collect();
-            parents.dedup();
-            tx.batch_execute(&format!(
-                "SET LOCAL lock_timeout = '2s';
-                 LOCK TABLE {} IN ACCESS EXCLUSIVE MODE;
-                 SET LOCAL lock_timeout = 0;",
-                parents.join(", ")
-            ))
-            .await?;
+            lock_parents(&tx, &segments[..whole], old).await?;
         }
         if let Some(gate) = gate {
             let held = records::purge_hold(&tx, before, gate, self.instance.as_deref()).await?;
@@ -92,60 +81,12 @@ impl PgWriter {
         let mut purged = 0u64;
         let mut dropped = Vec::new();
         for seg in segments.drain(..whole) {
-            tx.batch_execute(&format!(
-                "DROP TABLE {}",
-                layout_of(old, seg.id).partition(seg.id)
-            ))
-            .await?;
+            drop_segment(&tx, &seg, old).await?;
             dropped.push(seg.id);
-            tx.execute(
-                "DELETE FROM change_streamer.segments WHERE id = $1",
-                &[&seg.id],
-            )
-            .await?;
             purged += seg.rows;
         }
         if let Some(seg) = segments.first_mut().filter(|s| s.min < bound) {
-            let layout = layout_of(old, seg.id);
-            let table = layout.partition(seg.id);
-            // Counted in changes, in either layout.
-            let n = match layout {
-                Layout::RowPerChange => {
-                    tx.execute(
-                        &format!("DELETE FROM {table} WHERE watermark < $1"),
-                        &[&bound.as_str()],
-                    )
-                    .await?
-                }
-                Layout::RowPerTransaction => {
-                    let n: i64 = tx
-                        .query_one(
-                            &format!(
-                                "WITH gone AS (DELETE FROM {table} WHERE watermark < $1
-                                               RETURNING changes)
-                                 SELECT COALESCE(SUM(changes), 0)::int8 FROM gone"
-                            ),
-                            &[&bound.as_str()],
-                        )
-                        .await?
-                        .get(0);
-                    n as u64
-                }
-            };
-            let min: Option<String> = tx
-                .query_one(&format!("SELECT MIN(watermark) FROM {table}"), &[])
-                .await?
-                .get(0);
-            if let Some(min) = min {
-                seg.min = parse_watermark(min)?;
-            }
-            seg.rows -= n;
-            tx.execute(
-                "UPDATE change_streamer.segments SET min_watermark = $2, rows = $3 WHERE id = $1",
-                &[&seg.id, &seg.min.as_str(), &(seg.rows as i64)],
-            )
-            .await?;
-            purged += n;
+            purged += cut_segment(&tx, seg, &bound, old).await?;
         }
         if !held_by_retention {
             state::apply(&tx, &StateChange::Purged(before.clone())).await?;
@@ -163,4 +104,96 @@ impl PgWriter {
             held: None,
         })
     }
+}
+
+/// Dropping a partition takes its parent's ACCESS EXCLUSIVE lock, which waits for every
+/// catch-up read at every instance. Waits for it before the gate's lock, so that no refresh
+/// (nor a joiner at a standby) waits behind that wait; and not for long: a purge can come
+/// again, a record that ages past 10 s cannot.
+async fn lock_parents(
+    tx: &PgTransaction<'_>,
+    segments: &[Segment],
+    old: &HashSet<i64>,
+) -> Result<(), ChangeLogError> {
+    let mut parents: Vec<&str> = segments
+        .iter()
+        .map(|s| layout_of(old, s.id).parent())
+        .collect();
+    parents.dedup();
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = '2s';
+         LOCK TABLE {} IN ACCESS EXCLUSIVE MODE;
+         SET LOCAL lock_timeout = 0;",
+        parents.join(", ")
+    ))
+    .await?;
+    Ok(())
+}
+
+/// Drops a segment wholly below the bound: its partition and its catalogue row.
+async fn drop_segment(
+    tx: &PgTransaction<'_>,
+    seg: &Segment,
+    old: &HashSet<i64>,
+) -> Result<(), ChangeLogError> {
+    tx.batch_execute(&format!(
+        "DROP TABLE {}",
+        layout_of(old, seg.id).partition(seg.id)
+    ))
+    .await?;
+    tx.execute(
+        "DELETE FROM change_streamer.segments WHERE id = $1",
+        &[&seg.id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// Deletes the rows below `bound` in the segment the bound cuts through, and updates its
+/// catalogue row; answers the changes deleted (counted in changes, in either layout).
+async fn cut_segment(
+    tx: &PgTransaction<'_>,
+    seg: &mut Segment,
+    bound: &Watermark,
+    old: &HashSet<i64>,
+) -> Result<u64, ChangeLogError> {
+    let layout = layout_of(old, seg.id);
+    let table = layout.partition(seg.id);
+    let n = match layout {
+        Layout::RowPerChange => {
+            tx.execute(
+                &format!("DELETE FROM {table} WHERE watermark < $1"),
+                &[&bound.as_str()],
+            )
+            .await?
+        }
+        Layout::RowPerTransaction => {
+            let n: i64 = tx
+                .query_one(
+                    &format!(
+                        "WITH gone AS (DELETE FROM {table} WHERE watermark < $1
+                                       RETURNING changes)
+                         SELECT COALESCE(SUM(changes), 0)::int8 FROM gone"
+                    ),
+                    &[&bound.as_str()],
+                )
+                .await?
+                .get(0);
+            n as u64
+        }
+    };
+    let min: Option<String> = tx
+        .query_one(&format!("SELECT MIN(watermark) FROM {table}"), &[])
+        .await?
+        .get(0);
+    if let Some(min) = min {
+        seg.min = parse_watermark(min)?;
+    }
+    seg.rows -= n;
+    tx.execute(
+        "UPDATE change_streamer.segments SET min_watermark = $2, rows = $3 WHERE id = $1",
+        &[&seg.id, &seg.min.as_str(), &(seg.rows as i64)],
+    )
+    .await?;
+    Ok(n)
 }
