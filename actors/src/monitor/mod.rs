@@ -22,24 +22,27 @@
 //! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
 //! a half-read answer is ever recorded.
 //!
+//! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
+//! in its own file: [`metrics`], [`vfs`].
+//!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
 use std::time::Duration;
 
 use actix::prelude::*;
-use log::{debug, warn};
+use log::warn;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
-use crate::litestream::{parse_progress_page, BackupSample, PROGRESS_METRIC};
+use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
-use crate::vfs::{VfsError, VfsReader, VfsSource};
+use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
-/// The most a metrics page may weigh; litestream's is a few KiB per database.
-const MAX_PAGE_BYTES: usize = 64 << 20;
+mod metrics;
+mod vfs;
 
 /// The replica name of the observations read through the VFS.
 pub const VFS_REPLICA: &str = "vfs";
@@ -149,20 +152,6 @@ pub struct MonitorStats {
     pub backup_watermark: Option<Watermark>,
 }
 
-#[derive(Debug, thiserror::Error)]
-enum FetchError {
-    #[error("{0}")]
-    Send(String),
-    #[error("HTTP {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("reading the body: {0}")]
-    Body(String),
-    #[error("{0}")]
-    Page(#[from] crate::litestream::PageError),
-    #[error("the page holds no {PROGRESS_METRIC} sample: only Zero's litestream fork exports it; with stock litestream 0.5, read the backup itself with --litestream-vfs")]
-    MissingMetric,
-}
-
 /// What one poll produced, before it is handed to the cleanup actor.
 type Observed = (Vec<BackupSample>, PollOutcome);
 
@@ -236,130 +225,8 @@ impl MonitorActor {
         self.in_flight = Some(handle);
     }
 
-    /// PROTOCOL.md §8.1: one GET of the metrics page, bounded by the timeout.
-    fn poll_metrics(&mut self, url: String) -> ResponseActFuture<Self, Observed> {
-        let client = self.client.get_or_insert_with(awc::Client::default).clone();
-        let timeout = self.cfg.timeout;
-        let fetch = async move {
-            let mut resp = client
-                .get(&url)
-                .timeout(timeout)
-                .send()
-                .await
-                .map_err(|e| FetchError::Send(e.to_string()))?;
-            let body = resp
-                .body()
-                .limit(MAX_PAGE_BYTES)
-                .await
-                .map_err(|e| FetchError::Body(e.to_string()))?;
-            let text = String::from_utf8_lossy(&body).into_owned();
-            if !resp.status().is_success() {
-                let first_line = text
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .take(200)
-                    .collect();
-                return Err(FetchError::Status {
-                    status: resp.status().as_u16(),
-                    body: first_line,
-                });
-            }
-            let page = parse_progress_page(&text)?;
-            if page.samples.is_empty() && page.invalid.is_empty() {
-                return Err(FetchError::MissingMetric);
-            }
-            Ok(page)
-        };
-        Box::pin(fetch.into_actor(self).map(|res, act, _| match res {
-            Ok(page) => {
-                for reason in &page.invalid {
-                    warn!("ignoring litestream sample: {reason}");
-                }
-                act.stats.invalid_watermarks_total += page.invalid.len() as u64;
-                act.stats.last_poll_ok = Some(true);
-                debug!("metrics poll read {} sample(s)", page.samples.len());
-                let outcome = PollOutcome::Read {
-                    samples: page.samples.len(),
-                    invalid: page.invalid.len(),
-                };
-                (page.samples, outcome)
-            }
-            Err(e) => act.failed(e.to_string()),
-        }))
-    }
-
-    /// PROTOCOL.md §8.1b: one read of the backup through the VFS reader, bounded by the timeout (the
-    /// reader kills its process when that passes). The reader travels with the poll and comes
-    /// back when it ends.
-    fn poll_vfs(&mut self, source: VfsSource) -> ResponseActFuture<Self, Observed> {
-        let mut reader = self.vfs.take().unwrap_or_else(|| VfsReader::new(source));
-        let timeout = self.cfg.timeout;
-        let read = async move {
-            let res = reader.read(timeout).await;
-            (reader, res)
-        };
-        Box::pin(read.into_actor(self).map(|(reader, res), act, _| {
-            act.vfs = Some(reader);
-            act.vfs_observed(res)
-        }))
-    }
-
-    /// Turns what the VFS reader read into one sample of replica [`VFS_REPLICA`], dated by the
-    /// first poll that read that watermark.
-    fn vfs_observed(&mut self, res: Result<String, VfsError>) -> Observed {
-        let text = match res {
-            Ok(text) => text,
-            Err(e) => return self.failed(e.to_string()),
-        };
-        self.stats.last_poll_ok = Some(true);
-        let watermark = match Watermark::parse(&text) {
-            Ok(w) => w,
-            Err(e) => {
-                warn!("ignoring the backup's watermark: {e} (replica {VFS_REPLICA:?})");
-                self.stats.invalid_watermarks_total += 1;
-                self.stats.backup_watermark = None;
-                return (
-                    Vec::new(),
-                    PollOutcome::Read {
-                        samples: 0,
-                        invalid: 1,
-                    },
-                );
-            }
-        };
-        let first_read_ms = match &self.vfs_first_read {
-            Some((w, at)) if *w == watermark => *at,
-            _ => {
-                let now = self.cfg.clock.now_ms();
-                debug!("the backup holds watermark={watermark}");
-                self.vfs_first_read = Some((watermark.clone(), now));
-                now
-            }
-        };
-        self.stats.backup_watermark = Some(watermark.clone());
-        if let Some(r) = &self.backup_reads {
-            r.do_send(BackupRead {
-                watermark: watermark.clone(),
-            });
-        }
-        let sample = BackupSample {
-            watermark,
-            replica: VFS_REPLICA.to_string(),
-            backed_up_at_ms: first_read_ms,
-        };
-        (
-            vec![sample],
-            PollOutcome::Read {
-                samples: 1,
-                invalid: 0,
-            },
-        )
-    }
-
     /// A failed poll: a warning, a counted error, nothing observed.
-    fn failed(&mut self, reason: String) -> Observed {
+    pub(super) fn failed(&mut self, reason: String) -> Observed {
         warn!("unable to read {}: {reason}", self.cfg.source.describe());
         self.stats.poll_errors_total += 1;
         self.stats.last_poll_ok = Some(false);
