@@ -41,8 +41,11 @@ use crate::reservation::BackupRead;
 use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
+mod control;
 mod metrics;
 mod vfs;
+
+pub use control::{ControlSource, CONTROL_REPLICA, CONTROL_TIMEOUT};
 
 /// The replica name of the observations read through the VFS.
 pub const VFS_REPLICA: &str = "vfs";
@@ -54,6 +57,9 @@ pub enum BackupSource {
     Metrics { url: String },
     /// `--litestream-vfs`: the backup itself, through stock litestream 0.5's VFS.
     Vfs(VfsSource),
+    /// `--litestream-control-url`: stock litestream 0.5's control API, asked at each ack of
+    /// the backup replicator.
+    Control(ControlSource),
 }
 
 impl BackupSource {
@@ -62,6 +68,7 @@ impl BackupSource {
         match self {
             BackupSource::Metrics { .. } => "metrics",
             BackupSource::Vfs(_) => "vfs",
+            BackupSource::Control(_) => "control",
         }
     }
 
@@ -70,6 +77,9 @@ impl BackupSource {
         match self {
             BackupSource::Metrics { url } => format!("metrics at {url}"),
             BackupSource::Vfs(v) => format!("the backup at {} through the VFS", v.backup_url),
+            BackupSource::Control(c) => {
+                format!("litestream's control API at {} for {}", c.url, c.db_path)
+            }
         }
     }
 }
@@ -82,7 +92,8 @@ pub struct MonitorConfig {
     pub clock: Clock,
     /// Period of the automatic polls; the first comes one interval after start.
     pub interval: Duration,
-    /// No answer within this is a failed poll (PROTOCOL.md §8.1: `min(interval, 10 s)`).
+    /// No answer within this is a failed poll (PROTOCOL.md §8.1: `min(interval, 10 s)`; §8.1c:
+    /// [`CONTROL_TIMEOUT`]).
     pub timeout: Duration,
     /// `false` leaves polling to explicit [`Check`]s (tests, replay).
     pub poll_automatically: bool,
@@ -101,11 +112,15 @@ impl MonitorConfig {
 
     /// Polls `source`, dating observations by the system clock.
     pub fn with_source(source: BackupSource, interval: Duration) -> Self {
+        let timeout = match source {
+            BackupSource::Control(_) => CONTROL_TIMEOUT,
+            _ => interval.min(Duration::from_secs(10)),
+        };
         MonitorConfig {
             source,
             clock: Clock::System,
             interval,
-            timeout: interval.min(Duration::from_secs(10)),
+            timeout,
             poll_automatically: true,
         }
     }
@@ -147,9 +162,13 @@ pub struct MonitorStats {
     pub poll_errors_total: u64,
     pub invalid_watermarks_total: u64,
     pub last_poll_ok: Option<bool>,
-    /// The watermark the latest poll read from the backup (VFS source only; `None` when that
-    /// poll failed).
+    /// Why the latest poll failed; `None` once one succeeds (PROTOCOL.md §11).
+    pub last_error: Option<String>,
+    /// The watermark the latest poll found backed up: read from the backup (VFS source) or
+    /// confirmed by litestream (control source); `None` when that poll failed.
     pub backup_watermark: Option<Watermark>,
+    /// Reads of the backup itself since start (the VFS source's polls).
+    pub backup_reads_total: u64,
 }
 
 /// What one poll produced, before it is handed to the cleanup actor.
@@ -167,6 +186,8 @@ pub struct MonitorActor {
     vfs_first_read: Option<(Watermark, i64)>,
     /// Told each watermark the VFS source reads (the reservations, PROTOCOL.md §6.7).
     backup_reads: Option<Recipient<BackupRead>>,
+    /// The control source's state (PROTOCOL.md §8.1c).
+    control: control::ControlState,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
@@ -182,6 +203,7 @@ impl MonitorActor {
             vfs: None,
             vfs_first_read: None,
             backup_reads: None,
+            control: control::ControlState::default(),
             in_flight: None,
             waiters: Vec::new(),
             stats: MonitorStats::default(),
@@ -209,16 +231,23 @@ impl MonitorActor {
         let poll = match &self.cfg.source {
             BackupSource::Metrics { url } => self.poll_metrics(url.clone()),
             BackupSource::Vfs(source) => self.poll_vfs(source.clone()),
+            BackupSource::Control(source) => self.poll_control(ctx, source.clone()),
         };
         let handle = ctx.spawn(poll.then(|(samples, outcome), act, _| {
             act.stats.polls_total += 1;
+            if matches!(outcome, PollOutcome::Read { .. }) {
+                act.stats.last_error = None;
+            }
             act.cleanup
                 .send(PollResult { samples })
                 .into_actor(act)
-                .map(move |_, act, _| {
+                .map(move |_, act, ctx| {
                     act.in_flight = None;
                     for w in act.waiters.drain(..) {
                         let _ = w.send(outcome.clone());
+                    }
+                    if matches!(act.cfg.source, BackupSource::Control(_)) {
+                        act.control_poll_ended(ctx, &outcome);
                     }
                 })
         }));
@@ -231,6 +260,7 @@ impl MonitorActor {
         self.stats.poll_errors_total += 1;
         self.stats.last_poll_ok = Some(false);
         self.stats.backup_watermark = None;
+        self.stats.last_error = Some(reason.clone());
         (Vec::new(), PollOutcome::Failed(reason))
     }
 }

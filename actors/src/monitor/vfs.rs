@@ -17,6 +17,7 @@ impl MonitorActor {
     pub(super) fn poll_vfs(&mut self, source: VfsSource) -> ResponseActFuture<Self, Observed> {
         let mut reader = self.vfs.take().unwrap_or_else(|| VfsReader::new(source));
         let timeout = self.cfg.timeout;
+        self.stats.backup_reads_total += 1;
         let read = async move {
             let res = reader.read(timeout).await;
             (reader, res)
