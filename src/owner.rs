@@ -35,13 +35,13 @@ use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
+use change_streamer_actors::monitor::{BackupSource, ControlSource, MonitorActor, MonitorConfig};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{Ingest, Streamer};
+use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
@@ -189,15 +189,29 @@ impl Owner {
                         info!("{n} snapshot reservation(s) of the standby phase adopted, their sockets kept");
                     }
                 }
-                let monitor = match vfs {
-                    None => MonitorActor::new(
+                let monitor = match (vfs, control_source(&config)) {
+                    // PROTOCOL.md §8.1c: the streamer tells the monitor each backup ack.
+                    (None, Some(source)) => {
+                        let mut cfg = MonitorConfig::with_source(
+                            BackupSource::Control(source),
+                            config.backup_check_interval(),
+                        );
+                        cfg.clock = clock.clone();
+                        let monitor = MonitorActor::new(cfg, cleanup.clone()).start();
+                        streamer.do_send(ReportBackupAcks {
+                            to: monitor.clone().recipient(),
+                        });
+                        monitor
+                    }
+                    (None, None) => MonitorActor::new(
                         MonitorConfig::new(
                             config.litestream_metrics_url.clone(),
                             config.backup_check_interval(),
                         ),
                         cleanup.clone(),
-                    ),
-                    Some((source, reader)) => {
+                    )
+                    .start(),
+                    (Some((source, reader)), _) => {
                         let mut cfg = MonitorConfig::with_source(
                             BackupSource::Vfs(source),
                             config.backup_check_interval(),
@@ -206,9 +220,9 @@ impl Owner {
                         MonitorActor::new(cfg, cleanup.clone())
                             .with_vfs_reader(reader)
                             .reporting_backups_to(reservations.clone().recipient())
+                            .start()
                     }
-                }
-                .start();
+                };
                 Some(BackupActors {
                     reservations,
                     cleanup,
@@ -349,6 +363,15 @@ impl Owner {
             }
         }
     }
+}
+
+/// `--litestream-control-url` with its `--litestream-db-path` (PROTOCOL.md §8.1c); clap makes
+/// sure that one comes with the other.
+fn control_source(config: &Config) -> Option<ControlSource> {
+    Some(ControlSource {
+        url: config.litestream_control_url.clone()?,
+        db_path: config.litestream_db_path.clone()?,
+    })
 }
 
 /// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded

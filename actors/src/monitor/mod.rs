@@ -1,4 +1,4 @@
-//! `MonitorActor`: the backup monitor's eyes (PROTOCOL.md §8.1, §8.1b).
+//! `MonitorActor`: the backup monitor's eyes (PROTOCOL.md §8.1, §8.1b, §8.1c).
 //!
 //! Every poll interval it reads what is backed up from its [`BackupSource`] and hands it to the
 //! [`CleanupActor`] as one [`PollResult`], which records it and then schedules:
@@ -8,6 +8,9 @@
 //! - [`BackupSource::Vfs`]: read the watermark out of the backup itself through litestream 0.5's
 //!   VFS (see [`crate::vfs`]): one sample of replica `vfs`, backed up at the time of the first
 //!   poll that read that watermark (stock litestream says nothing more precise).
+//! - [`BackupSource::Control`]: ask stock litestream 0.5's control API to sync and wait, at each
+//!   commit the backup replicator acks (the streamer says so, [`BackupAcked`]) and at each
+//!   poll; its success makes that commit one sample of replica `control` (see [`control`]).
 //!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
@@ -23,9 +26,10 @@
 //! a half-read answer is ever recorded.
 //!
 //! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
-//! in its own file: [`metrics`], [`vfs`].
+//! in its own file: [`metrics`], [`vfs`], [`control`].
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
+//! [`BackupAcked`]: crate::streamer::BackupAcked
 
 use std::time::Duration;
 
