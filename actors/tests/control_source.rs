@@ -51,6 +51,18 @@ impl Controlled {
         if running {
             Self::run_litestream(&mut r, &socket).await;
         }
+        let url = ControlUrl::parse(&format!("unix:{}", socket.display())).unwrap();
+        Self::monitoring(r, socket, url, db_path, timeout)
+    }
+
+    /// A monitor asking `url` about `r`'s database (or `db_path`).
+    fn monitoring(
+        r: Replicated,
+        socket: PathBuf,
+        url: ControlUrl,
+        db_path: Option<&str>,
+        timeout: Duration,
+    ) -> Controlled {
         let clock = Clock::manual(START);
         let cleanup = CleanupActor::new(
             clock.clone(),
@@ -61,7 +73,7 @@ impl Controlled {
         .start();
         let db = r.dir.path().join("replica.db").display().to_string();
         let source = ControlSource {
-            url: ControlUrl::parse(&format!("unix:{}", socket.display())).unwrap(),
+            url,
             db_path: db_path.map_or(db, str::to_string),
         };
         let mut cfg =
@@ -356,4 +368,65 @@ async fn streamer_reports_the_acks_of_backup_subscribers_only() {
     .await;
     // The serving subscriber acked both commits too; only the backup's acks are reported.
     assert_eq!(acks.send(Seen).await.unwrap(), vec![w(101), w(102)]);
+}
+
+/// Forwards each TCP connection to 127.0.0.1:PORT to the unix socket `socket` (as socat would);
+/// returns the port.
+async fn forward_tcp_to(socket: PathBuf) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    actix_rt::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let socket = socket.clone();
+            actix_rt::spawn(async move {
+                if let Ok(mut unix) = tokio::net::UnixStream::connect(&socket).await {
+                    let _ = tokio::io::copy_bidirectional(&mut tcp, &mut unix).await;
+                }
+            });
+        }
+    });
+    port
+}
+
+#[actix_rt::test]
+async fn control_source_over_http_posts_base_url_sync_which_litestream_addr_does_not_serve() {
+    // litestream with its metrics addr too: 0.5.17 serves no control API there.
+    let mut r = Replicated::new("0a");
+    let socket = r.dir.path().join("ls.sock");
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let yml = format!(
+        "addr: {addr}\n{}",
+        stock_litestream::control_config(
+            &r.dir.path().join("replica.db"),
+            &r.backup_url(),
+            &socket,
+            SLOW_SYNC
+        )
+    );
+    let replication =
+        stock_litestream::install().replicate_with(&r.dir.path().join("litestream.yml"), &yml);
+    replication
+        .wait_for_socket(&socket, Duration::from_secs(8))
+        .await;
+    r.litestream = Some(replication);
+
+    let url = ControlUrl::parse(&format!("http://{addr}/control")).unwrap();
+    let c = Controlled::monitoring(r, socket.clone(), url, None, Duration::from_secs(5));
+    let outcome = c.monitor.send(Check).await.unwrap();
+    assert!(
+        matches!(&outcome, PollOutcome::Failed(e) if e.contains("HTTP 404") && e.contains("unix socket only")),
+        "{outcome:?}"
+    );
+    drop(c.monitor);
+
+    // Through a forward of its socket, http:// reaches the same API.
+    let port = forward_tcp_to(socket.clone()).await;
+    let url = ControlUrl::parse(&format!("http://127.0.0.1:{port}")).unwrap();
+    let c = Controlled::monitoring(c.r, socket, url, None, Duration::from_secs(5));
+    c.ack("0b");
+    c.wait_confirmed("0b", Duration::from_secs(5)).await;
+    assert_eq!(c.restored_watermark(), "0b");
 }

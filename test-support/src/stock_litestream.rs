@@ -132,11 +132,12 @@ impl Litestream {
         socket: &Path,
         sync_interval: &str,
     ) -> Replication {
-        let yml = format!(
-            "socket:\n  enabled: true\n  path: {}\n{}",
-            socket.display(),
-            replicate_config(db, replica_url, sync_interval)
-        );
+        self.replicate_with(config, &control_config(db, replica_url, socket, sync_interval))
+    }
+
+    /// Starts `litestream replicate` with `yml` written to `config`; its log goes to `config`
+    /// with `.log` appended.
+    pub fn replicate_with(&self, config: &Path, yml: &str) -> Replication {
         std::fs::write(config, yml).expect("write litestream.yml");
         let log = std::fs::File::create(format!("{}.log", config.display()))
             .expect("create litestream's log file");
@@ -176,6 +177,15 @@ pub fn replicate_config(db: &Path, replica_url: &str, interval: &str) -> String 
     format!(
         "dbs:\n  - path: {}\n    monitor-interval: {interval}\n    replicas:\n      - url: {replica_url}\n        sync-interval: {interval}\n",
         db.display()
+    )
+}
+
+/// [`replicate_config`] with litestream's control API on the unix socket `socket`.
+pub fn control_config(db: &Path, replica_url: &str, socket: &Path, interval: &str) -> String {
+    format!(
+        "socket:\n  enabled: true\n  path: {}\n{}",
+        socket.display(),
+        replicate_config(db, replica_url, interval)
     )
 }
 
