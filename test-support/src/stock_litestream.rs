@@ -132,7 +132,10 @@ impl Litestream {
         socket: &Path,
         sync_interval: &str,
     ) -> Replication {
-        self.replicate_with(config, &control_config(db, replica_url, socket, sync_interval))
+        self.replicate_with(
+            config,
+            &control_config(db, replica_url, socket, sync_interval),
+        )
     }
 
     /// Starts `litestream replicate` with `yml` written to `config`; its log goes to `config`
