@@ -1,10 +1,11 @@
-//! Measures the VFS backup source (PROTOCOL.md §8.1b) with real stock litestream 0.5.17, for
-//! BENCHMARKS.md:
+//! Measures the VFS backup source (PROTOCOL.md §8.1b) and the control source (§8.1c) with real
+//! stock litestream 0.5.17, for BENCHMARKS.md:
 //!
 //! ```sh
-//! cargo run --release --example vfs_bench                 # both
+//! cargo run --release --example vfs_bench                 # poll and delay
 //! cargo run --release --example vfs_bench -- poll --mb 100 --polls 30
 //! cargo run --release --example vfs_bench -- delay --seconds 30 --interval-ms 100
+//! cargo run --release --example vfs_bench -- compare --seconds 20 --interval-ms 1000 --sync-ms 1000
 //! ```
 //!
 //! - `poll`: one VFS poll (open the backup through the VFS, run the default
@@ -15,6 +16,10 @@
 //!   replica following it and replicated by `litestream replicate` (50 ms monitor and sync
 //!   intervals), transactions 50–150 ms apart: for each watermark the replica commits, the time until
 //!   the service's `/status` (read every 5 ms) shows a backed-up watermark at or above it.
+//! - `control`: the same with `--litestream-control-url` (litestream's control socket) instead
+//!   of the VFS; `compare` runs `control` then `delay` in one invocation. `--sync-ms` sets
+//!   litestream's sync interval (50 ms by default). Each also counts the reads of the backup per
+//!   watermark confirmed (`backupReadsTotal` over the distinct backed-up watermarks seen).
 //!
 //! litestream is installed by `scripts/install-litestream.sh` on first use. Each part prints one
 //! JSON line and one line for people.
@@ -35,6 +40,14 @@ struct Args {
     polls: usize,
     seconds: u64,
     interval_ms: u64,
+    sync_ms: u64,
+}
+
+/// The backup source a delay is measured with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Source {
+    Vfs,
+    Control,
 }
 
 fn parse_args() -> Args {
@@ -44,6 +57,7 @@ fn parse_args() -> Args {
         polls: 30,
         seconds: 30,
         interval_ms: 100,
+        sync_ms: 50,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -53,11 +67,13 @@ fn parse_args() -> Args {
                 .unwrap_or_else(|| usage(&format!("{name} takes a whole number")))
         };
         match arg.as_str() {
-            "poll" | "delay" => a.parts.push(arg),
+            "poll" | "delay" | "control" => a.parts.push(arg),
+            "compare" => a.parts.extend(["control".into(), "delay".into()]),
             "--mb" => a.mb = num("--mb") as usize,
             "--polls" => a.polls = num("--polls").max(1) as usize,
             "--seconds" => a.seconds = num("--seconds"),
             "--interval-ms" => a.interval_ms = num("--interval-ms").max(1),
+            "--sync-ms" => a.sync_ms = num("--sync-ms").max(1),
             "--bench" => {} // passed by `cargo bench`-style runners
             other => usage(&format!("unknown argument {other:?}")),
         }
@@ -69,7 +85,7 @@ fn parse_args() -> Args {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("vfs_bench: {why}\nusage: cargo run --release --example vfs_bench [-- poll|delay] [--mb N] [--polls N] [--seconds N] [--interval-ms N]");
+    eprintln!("vfs_bench: {why}\nusage: cargo run --release --example vfs_bench [-- poll|delay|control|compare] [--mb N] [--polls N] [--seconds N] [--interval-ms N] [--sync-ms N]");
     std::process::exit(2)
 }
 
@@ -156,47 +172,73 @@ async fn poll_part(a: &Args) {
     );
 }
 
-async fn delay_part(a: &Args) {
+async fn delay_part(a: &Args, source: Source) {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
     let url = format!("file://{}", dir.path().join("backup").display());
+    let db = dir.path().join("replica.db");
+    let socket = dir.path().join("ls.sock");
     let up = FakeUpstream::start().await;
     let (up_url, vfs, interval) = (
         up.url(),
         litestream.vfs.to_string_lossy().into_owned(),
         a.interval_ms.to_string(),
     );
-    let svc = TestService::start(&[
+    let (control, db_path) = (
+        format!("unix:{}", socket.display()),
+        db.display().to_string(),
+    );
+    let mut args = vec![
         "--upstream",
         &up_url,
         "--litestream-backup-url",
         &url,
-        "--litestream-vfs",
-        &vfs,
         "--backup-check-interval-ms",
         &interval,
         "--min-cleanup-delay-ms",
         "3600000",
-    ])
-    .await;
+    ];
+    match source {
+        Source::Vfs => args.extend(["--litestream-vfs", &vfs]),
+        Source::Control => args.extend([
+            "--litestream-control-url",
+            &control,
+            "--litestream-db-path",
+            &db_path,
+        ]),
+    }
+    let svc = TestService::start(&args).await;
     up.wait_connections(1).await;
     up.send(txn(100, 1));
     svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
         .await;
     let rv = Watermark::from_u64(100).to_string();
-    let replica = BackupReplica::start(
-        &svc.base(),
-        "backup",
-        &rv,
-        &rv,
-        &dir.path().join("replica.db"),
-    )
-    .await;
-    let _replication = litestream.replicate(&replica.db, &url, &dir.path().join("litestream.yml"));
-    svc.wait_status("the first backup read", |s| {
+    let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &db).await;
+    let sync = format!("{}ms", a.sync_ms);
+    let config = dir.path().join("litestream.yml");
+    let replication = match source {
+        Source::Vfs => litestream.replicate_with(
+            &config,
+            &stock_litestream::replicate_config(&replica.db, &url, &sync),
+        ),
+        Source::Control => {
+            litestream.replicate_controlled(&replica.db, &url, &config, &socket, &sync)
+        }
+    };
+    if source == Source::Control {
+        replication
+            .wait_for_socket(&socket, Duration::from_secs(30))
+            .await;
+    }
+    // The control source confirms acked commits only: one before the measure starts.
+    up.send(txn(101, 1));
+    svc.wait_status("the first backup confirmed", |s| {
         s["backup"]["monitor"]["backupWatermark"].is_string()
     })
     .await;
+    let reads_before = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
+        .as_u64()
+        .unwrap_or(0);
 
     let writer = {
         let up = up.clone();
@@ -204,7 +246,7 @@ async fn delay_part(a: &Args) {
             // 50–150 ms apart, pseudo-randomly, so that commits fall at every phase of the
             // poll and sync periods (a fixed period would lock onto one).
             let mut state = 0x2545_f491_4f6c_dd1d_u64;
-            for n in 101.. {
+            for n in 102.. {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
@@ -225,6 +267,11 @@ async fn delay_part(a: &Args) {
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
     writer.abort();
+    let reads = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
+        .as_u64()
+        .unwrap_or(0)
+        - reads_before;
+    let reads_per = reads as f64 / seen.len().max(1) as f64;
     let committed: Vec<(String, Instant)> = replica
         .progress
         .borrow()
@@ -242,15 +289,20 @@ async fn delay_part(a: &Args) {
         .collect();
     let n = delays.len();
     let (p50, p99) = (quantile(&mut delays, 0.5), quantile(&mut delays, 0.99));
+    let (bench, through) = match source {
+        Source::Vfs => ("vfs_delay", "through the VFS"),
+        Source::Control => ("control_delay", "through the control socket"),
+    };
     println!(
         "{}",
-        serde_json::json!({"bench": "vfs_delay", "pollIntervalMs": a.interval_ms, "litestreamSyncMs": 50,
-            "watermarks": n, "p50Ms": p50, "p99Ms": p99})
+        serde_json::json!({"bench": bench, "pollIntervalMs": a.interval_ms, "litestreamSyncMs": a.sync_ms,
+            "watermarks": n, "p50Ms": p50, "p99Ms": p99, "backupReadsPerConfirmation": reads_per})
     );
     println!(
-        "watermark committed in the backup replica -> seen by the service through the VFS: p50 {p50:.0} ms, p99 {p99:.0} ms ({n} watermarks; poll every {} ms, litestream sync every 50 ms)",
-        a.interval_ms
+        "watermark committed in the backup replica -> confirmed by the service {through}: p50 {p50:.0} ms, p99 {p99:.0} ms ({n} watermarks; poll every {} ms, litestream sync every {} ms; {reads_per:.2} backup reads per watermark confirmed)",
+        a.interval_ms, a.sync_ms
     );
+    drop(replication);
     svc.stop().await;
     up.stop().await;
 }
@@ -269,7 +321,8 @@ fn main() -> std::process::ExitCode {
         for part in &args.parts {
             match part.as_str() {
                 "poll" => poll_part(&args).await,
-                _ => delay_part(&args).await,
+                "control" => delay_part(&args, Source::Control).await,
+                _ => delay_part(&args, Source::Vfs).await,
             }
         }
     });

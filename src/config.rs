@@ -8,13 +8,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use change_streamer_actors::changelog::ChangeDb;
+use change_streamer_actors::litestream_control::ControlUrl;
 use change_streamer_actors::secret::Secret;
 use change_streamer_actors::streamer::StreamerConfig;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser};
 use values::{
-    parse_http_url, parse_non_empty, parse_padding, parse_postgres_url, parse_secret, parse_ws_url,
+    parse_control_url, parse_http_url, parse_non_empty, parse_padding, parse_postgres_url,
+    parse_secret, parse_ws_url,
 };
 pub use values::{SecretArg, SecretFlagError};
 
@@ -107,6 +109,20 @@ pub struct Config {
         value_parser = parse_non_empty
     )]
     pub backup_watermark_query: String,
+
+    /// litestream's control API, `unix:/path/to/litestream.sock` or `http://host:port`: the
+    /// backup monitor asks it to sync and wait at each commit the backup replicator acks,
+    /// reading nothing of the backup (PROTOCOL.md §8.1c). Needs --litestream-db-path.
+    #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_CONTROL_URL",
+          value_parser = parse_control_url, requires = "litestream_db_path",
+          requires = "litestream_backup_url", conflicts_with = "litestream_vfs")]
+    pub litestream_control_url: Option<ControlUrl>,
+
+    /// The backup replica's SQLite file as litestream.yml names it, for
+    /// --litestream-control-url.
+    #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_DB_PATH",
+          value_parser = parse_non_empty, requires = "litestream_control_url")]
+    pub litestream_db_path: Option<String>,
 
     /// Directory holding the change log database (created if missing).
     #[arg(

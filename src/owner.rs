@@ -35,13 +35,13 @@ use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::monitor::{BackupSource, MonitorActor, MonitorConfig};
+use change_streamer_actors::monitor::{BackupSource, ControlSource, MonitorActor, MonitorConfig};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{Ingest, Streamer};
+use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
@@ -282,7 +282,7 @@ impl OwnerStart<'_> {
                 );
             }
         }
-        let monitor = self.monitor(read.vfs, &cleanup, &reservations);
+        let monitor = self.monitor(read.vfs, streamer, &cleanup, &reservations);
         Some(BackupActors {
             reservations,
             cleanup,
@@ -341,29 +341,42 @@ impl OwnerStart<'_> {
         ctx.run(reservations)
     }
 
-    /// The monitor polls the metrics, or reads the backup itself through the VFS and then tells
-    /// the reservations what it saw (PROTOCOL.md §6.7).
+    /// The monitor polls the metrics; or reads the backup itself through the VFS and then tells
+    /// the reservations what it saw (PROTOCOL.md §6.7); or asks litestream's control API to
+    /// sync at each commit the backup replicator acks, which the streamer reports to it
+    /// (PROTOCOL.md §8.1c).
     fn monitor(
         &self,
         vfs: Option<(VfsSource, VfsReader)>,
+        streamer: &Addr<Streamer>,
         cleanup: &Addr<CleanupActor>,
         reservations: &Addr<ReservationActor>,
     ) -> Addr<MonitorActor> {
         let interval = self.config.backup_check_interval();
-        match vfs {
-            None => MonitorActor::new(
+        match (vfs, control_source(&self.config)) {
+            (None, Some(source)) => {
+                let mut cfg = MonitorConfig::with_source(BackupSource::Control(source), interval);
+                cfg.clock = self.clock.clone();
+                let monitor = MonitorActor::new(cfg, cleanup.clone()).start();
+                streamer.do_send(ReportBackupAcks {
+                    to: monitor.clone().recipient(),
+                });
+                monitor
+            }
+            (None, None) => MonitorActor::new(
                 MonitorConfig::new(self.config.litestream_metrics_url.clone(), interval),
                 cleanup.clone(),
-            ),
-            Some((source, reader)) => {
+            )
+            .start(),
+            (Some((source, reader)), _) => {
                 let mut cfg = MonitorConfig::with_source(BackupSource::Vfs(source), interval);
                 cfg.clock = self.clock.clone();
                 MonitorActor::new(cfg, cleanup.clone())
                     .with_vfs_reader(reader)
                     .reporting_backups_to(reservations.clone().recipient())
+                    .start()
             }
         }
-        .start()
     }
 
     fn upstream(&self, streamer: &Addr<Streamer>) -> Option<UpstreamHandle> {
@@ -438,6 +451,15 @@ async fn stop_purging(state: &AppState) {
         let _ = b.cleanup.send(cleanup::Stop).await;
     }
     let _ = state.purger.send(purger::Stop).await;
+}
+
+/// `--litestream-control-url` with its `--litestream-db-path` (PROTOCOL.md §8.1c); clap makes
+/// sure that one comes with the other.
+fn control_source(config: &Config) -> Option<ControlSource> {
+    Some(ControlSource {
+        url: config.litestream_control_url.clone()?,
+        db_path: config.litestream_db_path.clone()?,
+    })
 }
 
 /// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded

@@ -59,6 +59,8 @@ fn help_lists_every_flag_with_its_environment_variable() {
         ),
         ("--litestream-vfs", "ZERO_LITESTREAM_VFS"),
         ("--backup-watermark-query", "ZERO_BACKUP_WATERMARK_QUERY"),
+        ("--litestream-control-url", "ZERO_LITESTREAM_CONTROL_URL"),
+        ("--litestream-db-path", "ZERO_LITESTREAM_DB_PATH"),
         ("--secret-file", "ZERO_CHANGE_STREAMER_SECRET_FILE"),
         ("--secret", "ZERO_CHANGE_STREAMER_SECRET"),
         (
@@ -272,6 +274,76 @@ fn a_flag_given_on_the_command_line_is_not_blamed_on_the_environment() {
         text.contains("--purge-delay-ms") && !text.contains("ZERO_PURGE_DELAY_MS"),
         "{text}"
     );
+}
+
+/// PROTOCOL.md §8.1c: the control URL needs the db path and the backup URL, the db path needs
+/// the control URL, the control URL and the VFS do not go together, and the URL must be one;
+/// each is a start error naming the flags at fault.
+#[test]
+fn control_url_flag_combinations_are_start_errors_naming_the_flags() {
+    let sock = "unix:/tmp/litestream.sock";
+    let backup = "file:///tmp/backup";
+    for (args, env, flags) in [
+        (
+            &[
+                "--litestream-control-url",
+                sock,
+                "--litestream-backup-url",
+                backup,
+            ][..],
+            &[][..],
+            &["--litestream-control-url", "--litestream-db-path"][..],
+        ),
+        (
+            &[
+                "--litestream-db-path",
+                "/tmp/replica.db",
+                "--litestream-backup-url",
+                backup,
+            ][..],
+            &[][..],
+            &["--litestream-db-path", "--litestream-control-url"][..],
+        ),
+        (
+            &["--litestream-db-path", "/tmp/replica.db"][..],
+            &[("ZERO_LITESTREAM_CONTROL_URL", sock)][..],
+            &["--litestream-control-url", "--litestream-backup-url"][..],
+        ),
+        (
+            &[
+                "--litestream-control-url",
+                sock,
+                "--litestream-db-path",
+                "/tmp/replica.db",
+                "--litestream-backup-url",
+                backup,
+                "--litestream-vfs",
+                "/tmp/litestream-vfs.so",
+            ][..],
+            &[][..],
+            &["--litestream-control-url", "--litestream-vfs"][..],
+        ),
+        (
+            &["--litestream-control-url", "ftp://x/sock"][..],
+            &[][..],
+            &["--litestream-control-url", "unix:/path/to/litestream.sock"][..],
+        ),
+        (
+            &["--litestream-control-url", "unix:"][..],
+            &[][..],
+            &["--litestream-control-url", "socket's path"][..],
+        ),
+    ] {
+        let (code, text) = run(args, env);
+        assert_ne!(code, 0, "{args:?} started: {text}");
+        assert!(!text.contains("panicked"), "{text}");
+        for flag in flags {
+            assert!(
+                text.contains(flag),
+                "{args:?} {env:?}: {flag} not named:\n{text}"
+            );
+        }
+    }
 }
 
 /// The address the binary logs once it listens (`listening on ADDR`).

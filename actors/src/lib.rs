@@ -19,6 +19,7 @@ pub mod clock;
 pub mod follower;
 pub mod instance;
 pub mod litestream;
+pub mod litestream_control;
 pub mod monitor;
 pub mod ownership;
 pub mod purger;

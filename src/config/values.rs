@@ -1,7 +1,8 @@
 //! The checks of single flag values, run by clap as each is parsed: URLs of the schemes a flag
-//! takes, non-empty strings, the padding in seconds, and the secret, whose value is held back
+//! takes (litestream's control URL among them), non-empty strings, the padding in seconds, and the secret, whose value is held back
 //! from clap's messages and checked only once parsing is done.
 
+use change_streamer_actors::litestream_control::ControlUrl;
 use change_streamer_actors::secret::{Secret, SecretError};
 
 /// The value of `--secret`, checked only after parsing: a value clap refuses is printed in its
@@ -65,6 +66,10 @@ pub(super) fn parse_http_url(s: &str) -> Result<String, String> {
 
 pub(super) fn parse_postgres_url(s: &str) -> Result<String, String> {
     parse_url(s, &["postgres", "postgresql"])
+}
+
+pub(super) fn parse_control_url(s: &str) -> Result<ControlUrl, String> {
+    ControlUrl::parse(s).map_err(|e| e.to_string())
 }
 
 pub(super) fn parse_non_empty(s: &str) -> Result<String, String> {

@@ -121,6 +121,39 @@ impl Litestream {
         Replication { child }
     }
 
+    /// Starts `litestream replicate` of `db` to `replica_url` as [`Litestream::replicate`] does,
+    /// syncing every `sync_interval` (`"50ms"`, `"1s"`, …), with its control API on the unix
+    /// socket `socket` (PROTOCOL.md §8.1c); its log goes to `config` with `.log` appended.
+    pub fn replicate_controlled(
+        &self,
+        db: &Path,
+        replica_url: &str,
+        config: &Path,
+        socket: &Path,
+        sync_interval: &str,
+    ) -> Replication {
+        self.replicate_with(
+            config,
+            &control_config(db, replica_url, socket, sync_interval),
+        )
+    }
+
+    /// Starts `litestream replicate` with `yml` written to `config`; its log goes to `config`
+    /// with `.log` appended.
+    pub fn replicate_with(&self, config: &Path, yml: &str) -> Replication {
+        std::fs::write(config, yml).expect("write litestream.yml");
+        let log = std::fs::File::create(format!("{}.log", config.display()))
+            .expect("create litestream's log file");
+        let child = Command::new(&self.bin)
+            .args(["replicate", "-config"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start litestream replicate");
+        Replication { child }
+    }
+
     /// `litestream restore -o out replica_url`: the latest backup, into `out`.
     pub fn restore(&self, replica_url: &str, out: &Path) -> Result<(), String> {
         let res = Command::new(&self.bin)
@@ -150,6 +183,15 @@ pub fn replicate_config(db: &Path, replica_url: &str, interval: &str) -> String 
     )
 }
 
+/// [`replicate_config`] with litestream's control API on the unix socket `socket`.
+pub fn control_config(db: &Path, replica_url: &str, socket: &Path, interval: &str) -> String {
+    format!(
+        "socket:\n  enabled: true\n  path: {}\n{}",
+        socket.display(),
+        replicate_config(db, replica_url, interval)
+    )
+}
+
 /// The local folder of a `file://` replica URL.
 pub fn file_replica_dir(replica_url: &str) -> PathBuf {
     PathBuf::from(
@@ -160,6 +202,24 @@ pub fn file_replica_dir(replica_url: &str) -> PathBuf {
 }
 
 impl Replication {
+    /// The process id of `litestream replicate` (to stop it with SIGSTOP, say).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits (up to `limit`) until litestream listens on its control socket `socket`.
+    pub async fn wait_for_socket(&self, socket: &Path, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while std::os::unix::net::UnixStream::connect(socket).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "litestream opened no control socket at {} within {limit:?}",
+                socket.display()
+            );
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits (up to `limit`) until litestream has written a first snapshot to the `file://`
     /// replica at `replica_url`.
     pub async fn wait_for_backup(&self, replica_url: &str, limit: Duration) {

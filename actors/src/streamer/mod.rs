@@ -33,8 +33,10 @@
 //! another party lives in its own file: [`ingest`] (the upstream client), [`join`] (a new
 //! subscriber), [`catchup`] (its reads of what it missed), [`session_messages`] (a
 //! subscriber's session), [`flow`] (the tracked send), [`purge`] (the purge check), [`follow`]
-//! (a standby's follower and record).
+//! (a standby's follower and record), [`backup_acks`] (the backup monitor, told of the backup
+//! replicator's acks).
 
+mod backup_acks;
 mod broadcast;
 mod catchup;
 mod change;
@@ -65,6 +67,7 @@ use ingest::Txn;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
+pub use backup_acks::{BackupAcked, ReportBackupAcks};
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use frames::{Batch, FrameList, Outgoing, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS};
 pub use ingest::{
@@ -183,6 +186,8 @@ pub struct Streamer {
     follows: Option<Recipient<RecordSubscribers>>,
     /// Rings every second for the subscribers' rate samples ([`SampleRates`]).
     sampler: Option<Alarm>,
+    /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]).
+    backup_acks: Option<Recipient<BackupAcked>>,
 }
 
 impl Streamer {
@@ -205,6 +210,7 @@ impl Streamer {
             subscribers_evicted: 0,
             follows: None,
             sampler: None,
+            backup_acks: None,
         }
     }
 

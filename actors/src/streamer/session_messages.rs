@@ -58,7 +58,9 @@ impl Handler<SessionProgress> for Streamer {
         let Some(sub) = self.subscribers.get_mut(&p.session_id) else {
             return;
         };
+        let before = sub.acked.clone();
         sub.progress(p.acked_messages, p.acked_bytes, p.acked_commit);
+        super::backup_acks::tell(&self.backup_acks, sub, &before);
         let mut next_batch = false;
         for token in p.tokens {
             match token {

@@ -91,12 +91,13 @@ pub struct Backup {
     pub source: BackupSource,
 }
 
-/// `backup.source`: what the backup's progress is read from (PROTOCOL.md §8.1, §8.1b).
+/// `backup.source`: what the backup's progress is read from (PROTOCOL.md §8.1, §8.1b, §8.1c).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackupSource {
     Metrics,
     Vfs,
+    Control,
 }
 
 /// `flowControl` (PROTOCOL.md §10).
@@ -278,6 +279,8 @@ impl BackupSource {
     fn of(cfg: &Config) -> BackupSource {
         if cfg.litestream_vfs.is_some() {
             BackupSource::Vfs
+        } else if cfg.litestream_control_url.is_some() {
+            BackupSource::Control
         } else {
             BackupSource::Metrics
         }

@@ -1,4 +1,4 @@
-//! `MonitorActor`: the backup monitor's eyes (PROTOCOL.md §8.1, §8.1b).
+//! `MonitorActor`: the backup monitor's eyes (PROTOCOL.md §8.1, §8.1b, §8.1c).
 //!
 //! Every poll interval it reads what is backed up from its [`BackupSource`] and hands it to the
 //! [`CleanupActor`] as one [`PollResult`], which records it and then schedules:
@@ -8,6 +8,9 @@
 //! - [`BackupSource::Vfs`]: read the watermark out of the backup itself through litestream 0.5's
 //!   VFS (see [`crate::vfs`]): one sample of replica `vfs`, backed up at the time of the first
 //!   poll that read that watermark (stock litestream says nothing more precise).
+//! - [`BackupSource::Control`]: ask stock litestream 0.5's control API to sync and wait, at each
+//!   commit the backup replicator acks (the streamer says so, [`BackupAcked`]) and at each
+//!   poll; its success makes that commit one sample of replica `control` (see [`control`]).
 //!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
@@ -22,24 +25,31 @@
 //! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
 //! a half-read answer is ever recorded.
 //!
+//! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
+//! in its own file: [`metrics`], [`vfs`], [`control`].
+//!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
+//! [`BackupAcked`]: crate::streamer::BackupAcked
 
 use std::time::Duration;
 
 use actix::prelude::*;
-use log::{debug, warn};
+use log::warn;
 use serde::Serialize;
 use tokio::sync::oneshot;
 
 use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
-use crate::litestream::{parse_progress_page, BackupSample, PROGRESS_METRIC};
+use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
-use crate::vfs::{VfsError, VfsReader, VfsSource};
+use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
-/// The most a metrics page may weigh; litestream's is a few KiB per database.
-const MAX_PAGE_BYTES: usize = 64 << 20;
+mod control;
+mod metrics;
+mod vfs;
+
+pub use control::{ControlSource, CONTROL_REPLICA, CONTROL_TIMEOUT};
 
 /// The replica name of the observations read through the VFS.
 pub const VFS_REPLICA: &str = "vfs";
@@ -51,6 +61,9 @@ pub enum BackupSource {
     Metrics { url: String },
     /// `--litestream-vfs`: the backup itself, through stock litestream 0.5's VFS.
     Vfs(VfsSource),
+    /// `--litestream-control-url`: stock litestream 0.5's control API, asked at each ack of
+    /// the backup replicator.
+    Control(ControlSource),
 }
 
 impl BackupSource {
@@ -59,6 +72,7 @@ impl BackupSource {
         match self {
             BackupSource::Metrics { .. } => "metrics",
             BackupSource::Vfs(_) => "vfs",
+            BackupSource::Control(_) => "control",
         }
     }
 
@@ -67,6 +81,9 @@ impl BackupSource {
         match self {
             BackupSource::Metrics { url } => format!("metrics at {url}"),
             BackupSource::Vfs(v) => format!("the backup at {} through the VFS", v.backup_url),
+            BackupSource::Control(c) => {
+                format!("litestream's control API at {} for {}", c.url, c.db_path)
+            }
         }
     }
 }
@@ -79,7 +96,8 @@ pub struct MonitorConfig {
     pub clock: Clock,
     /// Period of the automatic polls; the first comes one interval after start.
     pub interval: Duration,
-    /// No answer within this is a failed poll (PROTOCOL.md §8.1: `min(interval, 10 s)`).
+    /// No answer within this is a failed poll (PROTOCOL.md §8.1: `min(interval, 10 s)`; §8.1c:
+    /// [`CONTROL_TIMEOUT`]).
     pub timeout: Duration,
     /// `false` leaves polling to explicit [`Check`]s (tests, replay).
     pub poll_automatically: bool,
@@ -98,11 +116,15 @@ impl MonitorConfig {
 
     /// Polls `source`, dating observations by the system clock.
     pub fn with_source(source: BackupSource, interval: Duration) -> Self {
+        let timeout = match source {
+            BackupSource::Control(_) => CONTROL_TIMEOUT,
+            _ => interval.min(Duration::from_secs(10)),
+        };
         MonitorConfig {
             source,
             clock: Clock::System,
             interval,
-            timeout: interval.min(Duration::from_secs(10)),
+            timeout,
             poll_automatically: true,
         }
     }
@@ -144,23 +166,13 @@ pub struct MonitorStats {
     pub poll_errors_total: u64,
     pub invalid_watermarks_total: u64,
     pub last_poll_ok: Option<bool>,
-    /// The watermark the latest poll read from the backup (VFS source only; `None` when that
-    /// poll failed).
+    /// Why the latest poll failed; `None` once one succeeds (PROTOCOL.md §11).
+    pub last_error: Option<String>,
+    /// The watermark the latest poll found backed up: read from the backup (VFS source) or
+    /// confirmed by litestream (control source); `None` when that poll failed.
     pub backup_watermark: Option<Watermark>,
-}
-
-#[derive(Debug, thiserror::Error)]
-enum FetchError {
-    #[error("{0}")]
-    Send(String),
-    #[error("HTTP {status}: {body}")]
-    Status { status: u16, body: String },
-    #[error("reading the body: {0}")]
-    Body(String),
-    #[error("{0}")]
-    Page(#[from] crate::litestream::PageError),
-    #[error("the page holds no {PROGRESS_METRIC} sample: only Zero's litestream fork exports it; with stock litestream 0.5, read the backup itself with --litestream-vfs")]
-    MissingMetric,
+    /// Reads of the backup itself since start (the VFS source's polls).
+    pub backup_reads_total: u64,
 }
 
 /// What one poll produced, before it is handed to the cleanup actor.
@@ -178,6 +190,8 @@ pub struct MonitorActor {
     vfs_first_read: Option<(Watermark, i64)>,
     /// Told each watermark the VFS source reads (the reservations, PROTOCOL.md §6.7).
     backup_reads: Option<Recipient<BackupRead>>,
+    /// The control source's state (PROTOCOL.md §8.1c).
+    control: control::ControlState,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
@@ -193,6 +207,7 @@ impl MonitorActor {
             vfs: None,
             vfs_first_read: None,
             backup_reads: None,
+            control: control::ControlState::default(),
             in_flight: None,
             waiters: Vec::new(),
             stats: MonitorStats::default(),
@@ -220,150 +235,36 @@ impl MonitorActor {
         let poll = match &self.cfg.source {
             BackupSource::Metrics { url } => self.poll_metrics(url.clone()),
             BackupSource::Vfs(source) => self.poll_vfs(source.clone()),
+            BackupSource::Control(source) => self.poll_control(ctx, source.clone()),
         };
         let handle = ctx.spawn(poll.then(|(samples, outcome), act, _| {
             act.stats.polls_total += 1;
+            if matches!(outcome, PollOutcome::Read { .. }) {
+                act.stats.last_error = None;
+            }
             act.cleanup
                 .send(PollResult { samples })
                 .into_actor(act)
-                .map(move |_, act, _| {
+                .map(move |_, act, ctx| {
                     act.in_flight = None;
                     for w in act.waiters.drain(..) {
                         let _ = w.send(outcome.clone());
+                    }
+                    if matches!(act.cfg.source, BackupSource::Control(_)) {
+                        act.control_poll_ended(ctx, &outcome);
                     }
                 })
         }));
         self.in_flight = Some(handle);
     }
 
-    /// PROTOCOL.md §8.1: one GET of the metrics page, bounded by the timeout.
-    fn poll_metrics(&mut self, url: String) -> ResponseActFuture<Self, Observed> {
-        let client = self.client.get_or_insert_with(awc::Client::default).clone();
-        let timeout = self.cfg.timeout;
-        let fetch = async move {
-            let mut resp = client
-                .get(&url)
-                .timeout(timeout)
-                .send()
-                .await
-                .map_err(|e| FetchError::Send(e.to_string()))?;
-            let body = resp
-                .body()
-                .limit(MAX_PAGE_BYTES)
-                .await
-                .map_err(|e| FetchError::Body(e.to_string()))?;
-            let text = String::from_utf8_lossy(&body).into_owned();
-            if !resp.status().is_success() {
-                let first_line = text
-                    .lines()
-                    .next()
-                    .unwrap_or("")
-                    .chars()
-                    .take(200)
-                    .collect();
-                return Err(FetchError::Status {
-                    status: resp.status().as_u16(),
-                    body: first_line,
-                });
-            }
-            let page = parse_progress_page(&text)?;
-            if page.samples.is_empty() && page.invalid.is_empty() {
-                return Err(FetchError::MissingMetric);
-            }
-            Ok(page)
-        };
-        Box::pin(fetch.into_actor(self).map(|res, act, _| match res {
-            Ok(page) => {
-                for reason in &page.invalid {
-                    warn!("ignoring litestream sample: {reason}");
-                }
-                act.stats.invalid_watermarks_total += page.invalid.len() as u64;
-                act.stats.last_poll_ok = Some(true);
-                debug!("metrics poll read {} sample(s)", page.samples.len());
-                let outcome = PollOutcome::Read {
-                    samples: page.samples.len(),
-                    invalid: page.invalid.len(),
-                };
-                (page.samples, outcome)
-            }
-            Err(e) => act.failed(e.to_string()),
-        }))
-    }
-
-    /// PROTOCOL.md §8.1b: one read of the backup through the VFS reader, bounded by the timeout (the
-    /// reader kills its process when that passes). The reader travels with the poll and comes
-    /// back when it ends.
-    fn poll_vfs(&mut self, source: VfsSource) -> ResponseActFuture<Self, Observed> {
-        let mut reader = self.vfs.take().unwrap_or_else(|| VfsReader::new(source));
-        let timeout = self.cfg.timeout;
-        let read = async move {
-            let res = reader.read(timeout).await;
-            (reader, res)
-        };
-        Box::pin(read.into_actor(self).map(|(reader, res), act, _| {
-            act.vfs = Some(reader);
-            act.vfs_observed(res)
-        }))
-    }
-
-    /// Turns what the VFS reader read into one sample of replica [`VFS_REPLICA`], dated by the
-    /// first poll that read that watermark.
-    fn vfs_observed(&mut self, res: Result<String, VfsError>) -> Observed {
-        let text = match res {
-            Ok(text) => text,
-            Err(e) => return self.failed(e.to_string()),
-        };
-        self.stats.last_poll_ok = Some(true);
-        let watermark = match Watermark::parse(&text) {
-            Ok(w) => w,
-            Err(e) => {
-                warn!("ignoring the backup's watermark: {e} (replica {VFS_REPLICA:?})");
-                self.stats.invalid_watermarks_total += 1;
-                self.stats.backup_watermark = None;
-                return (
-                    Vec::new(),
-                    PollOutcome::Read {
-                        samples: 0,
-                        invalid: 1,
-                    },
-                );
-            }
-        };
-        let first_read_ms = match &self.vfs_first_read {
-            Some((w, at)) if *w == watermark => *at,
-            _ => {
-                let now = self.cfg.clock.now_ms();
-                debug!("the backup holds watermark={watermark}");
-                self.vfs_first_read = Some((watermark.clone(), now));
-                now
-            }
-        };
-        self.stats.backup_watermark = Some(watermark.clone());
-        if let Some(r) = &self.backup_reads {
-            r.do_send(BackupRead {
-                watermark: watermark.clone(),
-            });
-        }
-        let sample = BackupSample {
-            watermark,
-            replica: VFS_REPLICA.to_string(),
-            backed_up_at_ms: first_read_ms,
-        };
-        (
-            vec![sample],
-            PollOutcome::Read {
-                samples: 1,
-                invalid: 0,
-            },
-        )
-    }
-
     /// A failed poll: a warning, a counted error, nothing observed.
-    fn failed(&mut self, reason: String) -> Observed {
+    pub(super) fn failed(&mut self, reason: String) -> Observed {
         warn!("unable to read {}: {reason}", self.cfg.source.describe());
         self.stats.poll_errors_total += 1;
         self.stats.last_poll_ok = Some(false);
         self.stats.backup_watermark = None;
+        self.stats.last_error = Some(reason.clone());
         (Vec::new(), PollOutcome::Failed(reason))
     }
 }

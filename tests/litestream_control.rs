@@ -1,0 +1,237 @@
+//! End to end with REAL stock litestream 0.5.17 and its control API (PROTOCOL.md §8.1c): the
+//! service runs with `--litestream-control-url unix:…` and `--litestream-db-path`; a backup
+//! replica ([`BackupReplica`]) follows it with `mode=backup` into its own SQLite file, which a
+//! real `litestream replicate` backs up to a `file://` replica with an hourly sync interval, so
+//! that whatever the backup holds within a test was synced because the service asked. The
+//! service confirms each acked commit through the control socket, reads nothing of the backup,
+//! and purges as it does with the other sources; with litestream unreachable it backs off,
+//! says why, and purges nothing.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// The service asking litestream's control socket, fed by a fake change source, with the
+/// backup replica following it; litestream is started by [`Controlled::replicate`].
+struct Controlled {
+    dir: TempDir,
+    litestream: Litestream,
+    up: FakeUpstream,
+    svc: TestService,
+    replica: BackupReplica,
+    replication: Option<Replication>,
+}
+
+impl Controlled {
+    /// Initial sync at watermark 100, then the backup replica subscribes from it. The
+    /// periodic poll is an hour apart: every confirmation comes from an ack.
+    async fn start() -> Controlled {
+        let litestream = stock_litestream::install();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backup_url = format!("file://{}", dir.path().join("backup").display());
+        let control = format!("unix:{}", dir.path().join("ls.sock").display());
+        let db = dir.path().join("replica.db").display().to_string();
+        let up = FakeUpstream::start().await;
+        let up_url = up.url();
+        let svc = TestService::start(&[
+            "--upstream",
+            &up_url,
+            "--litestream-backup-url",
+            &backup_url,
+            "--litestream-control-url",
+            &control,
+            "--litestream-db-path",
+            &db,
+            "--backup-check-interval-ms",
+            "3600000",
+            "--min-cleanup-delay-ms",
+            "0",
+            "--purge-delay-ms",
+            "100",
+            "--change-log-retention-ms",
+            "0",
+        ])
+        .await;
+        up.wait_connections(1).await;
+        up.send(txn(100, 1));
+        let st = svc
+            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+            .await;
+        assert_eq!(st["backup"]["source"], "control", "{st}");
+        let rv = w(100);
+        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, Path::new(&db)).await;
+        Controlled {
+            dir,
+            litestream,
+            up,
+            svc,
+            replica,
+            replication: None,
+        }
+    }
+
+    fn backup_url(&self) -> String {
+        format!("file://{}", self.dir.path().join("backup").display())
+    }
+
+    /// Starts `litestream replicate` of the backup replica's file, with its control socket.
+    async fn replicate(&mut self) {
+        let socket = self.dir.path().join("ls.sock");
+        let replication = self.litestream.replicate_controlled(
+            &self.replica.db,
+            &self.backup_url(),
+            &self.dir.path().join("litestream.yml"),
+            &socket,
+            "1h",
+        );
+        replication
+            .wait_for_socket(&socket, Duration::from_secs(20))
+            .await;
+        self.replication = Some(replication);
+    }
+
+    /// Sends transactions `from..=to` and waits until the backup replica has applied them.
+    async fn send(&self, from: u64, to: u64) {
+        for n in from..=to {
+            self.up.send(txn(n, 2));
+        }
+        let last = w(to);
+        wait_until(
+            "the backup replica applies what was sent",
+            Duration::from_secs(20),
+            || self.replica.applied().as_deref() == Some(last.as_str()),
+        )
+        .await;
+    }
+
+    /// Restores the latest backup into a new file and returns its path.
+    fn restore(&self, name: &str) -> PathBuf {
+        let out = self.dir.path().join(name);
+        self.litestream
+            .restore(&self.backup_url(), &out)
+            .expect("litestream restore");
+        out
+    }
+}
+
+/// The processes this test process started other than litestream: a VFS reader would be one.
+fn children_other_than(litestream: &Path) -> Vec<u32> {
+    let me = std::process::id().to_string();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+        if fields.get(1) == Some(&me.as_str()) && fields.first() != Some(&"Z") && exe != litestream
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[actix_rt::test]
+async fn control_source_confirms_each_acked_commit_and_the_purge_follows_with_no_backup_read() {
+    let mut c = Controlled::start().await;
+    c.replicate().await;
+    c.send(101, 103).await;
+    let st = c
+        .svc
+        .wait_status("103 confirmed through the control socket", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == w(103)
+        })
+        .await;
+    assert_eq!(st["backup"]["monitor"]["lastError"], Value::Null, "{st}");
+    assert_eq!(st["backup"]["monitor"]["backupReadsTotal"], 0, "{st}");
+    // litestream syncs hourly by itself: the backup holds 103 because the service asked.
+    let (restored, _) = read_replica(&c.restore("check.db"));
+    assert!(restored >= w(103), "restored {restored}");
+
+    // The purge rules are those of every source: scheduled, then purged below 103.
+    let st = c
+        .svc
+        .wait_status("a purge below 103", |s| {
+            s["purge"]["lastPurgedBefore"] == w(103)
+        })
+        .await;
+    assert!(st["purge"]["rowsPurged"].as_u64() > Some(0), "{st}");
+    c.send(104, 105).await;
+    c.svc
+        .wait_status("105 confirmed", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == w(105)
+        })
+        .await;
+    let st = c.svc.status().await;
+    assert_eq!(st["backup"]["monitor"]["pollErrorsTotal"], 0, "{st}");
+    assert_eq!(st["backup"]["monitor"]["backupReadsTotal"], 0, "{st}");
+    let litestream_bin = c.litestream.bin.canonicalize().unwrap();
+    assert_eq!(
+        children_other_than(&litestream_bin),
+        Vec::<u32>::new(),
+        "no VFS reader"
+    );
+    c.svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn control_source_unreachable_backs_off_with_a_clear_last_error_and_purges_nothing() {
+    let mut c = Controlled::start().await;
+    let started = Instant::now();
+    c.send(101, 103).await;
+    let st = c
+        .svc
+        .wait_status("three failed requests", |s| {
+            s["backup"]["monitor"]["pollErrorsTotal"].as_u64() >= Some(3)
+        })
+        .await;
+    // The first after the ack, then 250 ms and 500 ms later (at least).
+    assert!(started.elapsed() >= Duration::from_millis(750), "{st}");
+    let error = st["backup"]["monitor"]["lastError"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        error.contains("cannot connect")
+            && error.contains("ls.sock")
+            && error.contains("is litestream running"),
+        "{st}"
+    );
+    assert_eq!(
+        st["backup"]["monitor"]["backupWatermark"],
+        Value::Null,
+        "{st}"
+    );
+    assert_eq!(st["backup"]["pendingWatermarks"], json!([]), "{st}");
+    assert_eq!(st["backup"]["lastScheduledWatermark"], Value::Null, "{st}");
+    assert_eq!(st["purge"]["rowsPurged"], 0, "{st}");
+
+    // litestream comes up: the request that ends the backoff confirms 103.
+    c.replicate().await;
+    let st = c
+        .svc
+        .wait_status("103 confirmed once litestream answers", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == w(103)
+        })
+        .await;
+    assert_eq!(st["backup"]["monitor"]["lastError"], Value::Null, "{st}");
+    c.svc.stop().await;
+}
