@@ -104,6 +104,28 @@ async fn a_protocol_violation_drops_the_upstream_and_stores_nothing_of_it() {
     svc.stop().await;
 }
 
+/// PROTOCOL.md §4: a connection the service drops because the source broke a rule ends with a
+/// close frame 1002 that names the rule, so the source learns why without the service's log.
+#[actix_rt::test]
+async fn a_broken_upstream_rule_is_said_in_a_1002_close_frame() {
+    let (svc, up) = service_with_upstream(&[]).await;
+    up.send(txn(100, 1));
+    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
+    // A data message outside a transaction.
+    up.send(vec![format!(r#"["data",{}]"#, insert(1))]);
+    up.wait_connections(2).await;
+    wait_until("the close frame at the source", Duration::from_secs(10), || {
+        !up.closes().is_empty()
+    })
+    .await;
+    let (code, reason) = up.closes()[0].clone();
+    assert_eq!(code, 1002, "{reason}");
+    assert!(reason.starts_with("protocol violation: "), "{reason}");
+    assert!(reason.len() <= 123, "{reason}");
+    svc.stop().await;
+}
+
 #[actix_rt::test]
 async fn upstream_status_is_echoed_after_durability_and_reset_required_is_shown() {
     let (svc, up) = service_with_upstream(&[]).await;

@@ -19,6 +19,8 @@ use crate::wait::wait_until;
 struct State {
     queries: Vec<String>,
     acks: Vec<String>,
+    /// The close frames the service sent: code and reason.
+    closes: Vec<(u16, String)>,
     conn: Option<Addr<Conn>>,
     options: UpstreamOptions,
     refused: usize,
@@ -85,7 +87,17 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Conn {
         match msg {
             Ok(ws::Message::Text(t)) => self.state.lock().unwrap().acks.push(t.to_string()),
             Ok(ws::Message::Ping(p)) => ctx.pong(&p),
-            Ok(ws::Message::Close(_)) | Err(_) => ctx.stop(),
+            Ok(ws::Message::Close(reason)) => {
+                if let Some(r) = &reason {
+                    let code = u16::from(r.code);
+                    let text = r.description.clone().unwrap_or_default();
+                    self.state.lock().unwrap().closes.push((code, text));
+                }
+                // The closing handshake's answer, as a websocket server gives it.
+                ctx.close(reason);
+                ctx.stop()
+            }
+            Err(_) => ctx.stop(),
             _ => {}
         }
     }
@@ -188,6 +200,11 @@ impl FakeUpstream {
     /// Acks received so far (text frames).
     pub fn acks(&self) -> Vec<String> {
         self.state.lock().unwrap().acks.clone()
+    }
+
+    /// The close frames the service sent so far (code, reason), in order.
+    pub fn closes(&self) -> Vec<(u16, String)> {
+        self.state.lock().unwrap().closes.clone()
     }
 
     /// Waits until at least `n` connections were made.

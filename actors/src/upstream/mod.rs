@@ -33,6 +33,7 @@ use tokio::sync::oneshot;
 
 use crate::changelog::{ChangeLog, ChangeLogError};
 use crate::secret::Secret;
+use crate::session_end::truncate_reason;
 use crate::streamer::{Streamer, UpstreamBatch, UpstreamEvent};
 use protocol::{parse_frame, UpstreamMessage};
 
@@ -313,12 +314,65 @@ type UpstreamSink = futures_util::stream::SplitSink<
     WsMessage,
 >;
 
+/// One connection to the change source, until it ends; an end the service decides on (a broken
+/// rule, a change log that failed, the streamer gone) is said to the source in a close frame
+/// (PROTOCOL.md §4: 1002 with the rule, 1011 otherwise) before the connection drops.
 async fn session(
     framed: actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
     streamer: &Addr<Streamer>,
     stop: &mut oneshot::Receiver<()>,
 ) -> ConnectionEnd {
     let (mut sink, mut stream) = framed.split();
+    let end = drive(&mut sink, &mut stream, streamer, stop).await;
+    if let Some((code, reason)) = end.close_frame() {
+        let close = awc::ws::CloseReason {
+            code: awc::ws::CloseCode::from(code),
+            description: Some(reason),
+        };
+        if sink.send(WsMessage::Close(Some(close))).await.is_ok() {
+            // The closing handshake (RFC 6455 §7.1.1): read on until the source's close, so
+            // that what it sent meanwhile is not left unread, which would make the socket's
+            // end a reset that can lose the close frame at the source; bounded.
+            let _ = tokio::time::timeout(CLOSE_HANDSHAKE, async {
+                while let Some(Ok(frame)) = stream.next().await {
+                    if matches!(frame, Frame::Close(_)) {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+    }
+    end
+}
+
+/// The longest the service waits for the source's answer to its close frame.
+const CLOSE_HANDSHAKE: Duration = Duration::from_secs(1);
+
+impl ConnectionEnd {
+    /// The close frame the service sends the source for this end: `None` where the connection
+    /// is already gone (closed by the source, a websocket error) or the stop sent its own.
+    fn close_frame(&self) -> Option<(u16, String)> {
+        let code = match self {
+            ConnectionEnd::Violation(_) => 1002,
+            ConnectionEnd::ChangeLog(_) | ConnectionEnd::StreamerGone => 1011,
+            ConnectionEnd::Stopped
+            | ConnectionEnd::Closed(_)
+            | ConnectionEnd::Ws(_)
+            | ConnectionEnd::Refused(_) => return None,
+        };
+        Some((code, truncate_reason(&self.to_string()).to_string()))
+    }
+}
+
+async fn drive(
+    sink: &mut UpstreamSink,
+    stream: &mut futures_util::stream::SplitStream<
+        actix_codec::Framed<awc::BoxedSocket, awc::ws::Codec>,
+    >,
+    streamer: &Addr<Streamer>,
+    stop: &mut oneshot::Receiver<()>,
+) -> ConnectionEnd {
     let mut acks: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut waiting: VecDeque<UpstreamMessage> = VecDeque::new();
     let mut release: Option<oneshot::Receiver<()>> = None;
@@ -352,7 +406,7 @@ async fn session(
                 return ConnectionEnd::Stopped;
             }
             Some(ack) = acks.next(), if !acks.is_empty() => {
-                if let Err(e) = send_acks(&mut sink, &mut acks, ack).await {
+                if let Err(e) = send_acks(sink, &mut acks, ack).await {
                     return e;
                 }
             }
