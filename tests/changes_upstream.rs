@@ -115,9 +115,11 @@ async fn a_broken_upstream_rule_is_said_in_a_1002_close_frame() {
     // A data message outside a transaction.
     up.send(vec![format!(r#"["data",{}]"#, insert(1))]);
     up.wait_connections(2).await;
-    wait_until("the close frame at the source", Duration::from_secs(10), || {
-        !up.closes().is_empty()
-    })
+    wait_until(
+        "the close frame at the source",
+        Duration::from_secs(10),
+        || !up.closes().is_empty(),
+    )
     .await;
     let (code, reason) = up.closes()[0].clone();
     assert_eq!(code, 1002, "{reason}");

@@ -9,6 +9,7 @@ use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::own_thread::on_own_thread;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use futures_util::StreamExt;
 use serde_json::json;
 
 const BACKUP: &str = "s3://bucket/replica";
@@ -174,7 +175,7 @@ async fn a_bad_ack_closes_with_1002_and_ends_the_reservation_as_a_drop() {
 }
 
 #[actix_rt::test]
-async fn liveness_drops_a_silent_client() {
+async fn liveness_closes_a_silent_client_with_1001_no_pong() {
     // An interval a busy machine's round trips fit in (at 100 ms they did not always).
     let (svc, _up) = initialized(&["--ping-interval-ms", "1000"]).await;
     // This client answers pings (in `next`), so it stays. It reads on a thread of its own until
@@ -197,7 +198,7 @@ async fn liveness_drops_a_silent_client() {
     reserved.await.expect("the answering client's thread");
     // A client that reads nothing (and so never pongs) is dropped after about two intervals;
     // the one answering pings outlives it.
-    let _silent = awc::Client::new()
+    let (_, mut silent) = awc::Client::new()
         .ws(svc.ws("/replication/v6/snapshot?taskID=mute"))
         .connect()
         .await
@@ -212,6 +213,18 @@ async fn liveness_drops_a_silent_client() {
         })
         .await;
     assert_eq!(st["reservations"][0]["taskID"], "t1", "{st}");
+    // PROTOCOL.md §5: the silent client is told why, in a close frame after the pings it left
+    // unanswered.
+    let close = loop {
+        match silent.next().await {
+            Some(Ok(awc::ws::Frame::Close(reason))) => break reason,
+            Some(Ok(_)) => continue,
+            other => panic!("expected a close frame, got {other:?}"),
+        }
+    };
+    let close = close.expect("a close frame with a code");
+    assert_eq!(u16::from(close.code), 1001);
+    assert_eq!(close.description.as_deref(), Some("no pong for 1000 ms"));
     stop.store(true, Ordering::SeqCst);
     let (seen, pings) = answering.await.expect("the answering client's thread");
     assert_eq!(seen, None);

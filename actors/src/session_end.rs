@@ -45,6 +45,9 @@ pub enum SessionEnd {
     ErrorNotAcked,
     /// The service is stopping (1001).
     ServiceStop,
+    /// Liveness (PROTOCOL.md §5): nothing, not even a pong, came from the client for a whole
+    /// ping interval of this many ms (1001: reconnect).
+    NoPong(u64),
     /// The client broke the protocol: a bad ack, a binary frame, a websocket error (1002).
     Protocol(String),
     /// The service cannot serve the session: the change log is not initialized or cannot
@@ -66,7 +69,7 @@ impl SessionEnd {
             | SessionEnd::EndedBySubscription
             | SessionEnd::ErrorAcked
             | SessionEnd::ErrorNotAcked => 1000,
-            SessionEnd::ServiceStop => 1001,
+            SessionEnd::ServiceStop | SessionEnd::NoPong(_) => 1001,
             SessionEnd::Protocol(_) => 1002,
             SessionEnd::Unavailable(_) => 1011,
             SessionEnd::Evicted(_) => 1013,
@@ -81,6 +84,7 @@ impl SessionEnd {
             SessionEnd::ErrorAcked => "error acknowledged",
             SessionEnd::ErrorNotAcked => "error sent; no ack",
             SessionEnd::ServiceStop => "service stopping",
+            SessionEnd::NoPong(ms) => return (self.code(), format!("no pong for {ms} ms")),
             SessionEnd::Protocol(why) | SessionEnd::Unavailable(why) | SessionEnd::Evicted(why) => {
                 why
             }

@@ -28,7 +28,7 @@ where
 }
 
 /// Websocket liveness: every interval the server pings; a connection that sent neither a pong
-/// nor a message since the previous ping is dropped.
+/// nor a message since the previous ping is closed with 1001 `no pong for N ms` (PROTOCOL.md §5).
 #[derive(Debug, Default)]
 pub struct Liveness {
     heard: bool,
@@ -98,11 +98,11 @@ pub fn start_liveness<A: Live>(ctx: &mut ws::WebsocketContext<A>, interval: Dura
         let heard = std::mem::take(&mut act.liveness().heard);
         if !heard && late < interval / 2 {
             info!(
-                "{}: no pong or message for {} ms; dropping the connection",
+                "{}: no pong or message for {} ms; closing the connection",
                 act.describe(),
                 interval.as_millis()
             );
-            ctx.stop();
+            close(ctx, SessionEnd::NoPong(interval.as_millis() as u64));
             return;
         }
         if !heard {
