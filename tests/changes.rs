@@ -140,7 +140,7 @@ async fn wrong_replica_version_is_error_type_1_then_closed_after_its_ack() {
 }
 
 #[actix_rt::test]
-async fn unservable_watermarks_are_error_type_2() {
+async fn unservable_watermarks_are_refused_type_1_inside_the_range_type_2_below_it() {
     let (svc, up) = service_with_upstream(&["--ping-interval-ms", "300"]).await;
     up.send(txn(100, 1));
     up.send(txn(102, 1));
@@ -148,12 +148,13 @@ async fn unservable_watermarks_are_error_type_2() {
         s["changeLog"]["maxWatermark"] == json!(w(102))
     })
     .await;
-    // Inside the stored range but not a stored commit.
+    // Inside the stored range but not a stored commit: a history this log does not hold, not a
+    // replica behind it (PROTOCOL.md §7).
     let mut c = WsClient::connect(&changes_url(&svc, "r", 101, "")).await;
     let (_, msg) = c.msg().await;
     assert_eq!(
         msg,
-        json!(["error", {"type": 2, "message": format!("earliest supported watermark is {} (requested {})", w(100), w(101))}])
+        json!(["error", {"type": 1, "message": format!("watermark {} is not a commit of this change log (it holds {} to {})", w(101), w(100), w(102))}])
     );
     // Not acked: closed after one ping interval.
     assert_eq!(c.closed().await.0, 1000);

@@ -103,7 +103,7 @@ async fn a_standby_checks_subscriptions_as_the_owner_does() {
         (
             format!("v6/changes?id=r&replicaVersion={rv}&watermark={}", wm(101)),
             false, // closed after one ping interval without the ack
-            json!(["error", {"type": 2, "message": format!("earliest supported watermark is {rv} (requested {})", wm(101))}]),
+            json!(["error", {"type": 1, "message": format!("watermark {} is not a commit of this change log (it holds {rv} to {})", wm(101), wm(103))}]),
         ),
         (
             format!("v6/changes?id=r&replicaVersion={rv}&watermark={}", wm(99)),

@@ -43,7 +43,7 @@ pub use self::sqlite::DB_FILE;
 use self::types::Reply;
 pub use self::types::{
     ChangeKind, ChangeLogError, LogRange, LogStats, PurgeGate, PurgeHold, PurgeOutcome,
-    StoredChange, Transaction, SEGMENT_ROWS,
+    StoredChange, Transaction, Unservable, SEGMENT_ROWS,
 };
 use crate::clock::Clock;
 use crate::watermark::Watermark;

@@ -152,17 +152,35 @@ impl LogStats {
         })
     }
 
-    /// Whether a subscriber at `w` can be served (PROTOCOL.md §7): `Ok` or the earliest watermark.
-    pub fn can_serve_from(&self, w: &Watermark, stored: bool) -> Result<(), Watermark> {
+    /// Whether a subscriber at `w` can be served (PROTOCOL.md §7); `stored`: whether `w` is the
+    /// commit watermark of a stored transaction.
+    pub fn can_serve_from(&self, w: &Watermark, stored: bool) -> Result<(), Unservable> {
         let (Some(min), Some(max)) = (&self.min_watermark, &self.max_watermark) else {
             return Ok(()); // empty log: everything is live
         };
         if w > max || (w >= min && stored) {
             Ok(())
+        } else if w < min {
+            Err(Unservable::TooOld {
+                earliest: min.clone(),
+            })
         } else {
-            Err(min.clone())
+            Err(Unservable::NotACommit {
+                min: min.clone(),
+                max: max.clone(),
+            })
         }
     }
+}
+
+/// Why the change log cannot serve a subscriber from its watermark (PROTOCOL.md §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unservable {
+    /// Older than the oldest stored transaction: a newer backup serves it.
+    TooOld { earliest: Watermark },
+    /// Within the stored range but not the commit of a stored transaction: the replica applied
+    /// a history the change log does not hold.
+    NotACommit { min: Watermark, max: Watermark },
 }
 
 /// Where an engine sends a command's answer.

@@ -19,7 +19,7 @@ use super::follow::RecordSubscribers;
 use super::session_messages::ToSession;
 use super::subscriber::{Mode, Phase, Subscriber};
 use super::Streamer;
-use crate::changelog::{ChangeLogError, LogStats};
+use crate::changelog::{ChangeLogError, LogStats, Unservable};
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 use futures_util::future::LocalBoxFuture;
@@ -53,6 +53,14 @@ pub enum SubscribeError {
     /// Error type 2.
     #[error("earliest supported watermark is {earliest} (requested {requested})")]
     WatermarkTooOld { earliest: String, requested: String },
+    /// Error type 1: the replica's watermark is inside the stored range but no stored commit,
+    /// so its history is not this change log's (PROTOCOL.md §7).
+    #[error("watermark {requested} is not a commit of this change log (it holds {min} to {max})")]
+    NotACommit {
+        requested: String,
+        min: String,
+        max: String,
+    },
     #[error("change log unavailable: {0}")]
     Unavailable(String),
 }
@@ -67,7 +75,9 @@ impl SubscribeError {
     /// The `type` of the error frame, for the two errors that get one.
     pub fn error_type(&self) -> Option<u8> {
         match self {
-            SubscribeError::WrongReplicaVersion { .. } => Some(1),
+            SubscribeError::WrongReplicaVersion { .. } | SubscribeError::NotACommit { .. } => {
+                Some(1)
+            }
             SubscribeError::WatermarkTooOld { .. } => Some(2),
             _ => None,
         }
@@ -178,9 +188,16 @@ fn check(
     }
     stats
         .can_serve_from(watermark, has_commit)
-        .map_err(|earliest| SubscribeError::WatermarkTooOld {
-            earliest: earliest.to_string(),
-            requested: watermark.to_string(),
+        .map_err(|why| match why {
+            Unservable::TooOld { earliest } => SubscribeError::WatermarkTooOld {
+                earliest: earliest.to_string(),
+                requested: watermark.to_string(),
+            },
+            Unservable::NotACommit { min, max } => SubscribeError::NotACommit {
+                requested: watermark.to_string(),
+                min: min.to_string(),
+                max: max.to_string(),
+            },
         })
 }
 
