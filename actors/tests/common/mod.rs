@@ -178,6 +178,7 @@ pub async fn setup_with(cfg: StreamerConfig, stalled: &[bool]) -> Setup {
                 session_id,
                 id: format!("sub-{i}"),
                 mode: Mode::Serving,
+                backup: None,
                 protocol: 6,
                 replica_version: w(100).to_string(),
                 watermark: w(100),
