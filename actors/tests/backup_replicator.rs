@@ -172,14 +172,20 @@ async fn a_newer_backup_replicator_replaces_its_ghost_with_1000_and_never_waits_
             released(release, "only the serving one is waited for").await;
         }
     }
-    until("the restarted one to get 101", || {
-        let restarted = restarted.clone();
-        async move { restarted.send(Commits).await.unwrap().last() == Some(&w(101)) }
+    until("the restarted one to get 101 and go live", || {
+        let (restarted, streamer) = (restarted.clone(), s.streamer.clone());
+        async move {
+            let st = streamer.send(GetStreamerState).await.unwrap();
+            st.subscribers
+                .get(1)
+                .is_some_and(|b| b.phase == Phase::Live)
+                && restarted.send(Commits).await.unwrap().last() == Some(&w(101))
+        }
     })
     .await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     assert_eq!(st.subscribers.len(), 2, "{st:?}");
-    assert!(st.subscribers[1].required && st.subscribers[1].phase == Phase::Live);
+    assert!(st.subscribers[1].required, "{st:?}");
 }
 
 #[actix_rt::test]
