@@ -13,6 +13,7 @@ use change_streamer_actors::session_end::SessionEnd;
 fn every_end() -> Vec<SessionEnd> {
     let all = vec![
         SessionEnd::Replaced,
+        SessionEnd::BackupReplaced,
         SessionEnd::EndedBySubscription,
         SessionEnd::ErrorAcked,
         SessionEnd::ErrorNotAcked,
@@ -27,6 +28,7 @@ fn every_end() -> Vec<SessionEnd> {
     for end in &all {
         match end {
             SessionEnd::Replaced
+            | SessionEnd::BackupReplaced
             | SessionEnd::EndedBySubscription
             | SessionEnd::ErrorAcked
             | SessionEnd::ErrorNotAcked

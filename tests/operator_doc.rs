@@ -142,6 +142,7 @@ fn subscriber() -> SubscriberInfo {
         lag_seconds: 0.3,
         lagging: None,
         process_rate: 12.5,
+        required: false,
     }
 }
 

@@ -37,6 +37,8 @@ impl fmt::Display for SessionId {
 pub enum SessionEnd {
     /// A newer reservation of the same task took over (1000).
     Replaced,
+    /// A newer backup replicator of the same backup took over (1000, PROTOCOL.md §7.1).
+    BackupReplaced,
     /// The task subscribed with `initial=true`, which ends its reservation (1000).
     EndedBySubscription,
     /// A refused subscription's `error` frame was acked (1000).
@@ -66,6 +68,7 @@ impl SessionEnd {
     pub fn code(&self) -> u16 {
         match self {
             SessionEnd::Replaced
+            | SessionEnd::BackupReplaced
             | SessionEnd::EndedBySubscription
             | SessionEnd::ErrorAcked
             | SessionEnd::ErrorNotAcked => 1000,
@@ -80,6 +83,9 @@ impl SessionEnd {
     pub fn close_frame(&self) -> (u16, String) {
         let reason = match self {
             SessionEnd::Replaced => "replaced by a newer reservation of the same task",
+            SessionEnd::BackupReplaced => {
+                "replaced by a newer backup replicator of the same backup"
+            }
             SessionEnd::EndedBySubscription => "reservation ended: the task subscribed",
             SessionEnd::ErrorAcked => "error acknowledged",
             SessionEnd::ErrorNotAcked => "error sent; no ack",

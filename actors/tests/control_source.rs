@@ -338,6 +338,7 @@ async fn streamer_reports_the_acks_of_backup_subscribers_only() {
             session_id,
             id: "backup".into(),
             mode: Mode::Backup,
+            backup: None,
             protocol: 6,
             replica_version: w(100).to_string(),
             watermark: w(100),

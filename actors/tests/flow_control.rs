@@ -202,6 +202,7 @@ async fn a_slow_catch_up_keeps_a_bounded_backlog_and_misses_nothing() {
             session_id: SessionId(1),
             id: "slow".into(),
             mode: Mode::Serving,
+            backup: None,
             protocol: 6,
             replica_version: w(100).to_string(),
             watermark: w(100),

@@ -121,6 +121,7 @@ async fn measure_the_longest_forwarding_gap_during_a_purge_of_1m_rows() {
             session_id,
             id: "s0".into(),
             mode: Mode::Serving,
+            backup: None,
             protocol: 6,
             replica_version: w(1).to_string(),
             watermark: w(BIG),

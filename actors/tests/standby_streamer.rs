@@ -71,6 +71,7 @@ async fn a_standby_takes_the_replica_version_from_the_change_log_not_its_first_f
             session_id,
             id: "restored-from-100".into(),
             mode: Mode::Serving,
+            backup: None,
             protocol: 6,
             replica_version: w(100).to_string(),
             watermark: w(100),

@@ -160,6 +160,7 @@ pub async fn rig(padding: Duration, stalled: &[bool]) -> Rig {
                 session_id,
                 id: format!("s{i}"),
                 mode: Mode::Serving,
+                backup: None,
                 protocol: 6,
                 replica_version: w(1).to_string(),
                 watermark: w(1),

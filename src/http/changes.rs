@@ -1,4 +1,4 @@
-//! `GET /replication/v{N}/changes?id=&taskID=&mode=&replicaVersion=&watermark=&initial=&wsBatched=`
+//! `GET /replication/v{N}/changes?id=&taskID=&mode=&backup=&replicaVersion=&watermark=&initial=&wsBatched=`
 //! (PROTOCOL.md §7, §5): checks the parameters and starts a [`SubscriberSession`], at the owner
 //! ([`changes`]) or at a serving standby ([`subscribe`], PROTOCOL.md §14.1).
 
@@ -34,11 +34,17 @@ pub fn parse_params(
     })?;
     let initial = boolean(q, "initial", true)?;
     let batched = boolean(q, "wsBatched", false)?;
+    let mode = Mode::parse(q.get("mode").map(String::as_str));
+    let backup = q.get("backup").filter(|b| !b.is_empty()).cloned();
+    if backup.is_some() && mode != Mode::Backup {
+        return Err("Invalid backup in subscription request: only with mode=backup".into());
+    }
     Ok(SubscriptionParams {
         protocol,
         id,
         task_id: q.get("taskID").filter(|t| !t.is_empty()).cloned(),
-        mode: Mode::parse(q.get("mode").map(String::as_str)),
+        mode,
+        backup,
         replica_version,
         watermark,
         initial,
@@ -133,7 +139,7 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(p.mode, Mode::Backup);
+        assert_eq!((p.mode, p.backup), (Mode::Backup, None));
         assert!(p.initial);
         assert_eq!(p.task_id.as_deref(), Some("t1"));
         let p = parse_params(
@@ -160,6 +166,29 @@ mod tests {
             )
             .unwrap();
             assert_eq!(p.batched, want);
+        }
+    }
+
+    #[test]
+    fn the_backup_parameter_names_the_backup_of_a_backup_replicator_only() {
+        let base = [("id", "r"), ("replicaVersion", "1"), ("watermark", "0a")];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let pairs: Vec<_> = base.iter().chain(extra).copied().collect();
+            parse_params(6, &q(&pairs))
+        };
+        let p = with(&[("mode", "backup"), ("backup", "s3-east")]).unwrap();
+        assert_eq!(p.backup.as_deref(), Some("s3-east"));
+        let p = with(&[("mode", "backup"), ("backup", "")]).unwrap();
+        assert_eq!(p.backup, None, "empty is the only backup");
+        assert_eq!(with(&[("backup", "")]).unwrap().backup, None);
+        for mode in [None, Some("serving"), Some("Backup")] {
+            let mut extra = vec![("backup", "s3-east")];
+            extra.extend(mode.map(|m| ("mode", m)));
+            let e = with(&extra).unwrap_err();
+            assert_eq!(
+                e, "Invalid backup in subscription request: only with mode=backup",
+                "{mode:?}"
+            );
         }
     }
 

@@ -38,6 +38,9 @@ pub struct SubscriptionParams {
     pub id: String,
     pub task_id: Option<String>,
     pub mode: Mode,
+    /// `backup`, with `mode=backup` only: the backup it feeds (PROTOCOL.md §7.1); `None` for
+    /// the only one.
+    pub backup: Option<String>,
     pub replica_version: String,
     pub watermark: Watermark,
     pub initial: bool,
@@ -184,6 +187,7 @@ impl Actor for SubscriberSession {
             session_id: self.session_id,
             id: p.id.clone(),
             mode: p.mode,
+            backup: p.backup.clone(),
             protocol: p.protocol,
             replica_version: p.replica_version.clone(),
             watermark: p.watermark.clone(),

@@ -21,6 +21,12 @@
 //! A subscriber to whom the change is filtered, or that fails or closes, counts as finished.
 //! `n` is fixed when the broadcast starts. A negative padding disables early release.
 //!
+//! ### Required subscribers (PROTOCOL.md §10.3)
+//! The backup replicator is *required*: the consensus waits for it as for a majority, so no
+//! early release happens while it has not finished. The purge can never pass what it has
+//! applied, so leaving it behind would buy the others nothing but an eviction of the one
+//! subscriber whose progress everything else depends on.
+//!
 //! This type is pure bookkeeping with times passed in; the streamer arms a timer for
 //! [`Broadcast::release_at`], so the release happens when due rather than at a coarse tick.
 
@@ -42,6 +48,8 @@ pub enum Release {
 #[derive(Debug, Clone)]
 pub struct Broadcast {
     pending: HashSet<SessionId>,
+    /// The required subscribers (PROTOCOL.md §10.3): no consensus release while one is pending.
+    required: HashSet<SessionId>,
     completed: Vec<(SessionId, f64)>,
     majority: usize,
     start_ms: f64,
@@ -50,11 +58,21 @@ pub struct Broadcast {
 }
 
 impl Broadcast {
-    /// Starts tracking a send to `subscribers` at `now_ms`.
-    pub fn new(subscribers: impl IntoIterator<Item = SessionId>, now_ms: f64) -> Broadcast {
+    /// Starts tracking a send to `subscribers` at `now_ms`, of which `required` (PROTOCOL.md
+    /// §10.3) must finish before any consensus release.
+    pub fn new(
+        subscribers: impl IntoIterator<Item = SessionId>,
+        required: impl IntoIterator<Item = SessionId>,
+        now_ms: f64,
+    ) -> Broadcast {
         let pending: HashSet<_> = subscribers.into_iter().collect();
+        let required = required
+            .into_iter()
+            .filter(|r| pending.contains(r))
+            .collect();
         let majority = pending.len() / 2 + 1;
         Broadcast {
+            required,
             released: if pending.is_empty() {
                 Some(Release::All)
             } else {
@@ -90,6 +108,11 @@ impl Broadcast {
         self.released
     }
 
+    /// Whether a required subscriber (PROTOCOL.md §10.3) has not finished.
+    pub fn waits_for_required(&self) -> bool {
+        self.required.iter().any(|r| self.pending.contains(r))
+    }
+
     pub fn pending(&self) -> impl Iterator<Item = SessionId> + '_ {
         self.pending.iter().copied()
     }
@@ -103,11 +126,12 @@ impl Broadcast {
     }
 
     /// When the consensus rule will release this broadcast if nothing else finishes: the
-    /// latest finish plus `padding`, once a majority has finished. `None` while below the
-    /// majority, when done, or when there is no padding (wait for all).
+    /// latest finish plus `padding`, once a majority and every required subscriber have
+    /// finished. `None` while below the majority, while a required subscriber is pending, when
+    /// done, or when there is no padding (wait for all).
     pub fn release_at(&self, padding: Option<Duration>) -> Option<f64> {
         let padding_ms = padding?.as_secs_f64() * 1000.0;
-        if self.is_done() || self.completed.len() < self.majority {
+        if self.is_done() || self.completed.len() < self.majority || self.waits_for_required() {
             return None;
         }
         self.latest_completed_ms.map(|t| t + padding_ms)
@@ -142,14 +166,14 @@ mod tests {
 
     #[test]
     fn no_subscribers_is_done_at_once() {
-        let b = Broadcast::new([], 0.0);
+        let b = Broadcast::new([], [], 0.0);
         assert!(b.is_done());
         assert_eq!(b.released(), Some(Release::All));
     }
 
     #[test]
     fn done_when_all_subscribers_ack() {
-        let mut b = Broadcast::new(ids([1, 2, 3]), 0.0);
+        let mut b = Broadcast::new(ids([1, 2, 3]), [], 0.0);
         assert!(!b.mark_completed(SessionId(1), 1.0));
         assert!(!b.mark_completed(SessionId(2), 2.0));
         assert!(!b.is_done());
@@ -162,7 +186,7 @@ mod tests {
     #[test]
     fn check_progress_below_majority_waits_forever() {
         // 5 subscribers: majority 3. Two finished = majority minus one.
-        let mut b = Broadcast::new((1..=5).map(SessionId), 0.0);
+        let mut b = Broadcast::new((1..=5).map(SessionId), [], 0.0);
         assert_eq!(b.majority, 3);
         b.mark_completed(SessionId(1), 10.0);
         b.mark_completed(SessionId(2), 20.0);
@@ -172,7 +196,7 @@ mod tests {
 
     #[test]
     fn check_progress_at_majority_waits_for_the_padding_since_the_latest_ack() {
-        let mut b = Broadcast::new((1..=5).map(SessionId), 0.0);
+        let mut b = Broadcast::new((1..=5).map(SessionId), [], 0.0);
         b.mark_completed(SessionId(1), 10.0);
         b.mark_completed(SessionId(2), 20.0);
         b.mark_completed(SessionId(3), 30.0);
@@ -190,7 +214,7 @@ mod tests {
 
     #[test]
     fn negative_padding_waits_for_all() {
-        let mut b = Broadcast::new((1..=3).map(SessionId), 0.0);
+        let mut b = Broadcast::new((1..=3).map(SessionId), [], 0.0);
         b.mark_completed(SessionId(1), 1.0);
         b.mark_completed(SessionId(2), 2.0);
         assert!(!b.check_progress(None, 1e12));
@@ -200,15 +224,51 @@ mod tests {
 
     #[test]
     fn one_subscriber_is_its_own_majority() {
-        let mut b = Broadcast::new(ids([7]), 0.0);
+        let mut b = Broadcast::new(ids([7]), [], 0.0);
         assert_eq!(b.majority, 1);
         assert!(!b.check_progress(Some(Duration::ZERO), 1e9));
         assert!(b.mark_completed(SessionId(7), 5.0));
     }
 
     #[test]
+    fn a_required_subscriber_holds_the_consensus_until_it_finishes() {
+        // 5 subscribers, the 5th required: four finish, a majority, yet no release ever.
+        let mut b = Broadcast::new((1..=5).map(SessionId), ids([5]), 0.0);
+        for (k, t) in [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0)] {
+            b.mark_completed(SessionId(k), t);
+        }
+        assert!(b.waits_for_required());
+        assert_eq!(b.release_at(Some(Duration::ZERO)), None);
+        assert!(!b.check_progress(Some(Duration::ZERO), 1e12));
+        // It finishes: all are done.
+        assert!(b.mark_completed(SessionId(5), 5000.0));
+        assert_eq!(b.released(), Some(Release::All));
+    }
+
+    #[test]
+    fn a_required_subscriber_and_a_majority_release_after_the_padding() {
+        let mut b = Broadcast::new((1..=5).map(SessionId), ids([1]), 0.0);
+        b.mark_completed(SessionId(2), 10.0);
+        b.mark_completed(SessionId(3), 20.0);
+        assert_eq!(b.release_at(Some(Duration::from_secs(1))), None);
+        b.mark_completed(SessionId(1), 3000.0);
+        assert_eq!(b.release_at(Some(Duration::from_secs(1))), Some(4000.0));
+        assert!(b.check_progress(Some(Duration::from_secs(1)), 4000.0));
+        assert_eq!(b.released(), Some(Release::Consensus));
+    }
+
+    #[test]
+    fn a_required_subscriber_not_sent_to_is_not_waited_for() {
+        let mut b = Broadcast::new(ids([1, 2, 3]), ids([9]), 0.0);
+        assert!(!b.waits_for_required());
+        b.mark_completed(SessionId(1), 1.0);
+        b.mark_completed(SessionId(2), 2.0);
+        assert!(b.check_progress(Some(Duration::ZERO), 2.0));
+    }
+
+    #[test]
     fn two_subscribers_need_both() {
-        let mut b = Broadcast::new(ids([1, 2]), 0.0);
+        let mut b = Broadcast::new(ids([1, 2]), [], 0.0);
         b.mark_completed(SessionId(1), 1.0);
         assert!(!b.check_progress(Some(Duration::ZERO), 1e9));
     }

@@ -17,6 +17,15 @@
 //! it, since only acks clear the lag. With two subscribers the majority is both, so the first
 //! tracked send is held until the stalled one is evicted.
 //!
+//! ### The backup replicator (PROTOCOL.md §10.3)
+//! A required subscriber ([`Subscriber::is_required`]) is never lagging, so never evicted, and
+//! each tracked send sent to it waits for it ([`Broadcast::new`]): the purge cannot
+//! pass what it has applied, so ingest goes at its pace. Its bounds of §10.2 hold as for any
+//! other; past them it catches up from the change log, and tracked sends it is not sent do not
+//! wait for it.
+//!
+//! [`Subscriber::is_required`]: super::subscriber::Subscriber::is_required
+//!
 //! ### The global budget (PROTOCOL.md §10.2)
 //! Each subscriber's bounds keep what one costs; `--max-queued-bytes` keeps what all of them
 //! together cost, so that many stalled subscribers cannot add up. Before each change is
@@ -108,13 +117,13 @@ impl Streamer {
         self.flow.tracked_sends += 1;
         let token = self.next_token();
         let now = self.now_ms();
-        let active: Vec<SessionId> = self
-            .subscribers
-            .values()
-            .filter(|s| s.is_active())
+        let active = self.subscribers.values().filter(|s| s.is_active());
+        let required: Vec<SessionId> = active
+            .clone()
+            .filter(|s| s.is_required())
             .map(|s| s.session_id)
             .collect();
-        let mut broadcast = Broadcast::new(active.iter().copied(), now);
+        let mut broadcast = Broadcast::new(active.map(|s| s.session_id), required, now);
         for sub in self.subscribers.values_mut() {
             let delivery = sub.send_live(&change, Some(Token::Broadcast(token)), &mut self.shared);
             // A lagging subscriber counts as finished for every later tracked send.
@@ -293,7 +302,8 @@ impl Streamer {
         let Some(sub) = self.subscribers.get_mut(&session_id) else {
             return;
         };
-        if sub.lagging.is_some() {
+        // The backup replicator never lags (PROTOCOL.md §10.3).
+        if sub.lagging.is_some() || sub.is_required() {
             return;
         }
         debug!("subscriber {} lagging on watermark={watermark}", sub.id);

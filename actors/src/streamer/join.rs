@@ -36,6 +36,8 @@ pub struct Subscribe {
     pub session_id: SessionId,
     pub id: String,
     pub mode: Mode,
+    /// With `mode=backup`: the backup it feeds, `None` for the only one (PROTOCOL.md §7.1).
+    pub backup: Option<String>,
     pub protocol: u32,
     pub replica_version: String,
     pub watermark: Watermark,
@@ -92,24 +94,26 @@ impl Handler<Subscribe> for Streamer {
             session_id,
             id,
             mode,
+            backup,
             protocol,
             replica_version,
             watermark,
             session,
         } = msg;
         // Registered at once (as validating) so that a purge decided from now on respects it.
-        self.subscribers.insert(
+        let mut sub = Subscriber::new(
             session_id,
-            Subscriber::new(
-                session_id,
-                id.clone(),
-                mode,
-                protocol,
-                watermark.clone(),
-                session,
-                self.bounds(),
-            ),
+            id.clone(),
+            mode,
+            protocol,
+            watermark.clone(),
+            session,
+            self.bounds(),
         );
+        sub.backup = backup;
+        self.joins += 1;
+        sub.joined = self.joins;
+        self.subscribers.insert(session_id, sub);
         // The owner checks against its own writes (queued now, they see every write queued
         // before); a standby first records the subscriber, then reads what the owner stored
         // (see `follow`).
@@ -154,10 +158,15 @@ impl Handler<Subscribe> for Streamer {
                 act.subscribers.remove(&session_id);
                 return Err(e);
             }
-            let Some(sub) = act.subscribers.get_mut(&session_id) else {
-                return Ok(()); // the session left meanwhile
-            };
+            if !act.subscribers.contains_key(&session_id) {
+                return Ok(()); // the session left meanwhile, or was replaced (§7.1)
+            }
             info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
+            // Before it queues behind the transaction in progress, which its ghost may hold.
+            act.replace_older_backup_replicators(ctx, session_id);
+            let Some(sub) = act.subscribers.get_mut(&session_id) else {
+                return Ok(());
+            };
             if act.txn.is_some() {
                 sub.phase = Phase::Queued;
             } else {

@@ -34,7 +34,8 @@
 //! subscriber), [`catchup`] (its reads of what it missed), [`session_messages`] (a
 //! subscriber's session), [`flow`] (the tracked send), [`purge`] (the purge check), [`follow`]
 //! (a standby's follower and record), [`backup_acks`] (the backup monitor, told of the backup
-//! replicator's acks).
+//! replicator's acks), [`required`] (the backup replicator, waited for and never evicted, one
+//! per backup).
 
 mod backup_acks;
 mod broadcast;
@@ -46,6 +47,7 @@ mod frames;
 mod ingest;
 mod join;
 mod purge;
+mod required;
 mod session_messages;
 mod shared;
 mod subscriber;
@@ -176,6 +178,8 @@ pub struct Streamer {
     /// The frames of the live changes forwarded in this turn, once for all subscribers.
     shared: SharedFrames,
     next_token: u64,
+    /// Subscriptions asked for so far: the order of each subscriber (its `joined`).
+    joins: u64,
     /// The zero of the streamer's millisecond scale. Flow control's "now" and its timers both
     /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
     origin: Instant,
@@ -204,6 +208,7 @@ impl Streamer {
             flow: FlowControl::default(),
             shared: SharedFrames::default(),
             next_token: 1,
+            joins: 0,
             origin: Instant::now(),
             upstream_connected: false,
             reset_required: None,

@@ -9,7 +9,8 @@
 //! - what it holds in memory (sent and not acked, plus its backlog), in changes and in bytes of
 //!   payload, bounded by `--max-subscriber-queue-changes` and `--max-subscriber-queue-bytes`
 //!   (PROTOCOL.md §10.2), and since when it waits;
-//! - whether it is lagging on a tracked send (PROTOCOL.md §10.1);
+//! - whether it is lagging on a tracked send (PROTOCOL.md §10.1), and whether it is required,
+//!   never lagging (the backup replicator, PROTOCOL.md §10.3, in [`required`](super::required));
 //! - message counts and sampled processing rate, for `/status` and flow-control logs.
 //!
 //! ### Why "sent and not acked" is what a subscriber holds
@@ -59,6 +60,11 @@ pub struct Subscriber {
     pub(super) session_id: SessionId,
     pub(super) id: String,
     pub(super) mode: Mode,
+    /// The `backup` it names with `mode=backup` (PROTOCOL.md §7.1); `None`: the only backup.
+    pub(super) backup: Option<String>,
+    /// The order in which subscribers asked to join: of two backup replicators of the same
+    /// backup, the later replaces the earlier (PROTOCOL.md §7.1).
+    pub(super) joined: u64,
     pub(super) protocol: u32,
     pub(super) session: Recipient<ToSession>,
     pub(super) phase: Phase,
@@ -141,6 +147,8 @@ impl Subscriber {
             session_id,
             id,
             mode,
+            backup: None,
+            joined: 0,
             protocol,
             session,
             phase: Phase::Validating,

@@ -18,7 +18,7 @@ use actix::prelude::*;
 use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::streamer::{
-    GetStreamerState, Streamer, StreamerConfig, Subscribe, UpstreamBatch,
+    GetStreamerState, Streamer, StreamerConfig, Subscribe, SubscribeError, UpstreamBatch,
 };
 use change_streamer_actors::streamer::{Mode, Phase, SessionProgress, ToSession, Token};
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
@@ -152,6 +152,13 @@ pub async fn setup(padding: Option<Duration>, stalled: &[bool]) -> Setup {
 
 /// [`setup`] with `cfg`.
 pub async fn setup_with(cfg: StreamerConfig, stalled: &[bool]) -> Setup {
+    let subs: Vec<(Mode, bool)> = stalled.iter().map(|&s| (Mode::Serving, s)).collect();
+    setup_modes(cfg, &subs).await
+}
+
+/// [`setup_with`], each subscriber of the given mode (and stalled or not); subscriber `i` is
+/// `sub-{i}`, session `1000 + i`.
+pub async fn setup_modes(cfg: StreamerConfig, subs: &[(Mode, bool)]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let log = ChangeLog::open(dir.path()).unwrap();
     let stats = log.stats().await.unwrap();
@@ -170,22 +177,11 @@ pub async fn setup_with(cfg: StreamerConfig, stalled: &[bool]) -> Setup {
         }
     }
     let mut sessions = Vec::new();
-    for (i, &stalled) in stalled.iter().enumerate() {
+    for (i, &(mode, stalled)) in subs.iter().enumerate() {
         let session_id = SessionId(1000 + i as u64);
-        let s = FakeSession::new(session_id, streamer.clone(), stalled).start();
-        streamer
-            .send(Subscribe {
-                session_id,
-                id: format!("sub-{i}"),
-                mode: Mode::Serving,
-                protocol: 6,
-                replica_version: w(100).to_string(),
-                watermark: w(100),
-                session: s.clone().recipient(),
-            })
-            .await
-            .unwrap()
-            .expect("subscribed");
+        let (s, subscribed) =
+            subscribe(&streamer, session_id, mode, &w(100).to_string(), stalled).await;
+        subscribed.expect("subscribed");
         sessions.push(s);
     }
     // Subscribed at the last commit, each is live at once: nothing to catch up.
@@ -199,6 +195,32 @@ pub async fn setup_with(cfg: StreamerConfig, stalled: &[bool]) -> Setup {
         streamer,
         sessions,
     }
+}
+
+/// Subscribes a new fake session `session_id` (id `sub-{n}`, `n` its number less 1000) of
+/// `mode` at watermark 100 and `replica_version`; returns it with the streamer's answer.
+pub async fn subscribe(
+    streamer: &Addr<Streamer>,
+    session_id: SessionId,
+    mode: Mode,
+    replica_version: &str,
+    stalled: bool,
+) -> (Addr<FakeSession>, Result<(), SubscribeError>) {
+    let s = FakeSession::new(session_id, streamer.clone(), stalled).start();
+    let answer = streamer
+        .send(Subscribe {
+            session_id,
+            id: format!("sub-{}", session_id.0 - 1000),
+            mode,
+            backup: None,
+            protocol: 6,
+            replica_version: replica_version.to_string(),
+            watermark: w(100),
+            session: s.clone().recipient(),
+        })
+        .await
+        .unwrap();
+    (s, answer)
 }
 
 /// Asserts that `release` does not come within `ms` milliseconds.

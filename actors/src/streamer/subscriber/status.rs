@@ -1,5 +1,5 @@
 //! What `/status` shows of a subscriber: its mode and phase, its row of `subscribers` (with the
-//! tracked send it lags on), and the figures that row is made of — what it holds, how long its
+//! tracked send it lags on, and whether it is required), and the figures that row is made of — what it holds, how long its
 //! oldest unacked change has waited, and its sampled processing rate.
 
 use serde::Serialize;
@@ -59,6 +59,9 @@ pub struct SubscriberInfo {
     /// The tracked send it is lagging on (PROTOCOL.md §10.1), if any.
     pub lagging: Option<LagInfo>,
     pub process_rate: f64,
+    /// The backup replicator: flow control waits for it, it is never evicted (PROTOCOL.md
+    /// §10.3).
+    pub required: bool,
 }
 
 /// A lagging subscriber's tracked send, as shown in `/status`.
@@ -120,6 +123,7 @@ impl Subscriber {
                 ms: (now_ms - l.since_ms).max(0.0) as u64,
             }),
             process_rate: (self.process_rate() * 10.0).round() / 10.0,
+            required: self.is_required(),
         }
     }
 }
