@@ -311,7 +311,9 @@ async fn the_status_carries_the_size_of_the_database_the_backup_restores_to() {
     res.ack(id).await;
     // What `litestream restore` writes from the same backup: page count × page size.
     let restored = b.restore("sized.db");
-    let file_bytes = std::fs::metadata(&restored).expect("the restored file").len();
+    let file_bytes = std::fs::metadata(&restored)
+        .expect("the restored file")
+        .len();
     assert_eq!(status[1]["replicaSize"], file_bytes, "{status}");
     // One read per poll still: the size came with the watermark's read.
     let st = b.svc.status().await;

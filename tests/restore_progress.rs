@@ -16,7 +16,8 @@ async fn started() -> (TestService, FakeUpstream) {
 
 /// Opens a reservation of `task`, reads and acks its status message, and returns both.
 async fn reserved(svc: &TestService, task: &str) -> (WsClient, Value) {
-    let mut c = WsClient::connect(&svc.ws(&format!("/replication/v6/snapshot?taskID={task}"))).await;
+    let mut c =
+        WsClient::connect(&svc.ws(&format!("/replication/v6/snapshot?taskID={task}"))).await;
     let (id, status) = c.msg().await;
     c.ack(id).await;
     (c, status)
@@ -88,7 +89,8 @@ async fn progress_messages_show_restored_bytes_and_a_rate_in_status() {
 async fn bad_progress_messages_close_with_1002_and_end_the_reservation_as_a_drop() {
     let (svc, _up) = started().await;
     let shape = r#"bad progress message: expected ["progress", {"bytes": n}]"#;
-    let bytes = "bad progress message: bytes must be an integer from 0 to 9223372036854775807, got ";
+    let bytes =
+        "bad progress message: bytes must be an integer from 0 to 9223372036854775807, got ";
     let cases = [
         ("[progress", shape.to_string()),
         (r#"["progress",{"bytes":1,"pages":2}]"#, shape.to_string()),

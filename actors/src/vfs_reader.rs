@@ -55,7 +55,10 @@ pub enum Reply {
     Ready,
     /// The first column of the first row of the query, and page count × page size in bytes
     /// (`None` when the pragmas failed: the watermark still counts).
-    Backup { watermark: String, bytes: Option<u64> },
+    Backup {
+        watermark: String,
+        bytes: Option<u64>,
+    },
     /// The extension did not load, or the backup could not be opened or queried.
     Error(String),
 }

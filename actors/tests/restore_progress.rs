@@ -41,7 +41,12 @@ fn start(clock: &Clock, verify: bool) -> Addr<ReservationActor> {
     .start()
     .recipient();
     let actor = ReservationActor::new(clock.clone(), "file:///backup".into(), log, cleanup);
-    if verify { actor.verifying_backups() } else { actor }.start()
+    if verify {
+        actor.verifying_backups()
+    } else {
+        actor
+    }
+    .start()
 }
 
 /// The status `session` is told, waiting for it.
@@ -206,7 +211,10 @@ async fn a_lower_total_is_a_restore_that_started_over() {
     r.send(progress("t1", 1, 1_000)).await.unwrap();
     let p = listed(&r).await[0].progress.unwrap();
     assert_eq!(p.restored_bytes, 1_000);
-    assert_eq!(p.restore_bytes_per_second, None, "measured from the restart");
+    assert_eq!(
+        p.restore_bytes_per_second, None,
+        "measured from the restart"
+    );
     clock.advance_ms(2_000);
     r.send(progress("t1", 1, 5_000)).await.unwrap();
     let p = listed(&r).await[0].progress.unwrap();

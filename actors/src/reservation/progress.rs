@@ -181,7 +181,10 @@ mod tests {
             r.record(s * 1_000, (s * 1_000) as u64);
         }
         // S = 10 s: (20000 - 10000) / 10 s.
-        assert_eq!(r.info(20_000).unwrap().restore_bytes_per_second, Some(1_000));
+        assert_eq!(
+            r.info(20_000).unwrap().restore_bytes_per_second,
+            Some(1_000)
+        );
         // No report since 20 s: at 30 s the window holds no gain.
         assert_eq!(r.info(30_000).unwrap().restore_bytes_per_second, Some(0));
         assert_eq!(r.info(30_000).unwrap().restored_bytes, 20_000);

@@ -42,9 +42,9 @@ use std::time::Duration;
 use actix::prelude::*;
 use log::{info, warn};
 
+use super::progress::{log_progress, Progress, Restore};
 use super::records::{EndedElsewhere, HeldReservation, ListHeld, RecordedEnd};
 use super::status::{ReservationError, ReservationEvent, SnapshotStatus};
-use super::progress::{log_progress, Progress, Restore};
 use super::{
     EndBySubscription, ListReservations, Release, ReservationActor, ReservationInfo, Reserve, Stop,
 };
