@@ -62,9 +62,7 @@ use crate::reservation::records::{EndedElsewhere, HeldReservation, ListHeld, Rec
 
 pub use self::adopt::{Adopt, HandedOver};
 pub use self::expiry::ExpireReservations;
-pub use self::progress::{
-    Progress, ProgressInfo, Restore, MERGE_MS, MIN_WINDOW_MS, RATE_WINDOW_MS,
-};
+pub use self::progress::{Progress, ProgressInfo, Restore};
 pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::GetSnapshotBase;

@@ -27,11 +27,11 @@ use super::ReservationActor;
 use crate::session_end::SessionId;
 
 /// The window of `restoreBytesPerSecond`.
-pub const RATE_WINDOW_MS: i64 = 10_000;
+pub(crate) const RATE_WINDOW_MS: i64 = 10_000;
 /// The shortest window a rate is given for; `null` before.
-pub const MIN_WINDOW_MS: i64 = 1_000;
+pub(crate) const MIN_WINDOW_MS: i64 = 1_000;
 /// Messages closer than this to the last one kept are merged into it.
-pub const MERGE_MS: i64 = 100;
+pub(crate) const MERGE_MS: i64 = 100;
 
 /// The replica holding `task_id`'s reservation on session `session_id` has restored `bytes`.
 #[derive(Message, Debug, Clone, PartialEq, Eq)]
