@@ -1,4 +1,4 @@
-//! End to end with REAL stock litestream 0.5.17 and its VFS (PROTOCOL.md §6.7, §8.1b): the service runs
+//! End to end with REAL stock litestream 0.5.17 and its VFS (PROTOCOL.md §6.3, §6.7, §6.8, §8.1b): the service runs
 //! with `--litestream-vfs`; a backup replica ([`BackupReplica`]) follows it with `mode=backup`
 //! into its own SQLite file, which a real `litestream replicate` backs up to a `file://`
 //! replica; the service reads the backed-up watermark back out of that replica. litestream is
@@ -271,9 +271,12 @@ async fn no_backup_yet_means_no_status_until_there_is_one() {
     b.replicate().await;
     let (id, status) = res.msg().await;
     res.ack(id).await;
+    // The VFS read the backup's size too (PROTOCOL.md §6.3); its value is checked below.
+    let size = status[1]["replicaSize"].clone();
+    assert!(size.as_u64().is_some_and(|s| s > 0), "{status}");
     assert_eq!(
         status,
-        json!(["status", {"tag": "status", "backupURL": b.backup_url(), "replicaVersion": w(100), "minWatermark": w(100)}])
+        json!(["status", {"tag": "status", "backupURL": b.backup_url(), "replicaVersion": w(100), "minWatermark": w(100), "replicaSize": size}])
     );
     let st = b.svc.status().await;
     assert_eq!(st["reservations"][0]["verified"], true, "{st}");
@@ -281,5 +284,89 @@ async fn no_backup_yet_means_no_status_until_there_is_one() {
         res.next(Duration::from_millis(100)).await.is_none(),
         "the reservation stays open"
     );
+    b.svc.stop().await;
+}
+
+/// Waits until a poll that began after this call has ended (so it read the backup as it is now).
+async fn a_later_poll(svc: &TestService) {
+    let polls = |s: &Value| s["backup"]["monitor"]["pollsTotal"].as_u64().unwrap_or(0);
+    let now = polls(&svc.status().await);
+    svc.wait_status("two more polls", |s| polls(s) >= now + 2)
+        .await;
+}
+
+#[actix_rt::test]
+async fn the_status_carries_the_size_of_the_database_the_backup_restores_to() {
+    let mut b = Backed::start().await;
+    b.replicate().await;
+    b.send(101, 140).await;
+    b.svc
+        .wait_status("the backup read back at 140", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == w(140)
+        })
+        .await;
+    a_later_poll(&b.svc).await;
+    let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=r1")).await;
+    let (id, status) = res.msg().await;
+    res.ack(id).await;
+    // What `litestream restore` writes from the same backup: page count × page size.
+    let restored = b.restore("sized.db");
+    let file_bytes = std::fs::metadata(&restored)
+        .expect("the restored file")
+        .len();
+    assert_eq!(status[1]["replicaSize"], file_bytes, "{status}");
+    // One read per poll still: the size came with the watermark's read.
+    let st = b.svc.status().await;
+    let monitor = &st["backup"]["monitor"];
+    assert_eq!(monitor["backupReadsTotal"], monitor["pollsTotal"], "{st}");
+
+    // Half restored: the ratio is exported, and /status shows the size beside the bytes.
+    let half = file_bytes / 2;
+    res.send_text(format!(r#"["progress",{{"bytes":{half}}}]"#))
+        .await;
+    let st = b
+        .svc
+        .wait_status("the progress shown", |s| {
+            s["reservations"][0]["restoredBytes"] == half
+        })
+        .await;
+    assert_eq!(st["reservations"][0]["replicaSize"], file_bytes, "{st}");
+    let (_, page) = b.svc.get("/metrics").await;
+    let ratio: Vec<&str> = page
+        .lines()
+        .filter(|l| l.starts_with("change_streamer_reservation_restore_ratio{"))
+        .collect();
+    let want = half as f64 / file_bytes as f64;
+    assert_eq!(
+        ratio,
+        [format!(
+            "change_streamer_reservation_restore_ratio{{task=\"r1\"}} {want}"
+        )],
+        "{page}"
+    );
+    res.close().await;
+    b.svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn progress_before_the_status_message_closes_with_1002() {
+    let b = Backed::start().await;
+    // No backup yet: the status waits (PROTOCOL.md §6.7), so a progress message is early.
+    let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=early")).await;
+    b.svc
+        .wait_status("the reservation open", |s| {
+            s["reservations"][0]["taskID"] == "early"
+        })
+        .await;
+    res.send_text(r#"["progress",{"bytes":0}]"#.into()).await;
+    assert_eq!(
+        res.closed().await,
+        (1002, "progress before the status message".to_string())
+    );
+    b.svc
+        .wait_status("the reservation dropped", |s| {
+            s["reservations"] == json!([])
+        })
+        .await;
     b.svc.stop().await;
 }

@@ -21,7 +21,7 @@ use change_streamer_actors::instance::{InstanceId, InstanceSeen};
 use change_streamer_actors::monitor::MonitorStats;
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::PurgeState;
-use change_streamer_actors::reservation::{ReservationInfo, ReservationStats};
+use change_streamer_actors::reservation::{ProgressInfo, ReservationInfo, ReservationStats};
 use change_streamer_actors::streamer::{Mode, Phase, StreamerState, SubscriberInfo};
 use change_streamer_actors::watermark::Watermark;
 use clap::Parser;
@@ -152,6 +152,11 @@ fn reservation() -> ReservationInfo {
         held_ms: 5400,
         orphaned: false,
         verified: true,
+        progress: Some(ProgressInfo {
+            restored_bytes: 229_376,
+            replica_size: Some(450_560),
+            restore_bytes_per_second: Some(40_960),
+        }),
     }
 }
 

@@ -102,6 +102,15 @@ pub enum VfsError {
     Read(String),
 }
 
+/// What one read of the backup found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackupReading {
+    /// The query's answer, as text.
+    pub watermark: String,
+    /// Page count × page size (PROTOCOL.md §6.3); `None` when the pragmas failed.
+    pub bytes: Option<u64>,
+}
+
 struct Helper {
     // Killed when dropped.
     _child: Child,
@@ -133,8 +142,9 @@ impl VfsReader {
         self.settle(res, timeout)
     }
 
-    /// Reads the backed-up watermark, starting a reader first if needed, all within `timeout`.
-    pub async fn read(&mut self, timeout: Duration) -> Result<String, VfsError> {
+    /// Reads the backed-up watermark and the database's size, starting a reader first if needed,
+    /// all within `timeout`.
+    pub async fn read(&mut self, timeout: Duration) -> Result<BackupReading, VfsError> {
         let res = tokio::time::timeout(timeout, async {
             self.ready().await?;
             self.ask(Request::Poll).await
@@ -230,7 +240,7 @@ impl VfsReader {
         }
     }
 
-    async fn ask(&mut self, req: Request) -> Result<String, VfsError> {
+    async fn ask(&mut self, req: Request) -> Result<BackupReading, VfsError> {
         let helper = self.helper.as_mut().ok_or(VfsError::Exited)?;
         let mut line = serde_json::to_string(&req).map_err(|e| VfsError::Io(e.to_string()))?;
         line.push('\n');
@@ -240,7 +250,7 @@ impl VfsReader {
             .await
             .map_err(|e| VfsError::Io(e.to_string()))?;
         match self.next_reply().await? {
-            Reply::Watermark(w) => Ok(w),
+            Reply::Backup { watermark, bytes } => Ok(BackupReading { watermark, bytes }),
             Reply::Error(e) => Err(VfsError::Read(e)),
             other => Err(VfsError::Protocol(format!("{other:?}"))),
         }

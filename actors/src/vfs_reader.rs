@@ -16,8 +16,9 @@
 //! Configuration comes from the environment: [`ENV_EXTENSION`], [`ENV_QUERY`] and litestream's
 //! own variables (`LITESTREAM_REPLICA_URL`, the AWS ones for `s3://`). Once the extension is
 //! loaded the reader writes [`Reply::Ready`] (or a [`Reply::Error`] and exits 1). Then for each
-//! [`Request::Poll`] line on stdin it opens the backup read-only, runs the query, and writes one
-//! [`Reply`]. The extension logs to stdout too, so the monitor skips lines that are not replies.
+//! [`Request::Poll`] line on stdin it opens the backup read-only, runs the query and, in the same
+//! read transaction, `PRAGMA page_count` and `PRAGMA page_size` (the size of the database the
+//! backup restores to, PROTOCOL.md §6.3, §8.1b), and writes one [`Reply`]. The extension logs to stdout too, so the monitor skips lines that are not replies.
 //! End of stdin ends the process at once, even while a read is stuck, so a reader never
 //! outlives the monitor that spoke to it.
 
@@ -42,7 +43,7 @@ const VFS_NAME: &str = "litestream";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum Request {
-    /// Open the backup, run the query, answer with the watermark.
+    /// Open the backup, run the query, answer with the watermark and the database's size.
     Poll,
 }
 
@@ -52,8 +53,12 @@ pub enum Request {
 pub enum Reply {
     /// The extension is loaded.
     Ready,
-    /// The first column of the first row of the query.
-    Watermark(String),
+    /// The first column of the first row of the query, and page count × page size in bytes
+    /// (`None` when the pragmas failed: the watermark still counts).
+    Backup {
+        watermark: String,
+        bytes: Option<u64>,
+    },
     /// The extension did not load, or the backup could not be opened or queried.
     Error(String),
 }
@@ -90,8 +95,8 @@ fn serve(rx: mpsc::Receiver<Request>) {
     answer(&Reply::Ready);
     let query = std::env::var(ENV_QUERY).unwrap_or_default();
     for Request::Poll in rx {
-        answer(&match read_watermark(&query) {
-            Ok(w) => Reply::Watermark(w),
+        answer(&match read_backup(&query) {
+            Ok((watermark, bytes)) => Reply::Backup { watermark, bytes },
             Err(e) => Reply::Error(e),
         });
     }
@@ -116,13 +121,34 @@ fn load_extension() -> Result<Connection, String> {
 }
 
 /// Opens the backup afresh (so each poll sees what the replica holds now, not what the VFS
-/// cached) and returns the query's first column of its first row, which must be text.
-fn read_watermark(query: &str) -> Result<String, String> {
+/// cached) and returns, from one read transaction, the query's first column of its first row
+/// (which must be text) and the database's size in bytes, if the pragmas answer.
+fn read_backup(query: &str) -> Result<(String, Option<u64>), String> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_URI
         | OpenFlags::SQLITE_OPEN_NO_MUTEX;
     let conn = Connection::open_with_flags_and_vfs("file:backup.db", flags, VFS_NAME)
         .map_err(|e| format!("cannot open the backup: {e}"))?;
+    let txn = conn
+        .unchecked_transaction()
+        .map_err(|e| format!("cannot open the backup: {e}"))?;
+    let watermark = read_watermark(&txn, query)?;
+    let bytes = database_bytes(&txn);
+    Ok((watermark, bytes))
+}
+
+/// `PRAGMA page_count` × `PRAGMA page_size`; `None` when either fails or is negative.
+fn database_bytes(conn: &Connection) -> Option<u64> {
+    let pragma = |name: &str| {
+        conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0))
+            .ok()
+            .and_then(|v| u64::try_from(v).ok())
+    };
+    pragma("page_count")?.checked_mul(pragma("page_size")?)
+}
+
+/// The query's first column of its first row, which must be text.
+fn read_watermark(conn: &Connection, query: &str) -> Result<String, String> {
     let mut stmt = conn
         .prepare(query)
         .map_err(|e| format!("query failed: {e}"))?;

@@ -377,11 +377,13 @@ async fn with_backup_verification_the_status_waits_for_a_backup_the_log_can_serv
     // A backup older than the change log's minWatermark (0b) cannot be served from.
     run.reservations.do_send(BackupRead {
         watermark: Watermark::from_u64(10), // "0a"
+        replica_size: None,
     });
     run.settle().await;
     assert!(session.send(Events).await.unwrap().is_empty());
     run.reservations.do_send(BackupRead {
         watermark: Watermark::from_u64(11), // "0b"
+        replica_size: None,
     });
     run.settle().await;
     assert!(matches!(

@@ -19,8 +19,8 @@ use change_streamer_actors::ownership::Role;
 use change_streamer_actors::reservation::records::HeldReservation;
 use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::{
-    EndBySubscription, ExpireReservations, ListReservations, Release, ReservationActor,
-    ReservationEvent, Reserve,
+    EndBySubscription, ExpireReservations, ListReservations, Progress, ProgressInfo, Release,
+    ReservationActor, ReservationEvent, Reserve,
 };
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use change_streamer_actors::watermark::Watermark;
@@ -493,4 +493,58 @@ async fn at_a_standby_a_reservation_held_past_the_cap_closes_1011() {
         ))]
     );
     assert_eq!(standby.send(ListReservations).await.unwrap(), []);
+}
+
+#[actix_rt::test]
+async fn a_standbys_reservation_keeps_its_restore_progress_across_a_takeover() {
+    let db = TestDb::create("standby_res_progress").await;
+    let owner = Owner::start(&db).await;
+    let standby = standby_reservations(&owner, None);
+    let (s1, s1_id) = reserve_at(&standby, "t1").await;
+    // A standby polls no backup: its status carries no replicaSize (PROTOCOL.md §6.3).
+    match &told(&s1).await[..] {
+        [ReservationEvent::Status(s)] => assert_eq!(s.replica_size, None, "{s:?}"),
+        other => panic!("told {other:?}"),
+    }
+    let progress = |bytes| Progress {
+        task_id: "t1".into(),
+        session_id: s1_id,
+        bytes,
+    };
+    standby.send(progress(0)).await.unwrap();
+    owner.at(2_000);
+    standby.send(progress(100_000)).await.unwrap();
+    let at_standby = standby.send(ListReservations).await.unwrap();
+    assert_eq!(
+        at_standby[0].progress,
+        Some(ProgressInfo {
+            restored_bytes: 100_000,
+            replica_size: None,
+            restore_bytes_per_second: Some(50_000),
+        })
+    );
+
+    let rows = InstanceRecords::connect(&db.url).await.unwrap();
+    record_standby(&rows, &owner.id, &[("t1", 0)]).await;
+    let handed = standby
+        .send(HandOver {
+            to: owner.reservations.clone(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(handed, 1);
+    // The owner shows what was reported at the standby, and what the session sends on (through
+    // the standby's actor, which forwards) adds to it.
+    owner.at(4_000);
+    standby.send(progress(300_000)).await.unwrap();
+    let at_owner = owner.reservations.send(ListReservations).await.unwrap();
+    assert_eq!(
+        at_owner[0].progress,
+        Some(ProgressInfo {
+            restored_bytes: 300_000,
+            replica_size: None,
+            restore_bytes_per_second: Some(75_000),
+        }),
+        "{at_owner:?}"
+    );
 }

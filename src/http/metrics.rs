@@ -98,6 +98,13 @@ fn backup(m: &Scrape, o: &Observation, delay: Duration) -> prometheus::Result<()
         &RESERVATIONS_EXPIRED,
         o.reservation_stats.expired_total as f64,
     )?;
+    m.set_each(
+        &RESTORE_RATIO,
+        o.reservations.iter().filter_map(|r| {
+            let ratio = r.progress.as_ref()?.ratio()?;
+            Some(([r.task_id.as_str()], ratio))
+        }),
+    )?;
     m.set(&CLEANUP_DELAY, delay.as_secs_f64())?;
     let pending = c.map(|c| c.pending_watermarks.len()).unwrap_or(0);
     m.set(&WATERMARKS_PENDING, pending as f64)?;

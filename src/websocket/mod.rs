@@ -4,6 +4,7 @@
 
 pub mod acks;
 pub mod framing;
+pub mod progress;
 pub mod snapshot_socket;
 pub mod subscriber_socket;
 

@@ -4,6 +4,9 @@
 //! standby's [`StandbyReservations`]) for a reservation and relays what it is told:
 //! the status message once, then a close (1000 when replaced or ended by the task's
 //! subscription, 1001 when the service stops, 1011 when the change log has no status to give).
+//! From the client it takes acks (§5) and, once the status is sent, progress messages
+//! (`progress.rs`, PROTOCOL.md §6.8), which it passes on as [`Progress`]; anything else closes
+//! with 1002 and says why.
 //! Whatever stops it (client close, liveness, a bad ack, replacement), its `stopped` sends
 //! [`Release`] naming its own session number, which ends the reservation *without* growing
 //! the cleanup delay, and only if this session still holds it.
@@ -23,11 +26,12 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use actix_web_actors::ws;
-use change_streamer_actors::reservation::{Release, ReservationEvent, Reserve};
+use change_streamer_actors::reservation::{Progress, Release, ReservationEvent, Reserve};
 use change_streamer_actors::session_end::{SessionEnd, SessionId};
 use log::warn;
 
-use super::framing::Framing;
+use super::framing::{Framing, FramingError};
+use super::progress::{self, ProgressError};
 use super::{client_frame, close, start_liveness, Live, Liveness};
 
 pub struct SnapshotSession {
@@ -44,16 +48,18 @@ pub struct SnapshotSession {
 pub struct Reservations {
     pub reserve: Recipient<Reserve>,
     pub release: Recipient<Release>,
+    pub progress: Recipient<Progress>,
 }
 
 impl Reservations {
     pub fn of<A>(addr: Addr<A>) -> Reservations
     where
-        A: Actor<Context = Context<A>> + Handler<Reserve> + Handler<Release>,
+        A: Actor<Context = Context<A>> + Handler<Reserve> + Handler<Release> + Handler<Progress>,
     {
         Reservations {
             reserve: addr.clone().recipient(),
-            release: addr.recipient(),
+            release: addr.clone().recipient(),
+            progress: addr.recipient(),
         }
     }
 }
@@ -120,11 +126,31 @@ impl Handler<ReservationEvent> for SnapshotSession {
 
 impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for SnapshotSession {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
-        if let Some(text) = client_frame(self, msg, ctx) {
-            if let Err(e) = self.framing.ack(&text) {
-                warn!("{}: {e}", self.describe());
-                close(ctx, SessionEnd::Protocol(e.to_string()));
+        let Some(text) = client_frame(self, msg, ctx) else {
+            return;
+        };
+        let refused = match progress::parse(&text) {
+            None => match self.framing.ack(&text) {
+                Ok(_) => None,
+                Err(FramingError::NotAnAck) => Some(progress::NEITHER.to_string()),
+                Err(e) => Some(e.to_string()),
+            },
+            Some(Ok(_)) if self.framing.last_sent() == 0 => {
+                Some(ProgressError::BeforeStatus.to_string())
             }
+            Some(Ok(bytes)) => {
+                self.reservations.progress.do_send(Progress {
+                    task_id: self.task_id.clone(),
+                    session_id: self.session_id,
+                    bytes,
+                });
+                None
+            }
+            Some(Err(e)) => Some(e.to_string()),
+        };
+        if let Some(why) = refused {
+            warn!("{}: {why}", self.describe());
+            close(ctx, SessionEnd::Protocol(why));
         }
     }
 }

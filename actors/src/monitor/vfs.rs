@@ -7,7 +7,7 @@ use log::{debug, warn};
 use super::{MonitorActor, Observed, PollOutcome, VFS_REPLICA};
 use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
-use crate::vfs::{VfsError, VfsReader, VfsSource};
+use crate::vfs::{BackupReading, VfsError, VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
 impl MonitorActor {
@@ -30,9 +30,9 @@ impl MonitorActor {
 
     /// Turns what the VFS reader read into one sample of replica [`VFS_REPLICA`], dated by the
     /// first poll that read that watermark.
-    fn vfs_observed(&mut self, res: Result<String, VfsError>) -> Observed {
-        let text = match res {
-            Ok(text) => text,
+    fn vfs_observed(&mut self, res: Result<BackupReading, VfsError>) -> Observed {
+        let (text, replica_size) = match res {
+            Ok(r) => (r.watermark, r.bytes),
             Err(e) => return self.failed(e.to_string()),
         };
         self.stats.last_poll_ok = Some(true);
@@ -64,6 +64,7 @@ impl MonitorActor {
         if let Some(r) = &self.backup_reads {
             r.do_send(BackupRead {
                 watermark: watermark.clone(),
+                replica_size,
             });
         }
         let sample = BackupSample {

@@ -32,7 +32,7 @@ use log::{info, warn};
 
 use super::records::RecordedReservation;
 use super::status::ReservationEvent;
-use super::{Holder, Reservation, ReservationActor};
+use super::{Holder, Reservation, ReservationActor, Restore};
 use crate::changelog::{StateChange, StoredReservation};
 use crate::cleanup::ReservationOpened;
 use crate::session_end::SessionId;
@@ -46,6 +46,8 @@ pub struct HandedOver {
     pub session: Recipient<ReservationEvent>,
     /// Its status went out already.
     pub status_sent: bool,
+    /// What its replica reported there (PROTOCOL.md §6.8): a takeover keeps it.
+    pub restore: Restore,
 }
 
 /// Adopts the reservations of this instance's standby phase, recorded under `instance`.
@@ -79,6 +81,7 @@ impl ReservationActor {
             session_id,
             session,
             status_sent,
+            restore,
         } = handed;
         self.replace(
             &task_id,
@@ -101,6 +104,7 @@ impl ReservationActor {
                 started_ms,
                 status_sent,
                 orphan_end_ms: 0,
+                restore,
             },
         );
         self.cleanup.do_send(ReservationOpened {

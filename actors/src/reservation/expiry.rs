@@ -9,7 +9,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use log::{info, warn};
 
-use super::{Reservation, ReservationActor, ReservationEvent};
+use super::{Reservation, ReservationActor, ReservationEvent, Restore};
 use crate::changelog::{ChangeLog, StoredReservation};
 use crate::session_end::SessionEnd;
 
@@ -41,6 +41,7 @@ impl ReservationActor {
                     started_ms: r.started_ms,
                     status_sent: true,
                     orphan_end_ms: orphans_end_ms,
+                    restore: Restore::default(),
                 },
             );
         }

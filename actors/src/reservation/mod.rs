@@ -18,7 +18,10 @@
 //!   restore cannot pin the change log for ever.
 //! - With the VFS backup source, the status waits until a poll has read a backed-up watermark
 //!   at or above the change log's minWatermark (PROTOCOL.md §6.7): a replica is only told to restore a
-//!   backup that exists and that the change log can serve from.
+//!   backup that exists and that the change log can serve from. Its `replicaSize` is the size
+//!   the latest poll read (PROTOCOL.md §6.3).
+//! - A replica's progress messages are kept with its reservation and shown in `/status`
+//!   (`progress.rs`, PROTOCOL.md §6.8).
 //!
 //! ### Why reservations are written down
 //! A replica restoring across a restart of the service still needs its backup's watermark kept
@@ -38,6 +41,7 @@
 mod adopt;
 mod expiry;
 mod others;
+mod progress;
 pub mod records;
 pub mod standby;
 mod status;
@@ -58,6 +62,7 @@ use crate::reservation::records::{EndedElsewhere, HeldReservation, ListHeld, Rec
 
 pub use self::adopt::{Adopt, HandedOver};
 pub use self::expiry::ExpireReservations;
+pub use self::progress::{Progress, ProgressInfo, Restore};
 pub use self::status::{BackupRead, ReservationError, ReservationEvent, SnapshotStatus};
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::GetSnapshotBase;
@@ -118,6 +123,9 @@ pub struct ReservationInfo {
     pub orphaned: bool,
     /// Its status was sent (with the VFS source: the backup was verified first, PROTOCOL.md §6.7).
     pub verified: bool,
+    /// What its replica reported (PROTOCOL.md §6.8); absent before a first progress message.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressInfo>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -140,6 +148,8 @@ struct Reservation {
     status_sent: bool,
     /// An orphan ends once this time (unix ms) has passed (PROTOCOL.md §13 (b)).
     orphan_end_ms: i64,
+    /// The size its status carried and its replica's progress (PROTOCOL.md §6.8).
+    restore: Restore,
 }
 
 /// See the module documentation.
@@ -155,6 +165,8 @@ pub struct ReservationActor {
     verify_backup: bool,
     /// The newest backed-up watermark a poll read.
     backed_up: Option<Watermark>,
+    /// The size of the backup as the latest poll read it (VFS source, PROTOCOL.md §6.3).
+    replica_size: Option<u64>,
     /// Where reservations are written down; `None` keeps them in memory only (the replay).
     store: Option<ChangeLog>,
     expired_total: u64,
@@ -181,6 +193,7 @@ impl ReservationActor {
             max_reservation: None,
             verify_backup: false,
             backed_up: None,
+            replica_size: None,
             store: None,
             expired_total: 0,
             timer: None,
@@ -326,6 +339,7 @@ impl Handler<Reserve> for ReservationActor {
                 started_ms,
                 status_sent: false,
                 orphan_end_ms: 0,
+                restore: Restore::default(),
             },
         );
         self.cleanup.do_send(ReservationOpened {
@@ -486,6 +500,7 @@ impl Handler<ListReservations> for ReservationActor {
                 held_ms: now - r.started_ms,
                 orphaned: r.holder.is_none(),
                 verified: r.status_sent || !self.verify_backup,
+                progress: r.restore.info(now),
             })
             .collect();
         list.sort_by(|a, b| a.task_id.cmp(&b.task_id));

@@ -33,7 +33,7 @@ use log::{info, warn};
 
 use super::expiry::millis;
 use super::records::{RecordedEnd, RecordedReservation, ReservationRecords};
-use super::{Reservation, ReservationActor};
+use super::{Reservation, ReservationActor, Restore};
 use crate::changelog::{StateChange, StoredReservation};
 use crate::cleanup::{OthersView, RecordsError, ReservationOpened, SyncRecords};
 use crate::instance::recorder::{ForgetRecords, ReadReservationRecords};
@@ -234,6 +234,7 @@ impl ReservationActor {
                     started_ms: r.started_ms,
                     status_sent: true,
                     orphan_end_ms: now.saturating_add(millis(cleanup_delay)),
+                    restore: Restore::default(),
                 },
             );
             self.cleanup.do_send(ReservationOpened {

@@ -79,21 +79,27 @@ pub struct SnapshotStatus {
     pub replica_version: String,
     #[serde(rename = "minWatermark")]
     pub min_watermark: String,
+    /// Bytes of the database the backup restores to; absent, never 0, when unknown
+    /// (PROTOCOL.md §6.3).
+    #[serde(rename = "replicaSize", skip_serializing_if = "Option::is_none")]
+    pub replica_size: Option<u64>,
 }
 
 impl SnapshotStatus {
     /// The wire message, fields in the order above:
-    /// `["status",{"tag":"status","backupURL":…,"replicaVersion":…,"minWatermark":…}]`.
+    /// `["status",{"tag":"status","backupURL":…,"replicaVersion":…,"minWatermark":…,"replicaSize":…}]`.
     pub fn to_message(&self) -> String {
         serde_json::to_string(&("status", self)).unwrap_or_default()
     }
 }
 
-/// A poll of the backup itself read this backed-up watermark (VFS source, PROTOCOL.md §6.7).
+/// A poll of the backup itself read this backed-up watermark (VFS source, PROTOCOL.md §6.7), and
+/// the database's size in bytes when the poll could read it (PROTOCOL.md §6.3, §8.1b).
 #[derive(Message, Debug, Clone)]
 #[rtype(result = "()")]
 pub struct BackupRead {
     pub watermark: Watermark,
+    pub replica_size: Option<u64>,
 }
 
 impl ReservationActor {
@@ -132,11 +138,13 @@ impl ReservationActor {
                     }
                     Ok(s) => {
                         res.status_sent = true;
+                        res.restore.replica_size = act.replica_size;
                         holder.session.do_send(ReservationEvent::Status(SnapshotStatus {
                             tag: "status",
                             backup_url: act.backup_url.clone(),
                             replica_version: s.replica_version,
                             min_watermark: s.min_watermark,
+                            replica_size: act.replica_size,
                         }));
                     }
                     Err(e) => {
@@ -157,6 +165,8 @@ impl ReservationActor {
 impl Handler<BackupRead> for ReservationActor {
     type Result = ();
     fn handle(&mut self, msg: BackupRead, ctx: &mut Context<Self>) {
+        // The latest read's size, whatever its watermark: what a restore now would get.
+        self.replica_size = msg.replica_size;
         if self.backed_up.as_ref().is_some_and(|b| *b >= msg.watermark) {
             return;
         }

@@ -76,6 +76,11 @@ pub const RESERVATIONS_EXPIRED: Metric = counter(
     "change_streamer_reservations_expired_total",
     "Snapshot reservations ended by --max-reservation-ms.",
 );
+pub const RESTORE_RATIO: Metric = gauge(
+    "change_streamer_reservation_restore_ratio",
+    "Bytes a reserving replica reported restored over its status's replicaSize (PROTOCOL.md §6.8).",
+)
+.by(&["task"]);
 pub const CLEANUP_DELAY: Metric = gauge(
     "change_streamer_cleanup_delay_seconds",
     "Current cleanup delay.",
@@ -171,6 +176,7 @@ pub const OWNER_PAGE: &[Metric] = &[
     RESERVATIONS,
     RESERVATION_OLDEST,
     RESERVATIONS_EXPIRED,
+    RESTORE_RATIO,
     CLEANUP_DELAY,
     WATERMARKS_PENDING,
     CLEANUPS_SCHEDULED,

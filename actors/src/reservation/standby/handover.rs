@@ -9,7 +9,7 @@
 //! a session that stops after the hand-over but before it read the new recipients would
 //! release to this actor, and the owner would keep a reservation no socket holds (until the
 //! cap, if any). So this actor has to pass such messages on anyway; once it does, telling the
-//! sessions is redundant. After a hand-over it forwards `Reserve`, `Release` and
+//! sessions is redundant. After a hand-over it forwards `Reserve`, `Release`, `Progress` and
 //! `EndBySubscription` (a subscription accepted at the standby's door just before it took
 //! over) to the owner's actor, in the order it receives them, after the `Adopt` it sent
 //! first, so a session's `Release` always reaches the actor holding its reservation. Sessions
@@ -64,6 +64,7 @@ impl Handler<HandOver> for StandbyReservations {
                 session_id: r.session_id,
                 session: r.session,
                 status_sent: r.status_sent,
+                restore: r.restore,
             })
             .collect();
         let n = reservations.len();

@@ -29,6 +29,8 @@
 //! - **A takeover keeps them**: when this instance becomes the owner, [`HandOver`] gives every
 //!   reservation to the owner's `ReservationActor`, and this actor forwards what their
 //!   sessions send from then on (`handover.rs`).
+//! - **Progress** messages (PROTOCOL.md §6.8) are kept per reservation and shown in `/status`, as
+//!   at the owner; the status carries no `replicaSize` here (no backup is polled).
 
 mod cap;
 mod handover;
@@ -40,6 +42,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use log::{info, warn};
 
+use super::progress::{log_progress, Progress, Restore};
 use super::records::{EndedElsewhere, HeldReservation, ListHeld, RecordedEnd};
 use super::status::{ReservationError, ReservationEvent, SnapshotStatus};
 use super::{
@@ -62,6 +65,8 @@ struct Held {
     status_sent: bool,
     /// Its end by subscription is being written: it closes once written.
     ending: bool,
+    /// What its replica reported (PROTOCOL.md §6.8); a standby's status carries no size.
+    restore: Restore,
 }
 
 /// See the module documentation.
@@ -182,6 +187,8 @@ impl StandbyReservations {
                 backup_url: act.backup_url.clone(),
                 replica_version: range.replica_version,
                 min_watermark: range.min_watermark,
+                // A standby polls no backup: the size is unknown here (PROTOCOL.md §6.3).
+                replica_size: None,
             }));
         })
         .spawn(ctx);
@@ -306,6 +313,7 @@ impl Handler<Reserve> for StandbyReservations {
                 started_ms: self.clock.now_ms(),
                 status_sent: false,
                 ending: false,
+                restore: Restore::default(),
             },
         );
         self.arm_cap(ctx);
@@ -352,6 +360,24 @@ impl Handler<Release> for StandbyReservations {
                 "snapshot reservation of task {} at standby {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, self.instance, msg.session_id
             );
+        }
+    }
+}
+
+impl Handler<Progress> for StandbyReservations {
+    type Result = ();
+    fn handle(&mut self, msg: Progress, _: &mut Context<Self>) {
+        if let Some(to) = &self.successor {
+            to.do_send(msg);
+            return;
+        }
+        let now = self.clock.now_ms();
+        let Some(r) = self.reservations.get_mut(&msg.task_id) else {
+            return;
+        };
+        if r.session_id == msg.session_id {
+            let first = r.restore.record(now, msg.bytes);
+            log_progress(&msg, first, &r.restore);
         }
     }
 }
@@ -416,6 +442,7 @@ impl Handler<ListReservations> for StandbyReservations {
                 held_ms: now - r.started_ms,
                 orphaned: false,
                 verified: r.status_sent || !self.verify_backup,
+                progress: r.restore.info(now),
             })
             .collect();
         list.sort_by(|a, b| a.task_id.cmp(&b.task_id));
