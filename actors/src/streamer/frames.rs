@@ -1,12 +1,15 @@
 //! The frames a streamer hands its sessions: one [`Outgoing`] per message with what its ack
-//! means ([`Token`]), in [`FrameList`]s, which also serialize their batched frames (PROTOCOL.md
-//! §5) once for all the sessions that write them. The vocabulary that the streamer's frame
+//! means ([`Token`]), in [`FrameList`]s handed over as [`ToSession`]; a list also serializes
+//! its batched frames (PROTOCOL.md §5) once for all the sessions that write them. The vocabulary that the streamer's frame
 //! queues (`shared.rs`, `subscriber/`) and its messages to sessions (`session_messages.rs`)
 //! both speak.
 
 use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
+use actix::prelude::*;
+
+use crate::session_end::SessionEnd;
 use crate::watermark::Watermark;
 
 /// One frame for a session to write, with what its ack means.
@@ -31,6 +34,17 @@ pub enum Token {
     /// A frame whose ack only tells the streamer how far the client has read, so that what it
     /// holds for the subscriber is known inside long transactions too (PROTOCOL.md §10.2).
     Progress,
+}
+
+/// From the streamer to a subscriber's session.
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub enum ToSession {
+    /// Write these frames, in order. Often the same list for every live subscriber (see
+    /// `shared.rs`).
+    Send(Arc<FrameList>),
+    /// Close the socket.
+    Close(SessionEnd),
 }
 
 /// The most payloads in one batched frame (PROTOCOL.md §5).

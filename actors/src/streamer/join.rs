@@ -16,7 +16,7 @@ use log::info;
 
 use super::catchup::Catchup;
 use super::follow::RecordSubscribers;
-use super::session_messages::ToSession;
+use super::frames::ToSession;
 use super::subscriber::{Mode, Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::{ChangeLogError, LogStats, Unservable};

@@ -71,13 +71,15 @@ use subscriber::Subscriber;
 
 pub use backup_acks::{BackupAcked, ReportBackupAcks};
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
-pub use frames::{Batch, FrameList, Outgoing, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS};
+pub use frames::{
+    Batch, FrameList, Outgoing, ToSession, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS,
+};
 pub use ingest::{
     BatchReply, DurableFuture, ProtocolViolation, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
-pub use session_messages::{SessionGone, SessionProgress, ToSession};
+pub use session_messages::{SessionGone, SessionProgress};
 pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
 
 /// Tunables of the streamer.

@@ -8,26 +8,13 @@
 //! `/status` read; the newest of the commits acked meanwhile). When it stops, for any reason,
 //! it says so ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
 
-use std::sync::Arc;
-
 use actix::prelude::*;
 use log::info;
 
-use super::frames::{FrameList, Token};
+use super::frames::Token;
 use super::Streamer;
-use crate::session_end::{SessionEnd, SessionId};
+use crate::session_end::SessionId;
 use crate::watermark::Watermark;
-
-/// From the streamer to a subscriber's session.
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub enum ToSession {
-    /// Write these frames, in order. Often the same list for every live subscriber (see
-    /// [`SharedFrames`](super::shared::SharedFrames)).
-    Send(Arc<FrameList>),
-    /// Close the socket.
-    Close(SessionEnd),
-}
 
 /// From a session to the streamer: the client acked through message `acked_messages`.
 #[derive(Message, Debug, Clone)]

@@ -47,7 +47,7 @@ mod tests {
     use super::*;
     use crate::session_end::SessionId;
     use crate::streamer::change::{Change, Kind};
-    use crate::streamer::session_messages::ToSession;
+    use crate::streamer::frames::ToSession;
     use crate::streamer::subscriber::{Bounds, Mode, Phase, Subscriber};
     use crate::watermark::Watermark;
     use actix::prelude::*;

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use actix::prelude::*;
 
 use super::change::{Change, Kind};
+use super::frames::ToSession;
 use super::frames::{FrameList, Outgoing, Token};
-use super::session_messages::ToSession;
 use super::shared::SharedFrames;
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
