@@ -18,6 +18,9 @@ use values::{
     parse_control_url, parse_http_url, parse_non_empty, parse_padding, parse_postgres_url,
     parse_secret, parse_ws_url,
 };
+
+/// The audit's period with the control API and the VFS when the flag is unset (PROTOCOL.md §8.1d).
+const DEFAULT_AUDIT_INTERVAL_MS: u64 = 60_000;
 pub use values::{SecretArg, SecretFlagError};
 
 mod values;
@@ -115,8 +118,21 @@ pub struct Config {
     /// reading nothing of the backup (PROTOCOL.md §8.1c). Needs --litestream-db-path.
     #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_CONTROL_URL",
           value_parser = parse_control_url, requires = "litestream_db_path",
-          requires = "litestream_backup_url", conflicts_with = "litestream_vfs")]
+          requires = "litestream_backup_url")]
     pub litestream_control_url: Option<ControlUrl>,
+
+    /// Period of the audit that reads the backup through the VFS and compares it with what
+    /// the control API confirmed; a backup that reads back less stops every purge
+    /// (PROTOCOL.md §8.1d). Unset: 60000 with --litestream-control-url and --litestream-vfs,
+    /// else no audit; 0: no audit.
+    #[arg(
+        help_heading = "Backup",
+        long,
+        env = "ZERO_BACKUP_AUDIT_INTERVAL_MS",
+        requires = "litestream_vfs",
+        requires = "litestream_control_url"
+    )]
+    pub backup_audit_interval_ms: Option<u64>,
 
     /// The backup replica's SQLite file as litestream.yml names it, for
     /// --litestream-control-url.
@@ -279,6 +295,19 @@ pub struct Config {
 impl Config {
     pub fn backup_check_interval(&self) -> Duration {
         Duration::from_millis(self.backup_check_interval_ms)
+    }
+    /// PROTOCOL.md §8.1d: the audit's period, `None` without an audit.
+    pub fn backup_audit_interval(&self) -> Option<Duration> {
+        if self.litestream_control_url.is_none() || self.litestream_vfs.is_none() {
+            return None;
+        }
+        match self
+            .backup_audit_interval_ms
+            .unwrap_or(DEFAULT_AUDIT_INTERVAL_MS)
+        {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
     }
     pub fn purge_delay(&self) -> Duration {
         Duration::from_millis(self.purge_delay_ms)

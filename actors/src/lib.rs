@@ -24,6 +24,7 @@ pub mod monitor;
 pub mod ownership;
 pub mod purger;
 pub mod reservation;
+pub mod restart_catch_up;
 pub mod secret;
 pub mod session_end;
 pub mod streamer;

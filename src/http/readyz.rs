@@ -2,17 +2,22 @@
 //! else 503 with a one-line reason, for load balancers and orchestrators. Open to all, like
 //! `/healthz`: it says nothing about the data.
 //!
-//! The owner is ready once its change log is initialised (a replicaVersion stored) and it
-//! still owns it. A standby's readiness is in [`super::standby`].
+//! The owner is ready once its change log is initialised (a replicaVersion stored), it still
+//! owns it, and after a restart the backup covers the watermark recorded before it (PROTOCOL.md
+//! §13.1, as the cleanup actor judges). A standby's readiness is in [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
+use change_streamer_actors::cleanup::GetCleanupState;
 
 use super::AppState;
 
 /// Why an instance does not serve `/changes` now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
+    /// After a restart, the backup does not cover the watermark recorded before it
+    /// (PROTOCOL.md §13.1): the whole line, with both watermarks.
+    BackupBehind(String),
     /// The owner has stored nothing yet: no replicaVersion to check subscribers against.
     NotInitialised,
     Standby,
@@ -23,8 +28,9 @@ pub enum NotReady {
 
 impl NotReady {
     /// The one-line reason of the 503.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(&self) -> &str {
         match self {
+            NotReady::BackupBehind(line) => line,
             NotReady::NotInitialised => "not initialised",
             NotReady::Standby => "standby",
             NotReady::ChangeDbUnreachable => "change DB unreachable",
@@ -58,10 +64,25 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         return Err(NotReady::Standby);
     }
     match state.log.stats().await {
-        Ok(stats) if stats.replica_version.is_some() => Ok(()),
+        Ok(stats) if stats.replica_version.is_some() => backup_caught_up(state).await,
         Ok(_) => Err(NotReady::NotInitialised),
         Err(ChangeLogError::NotOwner) => Err(NotReady::Standby),
         Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
         Err(_) => Err(NotReady::ChangeDbUnreachable),
+    }
+}
+
+/// PROTOCOL.md §13.1: not ready while the backup is behind the watermark recorded before the
+/// restart. A cleanup actor that does not answer is stopping.
+async fn backup_caught_up(state: &AppState) -> Result<(), NotReady> {
+    let Some(b) = &state.backup else {
+        return Ok(());
+    };
+    match b.cleanup.send(GetCleanupState).await {
+        Ok(c) => match c.restart_catch_up {
+            Some(view) => Err(NotReady::BackupBehind(view.reason())),
+            None => Ok(()),
+        },
+        Err(_) => Err(NotReady::Stopping),
     }
 }
