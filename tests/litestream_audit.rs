@@ -113,15 +113,14 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     assert_eq!(audit(&st)["intervalMs"], 300, "{st}");
     let rv = w(100);
     let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &db).await;
-    let replication = litestream.replicate_controlled(
-        &db,
-        &backup_url,
-        &dir.path().join("litestream.yml"),
-        &socket,
-        "1h",
-    );
-    replication
-        .wait_for_socket(&socket, Duration::from_secs(20))
+    let replication = litestream
+        .replicate_controlled_ready(
+            &db,
+            &backup_url,
+            &dir.path().join("litestream.yml"),
+            &socket,
+            "1h",
+        )
         .await;
     // A serving subscriber that acks only what the test says: it holds the purge back first.
     let mut sub = WsClient::connect(&svc.ws(&format!(

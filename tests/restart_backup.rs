@@ -83,15 +83,14 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
     let rv = w(100);
     let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &db).await;
     // litestream syncs hourly by itself: what the backup holds, it holds because it was asked.
-    let replication = litestream.replicate_controlled(
-        &db,
-        &backup_url,
-        &dir.path().join("litestream.yml"),
-        &socket,
-        "1h",
-    );
-    replication
-        .wait_for_socket(&socket, Duration::from_secs(20))
+    let replication = litestream
+        .replicate_controlled_ready(
+            &db,
+            &backup_url,
+            &dir.path().join("litestream.yml"),
+            &socket,
+            "1h",
+        )
         .await;
     for n in 101..=103 {
         up.send(txn(n, 2));

@@ -138,6 +138,23 @@ impl Litestream {
         )
     }
 
+    /// [`Litestream::replicate_controlled`], returned once its control socket accepts
+    /// connections (20 s at most).
+    pub async fn replicate_controlled_ready(
+        &self,
+        db: &Path,
+        replica_url: &str,
+        config: &Path,
+        socket: &Path,
+        sync_interval: &str,
+    ) -> Replication {
+        let replication = self.replicate_controlled(db, replica_url, config, socket, sync_interval);
+        replication
+            .wait_for_socket(socket, Duration::from_secs(20))
+            .await;
+        replication
+    }
+
     /// Starts `litestream replicate` with `yml` written to `config`; its log goes to `config`
     /// with `.log` appended.
     pub fn replicate_with(&self, config: &Path, yml: &str) -> Replication {

@@ -147,14 +147,16 @@ impl MonitorActor {
         stats.last_read = Some(read.clone());
         match confirmed.filter(|c| read < *c) {
             Some(c) => {
-                let below = match stats.blocked_below.take() {
+                let below = match stats.blocked_below.clone() {
                     Some(b) if b > c => b,
                     _ => c,
                 };
                 stats.failures_total += 1;
                 error!("backup {backup} read back watermark {read} below the confirmed watermark {below}: purging stops until it reads {below} again");
+                // The purger is told when the block starts or its watermark rises.
+                let changed = stats.blocked_below.as_ref() != Some(&below);
                 stats.blocked_below = Some(below.clone());
-                if let Some(p) = &self.audit.purger {
+                if let (true, Some(p)) = (changed, &self.audit.purger) {
                     p.do_send(AuditBlock {
                         backup: backup.clone(),
                         below: Some(below),
