@@ -14,25 +14,13 @@ use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, file_replica_dir};
+use change_streamer_test_support::stock_litestream::{self, copy_dir, file_replica_dir};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use change_streamer_test_support::wait::wait_until;
 use serde_json::{json, Value};
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("file type").is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
 }
 
 /// Puts a copy of `from` in place of `dir`, swapped by two renames.

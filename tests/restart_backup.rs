@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
-use change_streamer_test_support::client::{http_client, WsClient};
+use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
 use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
@@ -21,19 +21,6 @@ use serde_json::json;
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-async fn readyz(p: &ServiceProcess) -> (u16, String) {
-    let mut resp = http_client()
-        .get(format!("http://{}/readyz", p.addr))
-        .send()
-        .await
-        .expect("readyz");
-    let body = resp.body().await.expect("readyz body");
-    (
-        resp.status().as_u16(),
-        String::from_utf8_lossy(&body).trim().to_string(),
-    )
 }
 
 fn signal(pid: u32, sig: &str) {
@@ -79,7 +66,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
     first
         .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
         .await;
-    assert_eq!(readyz(&first).await, (200, "ready".into()), "a first start");
+    assert_eq!(first.readyz().await, (200, "ready".into()), "a first start");
     let rv = w(100);
     let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &db).await;
     // litestream syncs hourly by itself: what the backup holds, it holds because it was asked.
@@ -137,7 +124,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         "backup behind its recorded watermark (recorded {}, backup shows none)",
         w(103)
     );
-    assert_eq!(readyz(&second).await, (503, behind.clone()));
+    assert_eq!(second.readyz().await, (503, behind.clone()));
     // The backup replicator comes back from what its file holds; litestream cannot answer.
     let replica = BackupReplica::start(&second.addr, "backup", &rv, &applied, &db).await;
     let mut res = WsClient::connect(&second.ws("/replication/v6/snapshot?taskID=t1")).await;
@@ -158,7 +145,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
             s["backup"]["monitor"]["pollErrorsTotal"].as_u64() >= Some(1)
         })
         .await;
-    assert_eq!(readyz(&second).await, (503, behind));
+    assert_eq!(second.readyz().await, (503, behind));
     assert!(
         res.next(Duration::from_millis(1)).await.is_none(),
         "no status while the backup is behind"
@@ -170,7 +157,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
     assert_eq!(status[0], json!("status"), "{status}");
     assert_eq!(status[1]["minWatermark"], json!(w(100)), "{status}");
     res.ack(id).await;
-    assert_eq!(readyz(&second).await, (200, "ready".into()));
+    assert_eq!(second.readyz().await, (200, "ready".into()));
     let st = second.status().await;
     assert_eq!(st["backup"]["restartCatchUp"], json!(null), "{st}");
     assert_eq!(

@@ -99,6 +99,20 @@ impl ServiceProcess {
         }
     }
 
+    /// `/readyz`: its status code and its line, trimmed.
+    pub async fn readyz(&self) -> (u16, String) {
+        let mut resp = crate::client::http_client()
+            .get(format!("http://{}/readyz", self.addr))
+            .send()
+            .await
+            .expect("readyz");
+        let body = resp.body().await.expect("readyz body");
+        (
+            resp.status().as_u16(),
+            String::from_utf8_lossy(&body).trim().to_string(),
+        )
+    }
+
     /// `/status` as JSON.
     pub async fn status(&self) -> Value {
         let mut resp = crate::client::http_client()

@@ -218,6 +218,19 @@ pub fn file_replica_dir(replica_url: &str) -> PathBuf {
     )
 }
 
+/// Copies the folder `from` (a `file://` replica, say) to `to`, recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
 impl Replication {
     /// The process id of `litestream replicate` (to stop it with SIGSTOP, say).
     pub fn pid(&self) -> u32 {
