@@ -154,15 +154,9 @@ async fn run(seconds: Option<u64>) {
     let mut _replication = None;
     let restore = match &real {
         Some(l) => {
-            let replica = BackupReplica::start_with(
-                &svc.credentials,
-                &base,
-                "backup",
-                &rv,
-                &rv,
-                &replica_db,
-            )
-            .await;
+            let replica =
+                BackupReplica::start_with(&svc.credentials, &base, "backup", &rv, &rv, &replica_db)
+                    .await;
             let replication = l.replicate_controlled(
                 &replica.db,
                 &file_url,
