@@ -113,7 +113,10 @@ impl Instance {
                     recorder: None,
                 })
                 .await?;
-                (Phase::Owner(owner.state().clone()), LifeOf::Own(Box::new(owner)))
+                (
+                    Phase::Owner(owner.state().clone()),
+                    LifeOf::Own(Box::new(owner)),
+                )
             }
             ChangeDb::Postgres { url } => {
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
