@@ -50,9 +50,12 @@ impl Instance {
         let (tx, listening) = mpsc::channel();
         let (standby_tx, standby) = mpsc::channel();
         let (gone_tx, writer_gone) = mpsc::channel();
+        let pid = child.id();
         std::thread::spawn(move || {
             let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                // Shown with a failing test's output.
+                eprintln!("[pid {pid}] {line}");
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     let _ = tx.send((addr(rest), Instant::now()));
                 } else if let Some(rest) = line.split("standby on ").nth(1) {
