@@ -79,7 +79,7 @@ async fn survive(outage: Outage) {
 
     let before = max_acked(&up);
     eprintln!("{outage:?} at commit {before}");
-    disrupt(outage, &cluster, &db, [&a_addr, &b_addr]).await;
+    disrupt(outage, &cluster, &db, [(&a, &a_addr), (&b, &b_addr)]).await;
     for (name, i) in [("owner", &mut a), ("standby", &mut b)] {
         assert!(i.child.try_wait().unwrap().is_none(), "the {name} exited");
     }
@@ -135,7 +135,8 @@ async fn survive(outage: Outage) {
 }
 
 /// Does `outage` to the change DB; returns once it is back.
-async fn disrupt(outage: Outage, cluster: &Cluster, db: &TestDb, addrs: [&String; 2]) {
+async fn disrupt(outage: Outage, cluster: &Cluster, db: &TestDb, at: [(&Instance, &String); 2]) {
+    let addrs = at.map(|(_, addr)| addr);
     match outage {
         Outage::TerminateBackends => {
             let c = db.connect().await;
@@ -160,6 +161,8 @@ async fn disrupt(outage: Outage, cluster: &Cluster, db: &TestDb, addrs: [&String
         }
         Outage::Restart => cluster.restart().expect("pg_ctl restart"),
         Outage::Stopped => {
+            at.iter()
+                .for_each(|(i, _)| while i.log.try_recv().is_ok() {});
             cluster.stop().expect("pg_ctl stop");
             let stopped = Instant::now();
             // Not ready, saying why, for as long as the change DB is gone; alive all along.
@@ -180,6 +183,16 @@ async fn disrupt(outage: Outage, cluster: &Cluster, db: &TestDb, addrs: [&String
                 actix_rt::time::sleep(POLL).await;
             }
             assert_eq!(said, [true, true], "/readyz said `change DB unreachable`");
+            // The outage is one event: said once by each part that retries, not at each try.
+            for (i, addr) in at {
+                let repeats = most_repeated_warning(&i.log);
+                assert!(
+                    repeats.0 <= 3,
+                    "{addr} logged this {} times in {OUTAGE:?}: {}",
+                    repeats.0,
+                    repeats.1
+                );
+            }
             cluster.start_again().expect("pg_ctl start");
         }
     }
@@ -204,6 +217,27 @@ async fn one_owner(addrs: [&String; 2]) -> String {
         assert!(Instant::now() < deadline, "no owner within {PATIENCE:?}");
         actix_rt::time::sleep(POLL).await;
     }
+}
+
+/// The WARN or ERROR line logged most often among those `log` holds (its numbers aside), and
+/// how often.
+fn most_repeated_warning(log: &std::sync::mpsc::Receiver<String>) -> (usize, String) {
+    let mut counts = std::collections::HashMap::<String, usize>::new();
+    for line in log.try_iter() {
+        let Some(at) = line.find(" WARN ").or_else(|| line.find(" ERROR ")) else {
+            continue;
+        };
+        let text: String = line[at..]
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '0' } else { c })
+            .collect();
+        *counts.entry(text).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .map(|(text, n)| (n, text))
+        .max()
+        .unwrap_or_default()
 }
 
 fn max_acked(up: &FakeUpstream) -> u64 {
