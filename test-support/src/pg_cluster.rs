@@ -107,35 +107,22 @@ impl Cluster {
 
     /// Starts the stopped server again on the same port, returning once it accepts connections.
     pub fn start_again(&self) -> Result<(), String> {
-        let s = &self.server;
-        self.pg_ctl(&[
-            "-l",
-            &s.base.join("server.log").display().to_string(),
-            "-w",
-            "-t",
-            "120",
-            "-o",
-            &s.options,
-            "start",
-        ])
+        self.pg_ctl_serving(&["start"])
     }
 
     /// `pg_ctl restart -m fast`: every session ended, the server back on the same port once
     /// this returns.
     pub fn restart(&self) -> Result<(), String> {
+        self.pg_ctl_serving(&["-m", "fast", "restart"])
+    }
+
+    /// `pg_ctl` with the server's log and options, waiting until it accepts connections.
+    fn pg_ctl_serving(&self, action: &[&str]) -> Result<(), String> {
         let s = &self.server;
-        self.pg_ctl(&[
-            "-l",
-            &s.base.join("server.log").display().to_string(),
-            "-w",
-            "-t",
-            "120",
-            "-m",
-            "fast",
-            "-o",
-            &s.options,
-            "restart",
-        ])
+        let log = s.base.join("server.log").display().to_string();
+        let mut args = vec!["-l", &log, "-w", "-t", "120", "-o", &s.options];
+        args.extend_from_slice(action);
+        self.pg_ctl(&args)
     }
 
     fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
