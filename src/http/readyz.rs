@@ -2,11 +2,13 @@
 //! else 503 with a one-line reason, for load balancers and orchestrators. Open to all, like
 //! `/healthz`: it says nothing about the data.
 //!
-//! The owner is ready once its change log is initialised (a replicaVersion stored) and it
-//! still owns it. A standby's readiness is in [`super::standby`].
+//! The owner is ready once its change log is initialised (a replicaVersion stored), it still
+//! owns it, and its change source has not said `reset-required` since its last new transaction
+//! (PROTOCOL.md §4). A standby's readiness is in [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
+use change_streamer_actors::streamer::GetStreamerState;
 
 use super::AppState;
 
@@ -19,6 +21,8 @@ pub enum NotReady {
     ChangeDbUnreachable,
     /// The service is stopping.
     Stopping,
+    /// The change source said `reset-required` and has sent no new transaction since.
+    ResetRequired,
 }
 
 impl NotReady {
@@ -29,6 +33,7 @@ impl NotReady {
             NotReady::Standby => "standby",
             NotReady::ChangeDbUnreachable => "change DB unreachable",
             NotReady::Stopping => "stopping",
+            NotReady::ResetRequired => "reset required",
         }
     }
 }
@@ -58,10 +63,15 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         return Err(NotReady::Standby);
     }
     match state.log.stats().await {
-        Ok(stats) if stats.replica_version.is_some() => Ok(()),
-        Ok(_) => Err(NotReady::NotInitialised),
-        Err(ChangeLogError::NotOwner) => Err(NotReady::Standby),
-        Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
-        Err(_) => Err(NotReady::ChangeDbUnreachable),
+        Ok(stats) if stats.replica_version.is_some() => {}
+        Ok(_) => return Err(NotReady::NotInitialised),
+        Err(ChangeLogError::NotOwner) => return Err(NotReady::Standby),
+        Err(ChangeLogError::Closed) => return Err(NotReady::Stopping),
+        Err(_) => return Err(NotReady::ChangeDbUnreachable),
+    }
+    match state.streamer.send(GetStreamerState).await {
+        Ok(s) if s.reset_required.is_some() => Err(NotReady::ResetRequired),
+        Ok(_) => Ok(()),
+        Err(_) => Err(NotReady::Stopping),
     }
 }
