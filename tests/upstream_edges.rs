@@ -1,7 +1,8 @@
 //! End to end, the change source's edge cases of PROTOCOL.md §4 against the real server and the
 //! fake change source over a real websocket: `reset-required` (shown in `/status` and `/readyz`
 //! until a new transaction, the connection kept), a `status` inside a transaction or below the
-//! last commit, the third element of a frame rebuilt, and an `--upstream` URL with its own query.
+//! last commit, the third element of a frame rebuilt, an `--upstream` URL with its own query, and
+//! no pings to the source (its own answered).
 
 mod changes_support;
 
@@ -199,5 +200,26 @@ async fn an_upstream_url_keeps_its_own_query_and_gets_the_resume_parameters_afte
             w(100)
         )
     );
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn the_service_sends_the_source_no_pings_and_answers_its_pings() {
+    let (svc, up) = service_with_upstream(&["--ping-interval-ms", "20"]).await;
+    up.send(txn(100, 1));
+    svc.wait_status("stored", |s| s["replicaVersion"] == json!(w(100)))
+        .await;
+    // A subscriber is pinged every 20 ms; over the same time the source is pinged never.
+    let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
+    while c.pings_answered < 3 {
+        let _ = c.next(Duration::from_millis(20)).await;
+    }
+    assert_eq!(up.pings_and_pongs().0, 0);
+    up.ping();
+    wait_until("the service's pong", Duration::from_secs(10), || {
+        up.pings_and_pongs().1 == 1
+    })
+    .await;
+    assert_eq!(up.pings_and_pongs(), (0, 1));
     svc.stop().await;
 }
