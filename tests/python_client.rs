@@ -21,9 +21,15 @@ use change_streamer_test_support::wait::wait_until;
 use changes_support::{service_with_upstream, w};
 use serde_json::{json, Value};
 
-/// Rows of transaction `n`: one to four, so that batches end anywhere.
+/// Rows of transaction `n`: one to four, so that batches end anywhere; and every 250th one 700
+/// rows (about 80 KiB), so that a tracked change (§10) falls inside it: as the only subscriber,
+/// the client acking at commits must ack before that commit (it does after a quiet 100 ms).
 fn rows(n: u64) -> u64 {
-    n % 4 + 1
+    if n % 250 == 0 {
+        700
+    } else {
+        n % 4 + 1
+    }
 }
 
 fn write(up: &FakeUpstream, from: u64, to: u64) {
@@ -117,6 +123,9 @@ async fn the_python_client_gets_every_change_once_across_a_cut_and_a_restart() {
     let svc = TestService::start_in(data, &["--upstream", &url]).await;
     forward.retarget(svc.base().parse().expect("service address"));
     up.wait_connections(2).await;
+    // Back and live (it acked 600 again on its new connection), so 750 reaches it live.
+    svc.wait_status("resubscribed", |s| acked(s, "py-1", &w(600)))
+        .await;
     write(&up, 601, 1000);
     wait_exit(&mut child, &stderr).await;
 

@@ -4,7 +4,9 @@
 It subscribes to /replication/v6/changes with batched frames (PROTOCOL.md §5, §7), follows the
 stream (single `msg` frames and `batch` frames alike), applies each transaction once its `commit`
 arrives, acks cumulatively at commits, and after a drop resubscribes from the last commit it
-applied, so that it sees every transaction once: no gap, no duplicate.
+applied, so that it sees every transaction once: no gap, no duplicate. When the stream goes
+quiet inside a transaction it acks what it received (--idle-ack-ms): flow control may be
+waiting for an ack of a change inside it (§10), and would wait for ever for a commit-only ack.
 
 Its "replica" is a list in memory; --print writes each applied transaction as a JSON line
 {"watermark": W, "changes": [payload, ...]} on stdout. It exits after --exit-after changes or
