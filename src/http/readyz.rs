@@ -13,7 +13,7 @@ use change_streamer_actors::streamer::GetStreamerState;
 use super::AppState;
 
 /// Why an instance does not serve `/changes` now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     /// The owner has stored nothing yet: no replicaVersion to check subscribers against.
     NotInitialised,
@@ -21,19 +21,23 @@ pub enum NotReady {
     ChangeDbUnreachable,
     /// The service is stopping.
     Stopping,
+    /// The change log's latest write failed (a full disk, say), with what failed and where;
+    /// nothing more is acked upstream until a write succeeds (PROTOCOL.md §3.1).
+    CannotWrite(String),
     /// The change source said `reset-required` and has sent no new transaction since.
     ResetRequired,
 }
 
 impl NotReady {
     /// The one-line reason of the 503.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(&self) -> String {
         match self {
-            NotReady::NotInitialised => "not initialised",
-            NotReady::Standby => "standby",
-            NotReady::ChangeDbUnreachable => "change DB unreachable",
-            NotReady::Stopping => "stopping",
-            NotReady::ResetRequired => "reset required",
+            NotReady::NotInitialised => "not initialised".into(),
+            NotReady::Standby => "standby".into(),
+            NotReady::ChangeDbUnreachable => "change DB unreachable".into(),
+            NotReady::Stopping => "stopping".into(),
+            NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
+            NotReady::ResetRequired => "reset required".into(),
         }
     }
 }
@@ -63,6 +67,9 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         return Err(NotReady::Standby);
     }
     match state.log.stats().await {
+        Ok(stats) if stats.write_error.is_some() => {
+            return Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
+        }
         Ok(stats) if stats.replica_version.is_some() => {}
         Ok(_) => return Err(NotReady::NotInitialised),
         Err(ChangeLogError::NotOwner) => return Err(NotReady::Standby),
