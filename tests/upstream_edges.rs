@@ -9,7 +9,8 @@ mod changes_support;
 use std::time::Duration;
 
 use change_streamer_test_support::client::WsClient;
-use change_streamer_test_support::upstream::{insert, txn};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::upstream::{insert, txn, FakeUpstream};
 use change_streamer_test_support::wait::wait_until;
 use changes_support::{changes_url, read_txns, service_with_upstream, w};
 use serde_json::json;
@@ -33,8 +34,9 @@ fn commit_ack(n: u64) -> String {
     )
 }
 
-#[actix_rt::test]
-async fn reset_required_holds_readyz_until_a_new_transaction_and_keeps_the_connection() {
+/// The service with 100 (the initial sync) and 101 stored, and a subscriber at 101 that has
+/// acked its `status`.
+async fn stored_to_101_and_subscribed() -> (TestService, FakeUpstream, WsClient) {
     let (svc, up) = service_with_upstream(&[]).await;
     up.send(txn(100, 1));
     up.send(txn(101, 1));
@@ -42,11 +44,17 @@ async fn reset_required_holds_readyz_until_a_new_transaction_and_keeps_the_conne
         s["changeLog"]["maxWatermark"] == json!(w(101))
     })
     .await;
-    assert_eq!(svc.get("/readyz").await, (200, "ready\n".to_string()));
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 101, "")).await;
     let (id, first) = c.msg().await;
     assert_eq!(first[0], "status");
     c.ack(id).await;
+    (svc, up, c)
+}
+
+#[actix_rt::test]
+async fn reset_required_holds_readyz_until_a_new_transaction_and_keeps_the_connection() {
+    let (svc, up, mut c) = stored_to_101_and_subscribed().await;
+    assert_eq!(svc.get("/readyz").await, (200, "ready\n".to_string()));
 
     up.send(vec![reset("slot lost"), reset("slot dropped")]);
     let st = svc
@@ -98,16 +106,7 @@ async fn reset_required_holds_readyz_until_a_new_transaction_and_keeps_the_conne
 
 #[actix_rt::test]
 async fn a_status_inside_a_transaction_or_below_the_last_commit_is_only_echoed() {
-    let (svc, up) = service_with_upstream(&[]).await;
-    up.send(txn(100, 1));
-    up.send(txn(101, 1));
-    svc.wait_status("stored", |s| {
-        s["changeLog"]["maxWatermark"] == json!(w(101))
-    })
-    .await;
-    let mut c = WsClient::connect(&changes_url(&svc, "r1", 101, "")).await;
-    let (id, _) = c.msg().await;
-    c.ack(id).await;
+    let (svc, up, mut c) = stored_to_101_and_subscribed().await;
     // Below the last commit, then inside transaction 102 (at a watermark above it).
     let mut frames = vec![status(100)];
     let mut t = txn(102, 2);
@@ -177,10 +176,9 @@ async fn the_third_element_is_rebuilt_and_only_the_watermark_kept() {
 
 #[actix_rt::test]
 async fn an_upstream_url_keeps_its_own_query_and_gets_the_resume_parameters_after_it() {
-    let up = change_streamer_test_support::upstream::FakeUpstream::start().await;
+    let up = FakeUpstream::start().await;
     let url = format!("{}?shard=a&slot=zero_1", up.url());
-    let svc =
-        change_streamer_test_support::service::TestService::start(&["--upstream", &url]).await;
+    let svc = TestService::start(&["--upstream", &url]).await;
     up.wait_connections(1).await;
     assert_eq!(
         up.queries()[0],
