@@ -146,20 +146,24 @@ async def run(args):
     start = time.monotonic()
     backoff = 0.1
     while not done(args, replica):
+        connections = stats["connections"]
         try:
             if await follow(args, replica, stats, headers):
                 break
         except (OSError, asyncio.TimeoutError, websockets.ConnectionClosed,
                 websockets.InvalidHandshake) as e:
+            status = getattr(getattr(e, "response", None), "status_code", None)
+            if status in (401, 403):  # the secret (§15): retrying will not help
+                raise Fatal(f"HTTP {status}: {e.response.body!r}") from e
             # A drop: the transaction in progress is discarded; resubscribe from the last commit.
             replica.open = None
+            if stats["connections"] > connections:
+                backoff = 0.1  # it had connected: start the backoff over
             stats["drops"] += 1
             print(f"connection ended ({e!r}); resuming after {replica.watermark} "
                   f"in {backoff:.1f} s", file=sys.stderr)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)
-            continue
-        backoff = 0.1
     seconds = time.monotonic() - start
     summary = {
         "changes": replica.changes,
