@@ -3,12 +3,15 @@
 //! `/healthz`: it says nothing about the data.
 //!
 //! The owner is ready once its change log is initialised (a replicaVersion stored), it still
-//! owns it, and after a restart the backup covers the watermark recorded before it (PROTOCOL.md
-//! §13.1, as the cleanup actor judges). A standby's readiness is in [`super::standby`].
+//! owns it, its change source has not said `reset-required` since its last new transaction
+//! (PROTOCOL.md §4), and after a restart the backup covers the watermark recorded before it
+//! (PROTOCOL.md §13.1, as the cleanup actor judges). A standby's readiness is in
+//! [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
 use change_streamer_actors::cleanup::GetCleanupState;
+use change_streamer_actors::streamer::GetStreamerState;
 
 use super::AppState;
 
@@ -27,6 +30,8 @@ pub enum NotReady {
     /// The change log's latest write failed (a full disk, say), with what failed and where;
     /// nothing more is acked upstream until a write succeeds (PROTOCOL.md §3.1).
     CannotWrite(String),
+    /// The change source said `reset-required` and has sent no new transaction since.
+    ResetRequired,
 }
 
 impl NotReady {
@@ -39,6 +44,7 @@ impl NotReady {
             NotReady::ChangeDbUnreachable => "change DB unreachable".into(),
             NotReady::Stopping => "stopping".into(),
             NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
+            NotReady::ResetRequired => "reset required".into(),
         }
     }
 }
@@ -69,13 +75,18 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
     }
     match state.log.stats().await {
         Ok(stats) if stats.write_error.is_some() => {
-            Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
+            return Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
         }
-        Ok(stats) if stats.replica_version.is_some() => backup_caught_up(state).await,
-        Ok(_) => Err(NotReady::NotInitialised),
-        Err(ChangeLogError::NotOwner) => Err(NotReady::Standby),
-        Err(ChangeLogError::Closed) => Err(NotReady::Stopping),
-        Err(_) => Err(NotReady::ChangeDbUnreachable),
+        Ok(stats) if stats.replica_version.is_some() => {}
+        Ok(_) => return Err(NotReady::NotInitialised),
+        Err(ChangeLogError::NotOwner) => return Err(NotReady::Standby),
+        Err(ChangeLogError::Closed) => return Err(NotReady::Stopping),
+        Err(_) => return Err(NotReady::ChangeDbUnreachable),
+    }
+    match state.streamer.send(GetStreamerState).await {
+        Ok(s) if s.reset_required.is_some() => Err(NotReady::ResetRequired),
+        Ok(_) => backup_caught_up(state).await,
+        Err(_) => Err(NotReady::Stopping),
     }
 }
 
