@@ -6,8 +6,11 @@
 //! A catch-up keeps reading and sending while the payload it sent and the client has not acked
 //! is under `--catchup-window-bytes`: every ack the session reports makes room, without waiting
 //! for the ack of any particular frame. So a client that acks late, or only at commits,
-//! still gets a continuous stream, paced by the window and not by round trips. A read goes out
-//! whenever a row of the usual size fits (or nothing is in flight). Reads are in rows, sized from the window's room and the size of the rows read before (this subscriber's,
+//! still gets a continuous stream, paced by the window and not by round trips. Each read is
+//! followed at once by the next while a row of the usual size fits; once the window is full,
+//! an ack report reads on when a quarter of the window is free, or, when every commit sent is
+//! acked (what is unacked may be the start of a transaction whose commit the client waits
+//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Reads are in rows, sized from the window's room and the size of the rows read before (this subscriber's,
 //! else the last catch-up's of any subscriber); only the streamer's first catch-up, knowing no
 //! size, starts with a probe of [`FIRST_READ_ROWS`], and the next read follows at once. The last
 //! frame of each read asks the session to report its ack at once ([`Token::Progress`]), so the
@@ -41,6 +44,9 @@ use crate::watermark::Watermark;
 /// that a change log of large changes is not read thousands of rows at a time only to send a
 /// few of them. The next read, sized from it, follows at once.
 const FIRST_READ_ROWS: usize = 16;
+
+/// With an ack to come, a read waits until this share of the window is free.
+const READ_WHEN_FREE: u64 = 4;
 
 /// What a subscriber that holds nothing may read past the global budget, so that a healthy
 /// subscriber moved to catch-up while stalled ones fill the budget still progresses.
@@ -144,6 +150,28 @@ impl Streamer {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
             Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
         }));
+    }
+
+    /// An ack report made room in the window of `session_id`'s catch-up, if it has one: it reads
+    /// on once the room is worth a read (a read of a few rows costs about as much as a large
+    /// one): a quarter of the window, or any room when no commit it was sent waits for its ack
+    /// (what is unacked may then be the start of a transaction whose commit a client acking
+    /// only at commits waits for, and no ack would come).
+    pub(super) fn read_catchup_on_ack(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
+        let global_room = self.catchup_global_room(session_id);
+        let window = self.cfg.catchup_window_bytes as u64;
+        let (Some(sub), Some(c)) = (
+            self.subscribers.get(&session_id),
+            self.catchup.get(&session_id),
+        ) else {
+            return;
+        };
+        let ack_to_come = sub.watermark > sub.acked;
+        let little = window_room(sub, window, global_room) < window / READ_WHEN_FREE;
+        if c.reading || (little && ack_to_come) {
+            return;
+        }
+        self.read_catchup(ctx, session_id);
     }
 
     /// What `--max-queued-bytes` leaves for the catch-up of `session_id`; a subscriber that

@@ -54,11 +54,8 @@ impl Handler<SessionProgress> for Streamer {
                 Token::Progress => {}
             }
         }
-        // The acks made room in its window: a catch-up not reading now reads on.
-        let idle = self.catchup.get(&p.session_id).is_some_and(|c| !c.reading);
-        if idle {
-            self.read_catchup(ctx, p.session_id);
-        }
+        // The acks made room in its window: a catch-up reads on.
+        self.read_catchup_on_ack(ctx, p.session_id);
     }
 }
 
