@@ -66,6 +66,8 @@ cleanup() {
   if [[ -z ${KEEP:-} ]]; then rm -rf "$OUT"; else echo "kept $OUT" >&2; fi
 }
 trap cleanup EXIT
+# A signal exits through the EXIT trap too, so nothing is left behind.
+trap 'exit 143' TERM INT
 ip netns add "$NS_S"
 ip netns add "$NS_C"
 ip link add "vs$TAG" type veth peer name "vc$TAG"
