@@ -68,7 +68,7 @@ pub struct Instance {
 
 /// How the instance lives, by its change log's engine (see the module documentation).
 enum LifeOf {
-    /// SQLite: the owner throughout (boxed: the owner holds the whole configuration).
+    /// SQLite: the owner throughout.
     Own(Box<Owner>),
     /// A shared change DB at `url`: its phases, the instance's record kept by `recorder`.
     Share {
