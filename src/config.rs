@@ -217,6 +217,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(65536..))]
     pub max_subscriber_queue_bytes: u64,
 
+    /// How much payload a catch-up sends ahead of the subscriber's acks: it reads and sends
+    /// while what the subscriber has not acked is under this, so one that acks late or only at
+    /// commits still gets a continuous stream (≥ 65536; above --max-subscriber-queue-bytes the
+    /// service does not start).
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", default_value_t = 4 << 20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(65536..))]
+    pub catchup_window_bytes: u64,
+
     /// The most bytes of change payload held in memory for all subscribers together; past it
     /// the subscriber holding the most reads from the change log first (≥ 65536).
     #[arg(help_heading = "Subscribers", long, env = "ZERO_MAX_QUEUED_BYTES", default_value_t = 256 << 20, allow_negative_numbers = true,
@@ -353,6 +361,7 @@ impl Config {
             padding: self.padding(),
             max_queue_changes: self.max_subscriber_queue_changes as usize,
             max_queue_bytes: self.max_subscriber_queue_bytes as usize,
+            catchup_window_bytes: self.catchup_window_bytes as usize,
             max_queued_bytes: self.max_queued_bytes as usize,
             slow_grace: self.slow_subscriber_grace(),
             ..StreamerConfig::default()
@@ -388,10 +397,29 @@ impl Config {
                 source,
             })
     }
+    /// `--catchup-window-bytes` within `--max-subscriber-queue-bytes` (PROTOCOL.md §2, §10.2):
+    /// a larger window is refused rather than cut, so that no value is silently ignored.
+    pub fn check_catchup_window(&self) -> Result<(), CatchupWindowError> {
+        if self.catchup_window_bytes > self.max_subscriber_queue_bytes {
+            return Err(CatchupWindowError {
+                window: self.catchup_window_bytes,
+                bound: self.max_subscriber_queue_bytes,
+            });
+        }
+        Ok(())
+    }
     /// The cleanup delay the service starts with.
     pub fn starting_cleanup_delay(&self) -> Duration {
         self.initial_cleanup_delay().max(self.min_cleanup_delay())
     }
+}
+
+/// `--catchup-window-bytes` above `--max-subscriber-queue-bytes` ([`Config::check_catchup_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("--catchup-window-bytes {window} is above --max-subscriber-queue-bytes {bound}: a catch-up's window must fit in what one subscriber may hold (PROTOCOL.md §10.2)")]
+pub struct CatchupWindowError {
+    pub window: u64,
+    pub bound: u64,
 }
 
 /// Parses the command line and the environment; on a bad value prints clap's message, naming

@@ -94,6 +94,7 @@ impl Instance {
     /// documentation); on SQLite, once the owner's actors run.
     pub async fn start(config: Config, clock: Clock) -> Result<Instance, StartError> {
         let config = Arc::new(config);
+        config.check_catchup_window()?;
         let edge = Edge::load(&config)?;
         let engine = config.engine();
         engine.check().map_err(StartError::ChangeDb)?;
