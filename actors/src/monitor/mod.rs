@@ -12,6 +12,10 @@
 //!   commit the backup replicator acks (the streamer says so, [`BackupAcked`]) and at each
 //!   poll; its success makes that commit one sample of replica `control` (see [`control`]).
 //!
+//! With several backups (PROTOCOL.md §8.4) there is one monitor per backup, and each hands its
+//! polls to the [`BackupQuorum`] instead ([`MonitorActor::in_quorum`]), which hands the cleanup
+//! actor what K backups hold.
+//!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
 //! above the change log's minWatermark (PROTOCOL.md §6.7).
@@ -26,11 +30,14 @@
 //! a half-read answer is ever recorded.
 //!
 //! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
-//! in its own file: [`metrics`], [`vfs`], [`control`].
+//! in its own file: [`metrics`], [`vfs`], [`control`]; the quorum of several backups in
+//! [`quorum`].
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 //! [`BackupAcked`]: crate::streamer::BackupAcked
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -47,9 +54,13 @@ use crate::watermark::Watermark;
 
 mod control;
 mod metrics;
+mod quorum;
 mod vfs;
 
 pub use control::{ControlSource, CONTROL_REPLICA, CONTROL_TIMEOUT};
+pub use quorum::{
+    BackupPolled, BackupQuorum, BackupState, GetQuorumState, QuorumState, MAX_OBSERVATIONS,
+};
 
 /// The replica name of the observations read through the VFS.
 pub const VFS_REPLICA: &str = "vfs";
@@ -190,6 +201,11 @@ pub struct MonitorActor {
     vfs_first_read: Option<(Watermark, i64)>,
     /// Told each watermark the VFS source reads (the reservations, PROTOCOL.md §6.7).
     backup_reads: Option<Recipient<BackupRead>>,
+    /// In a quorum of several backups (PROTOCOL.md §8.4): this backup's number and the quorum,
+    /// told each poll instead of the cleanup actor.
+    quorum: Option<(usize, Recipient<BackupPolled>)>,
+    /// In a quorum, the VFS source's read of the poll in flight, handed on with its result.
+    read: Option<BackupRead>,
     /// The control source's state (PROTOCOL.md §8.1c).
     control: control::ControlState,
     in_flight: Option<SpawnHandle>,
@@ -207,6 +223,8 @@ impl MonitorActor {
             vfs: None,
             vfs_first_read: None,
             backup_reads: None,
+            quorum: None,
+            read: None,
             control: control::ControlState::default(),
             in_flight: None,
             waiters: Vec::new(),
@@ -219,6 +237,50 @@ impl MonitorActor {
     pub fn reporting_backups_to(mut self, recipient: Recipient<BackupRead>) -> Self {
         self.backup_reads = Some(recipient);
         self
+    }
+
+    /// Hands each poll to `quorum` as backup number `backup` ([`BackupPolled`]), instead of
+    /// to the cleanup actor (PROTOCOL.md §8.4).
+    pub fn in_quorum(mut self, backup: usize, quorum: Recipient<BackupPolled>) -> Self {
+        self.quorum = Some((backup, quorum));
+        self
+    }
+
+    /// Tells what the VFS source read: the reservations, or the quorum with the poll's result.
+    fn report_read(&mut self, read: BackupRead) {
+        if self.quorum.is_some() {
+            self.read = Some(read);
+        } else if let Some(r) = &self.backup_reads {
+            r.do_send(read);
+        }
+    }
+
+    /// Hands a poll's result on: to the quorum in one, else to the cleanup actor. The future
+    /// ends once it was acted on.
+    fn hand_on(
+        &mut self,
+        samples: Vec<BackupSample>,
+        outcome: &PollOutcome,
+    ) -> Pin<Box<dyn Future<Output = ()>>> {
+        match &self.quorum {
+            Some((backup, quorum)) => {
+                let sent = quorum.send(BackupPolled {
+                    backup: *backup,
+                    samples,
+                    outcome: outcome.clone(),
+                    read: self.read.take(),
+                });
+                Box::pin(async move {
+                    let _ = sent.await;
+                })
+            }
+            None => {
+                let sent = self.cleanup.send(PollResult { samples });
+                Box::pin(async move {
+                    let _ = sent.await;
+                })
+            }
+        }
     }
 
     /// Uses `reader`, already started (the service checks at start that the extension loads),
@@ -242,8 +304,7 @@ impl MonitorActor {
             if matches!(outcome, PollOutcome::Read { .. }) {
                 act.stats.last_error = None;
             }
-            act.cleanup
-                .send(PollResult { samples })
+            act.hand_on(samples, &outcome)
                 .into_actor(act)
                 .map(move |_, act, ctx| {
                     act.in_flight = None;
