@@ -78,7 +78,11 @@ async fn several_backups_route_each_replicators_acks_to_its_own_monitor_and_repl
     let _b = replicator(&s, 2001, Some("b")).await;
     let _unnamed = replicator(&s, 2002, None).await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
-    assert_eq!(st.subscribers.len(), 3, "different backups replace no one: {st:?}");
+    assert_eq!(
+        st.subscribers.len(),
+        3,
+        "different backups replace no one: {st:?}"
+    );
     assert!(st.subscribers.iter().all(|s| s.required), "{st:?}");
     // A restarted replicator of a replaces a's only.
     let _second_a = replicator(&s, 2003, Some("a")).await;
