@@ -226,8 +226,18 @@ impl OwnerStart<'_> {
                     None,
                 ),
                 SourceSpec::Vfs { extension, query } => {
-                    let (source, reader) =
-                        check_vfs(extension, spec.url.clone(), query.clone()).await?;
+                    let checked = check_vfs(extension, spec.url.clone(), query.clone()).await;
+                    let (source, reader) = match (checked, &self.config.backups) {
+                        (Ok(loaded), _) => loaded,
+                        (Err(StartError::LitestreamVfs(source)), Some(file)) => {
+                            return Err(StartError::BackupVfs {
+                                file: file.path.display().to_string(),
+                                backup: spec.name.clone(),
+                                source,
+                            })
+                        }
+                        (Err(e), _) => return Err(e),
+                    };
                     (BackupSource::Vfs(source), Some(reader))
                 }
             };

@@ -286,3 +286,27 @@ async fn quorum_of_two_of_three_purges_past_a_wedged_backup_and_either_healthy_b
     restore_and_follow(&q, &q.backups[1], 109, "restored-b").await;
     q.svc.stop().await;
 }
+
+#[actix_rt::test]
+async fn backup_vfs_that_cannot_be_loaded_is_a_start_error_naming_the_file_the_backup_and_the_key()
+{
+    let root = tempfile::tempdir().expect("tempdir");
+    let file = root.path().join("backups.toml");
+    let missing = root.path().join("no-such-vfs.so");
+    std::fs::write(
+        &file,
+        format!(
+            "[[backup]]\nname = \"a\"\nurl = \"file:///nowhere/a\"\n\n[[backup]]\nname = \"west\"\nurl = \"file:///nowhere/w\"\nvfs = \"{}\"\n",
+            missing.display()
+        ),
+    )
+    .expect("write the backups file");
+    let e = TestService::start_error(&["--backups", &file.display().to_string()]).await;
+    assert!(
+        e.contains("--backups")
+            && e.contains(&file.display().to_string())
+            && e.contains("\"west\"")
+            && e.contains("`vfs`"),
+        "{e}"
+    );
+}
