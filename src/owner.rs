@@ -414,6 +414,7 @@ impl OwnerStart<'_> {
             let control = matches!(source, BackupSource::Control(_));
             let mut cfg = MonitorConfig::with_source(source, interval);
             cfg.clock = self.clock.clone();
+            cfg.backup = several.then(|| spec.name.clone());
             let mut monitor =
                 MonitorActor::new(cfg, cleanup.clone()).in_quorum(i, quorum.clone().recipient());
             if let Some(reader) = reader {

@@ -112,6 +112,8 @@ pub struct MonitorConfig {
     pub timeout: Duration,
     /// `false` leaves polling to explicit [`Check`]s (tests, replay).
     pub poll_automatically: bool,
+    /// The backup's name among several (PROTOCOL.md §8.4), for log lines; `None`: the only one.
+    pub backup: Option<String>,
 }
 
 impl MonitorConfig {
@@ -137,6 +139,7 @@ impl MonitorConfig {
             interval,
             timeout,
             poll_automatically: true,
+            backup: None,
         }
     }
 }
@@ -319,9 +322,17 @@ impl MonitorActor {
         self.in_flight = Some(handle);
     }
 
+    /// What is polled, for log lines: with several backups, which one.
+    fn describe(&self) -> String {
+        match &self.cfg.backup {
+            Some(name) => format!("backup {name} ({})", self.cfg.source.describe()),
+            None => self.cfg.source.describe(),
+        }
+    }
+
     /// A failed poll: a warning, a counted error, nothing observed.
     pub(super) fn failed(&mut self, reason: String) -> Observed {
-        warn!("unable to read {}: {reason}", self.cfg.source.describe());
+        warn!("unable to read {}: {reason}", self.describe());
         self.stats.poll_errors_total += 1;
         self.stats.last_poll_ok = Some(false);
         self.stats.backup_watermark = None;
@@ -336,7 +347,7 @@ impl Actor for MonitorActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         log::info!(
             "monitoring {} every {} ms",
-            self.cfg.source.describe(),
+            self.describe(),
             self.cfg.interval.as_millis()
         );
         if self.cfg.poll_automatically {
@@ -363,10 +374,7 @@ impl Handler<Stop> for MonitorActor {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         self.stopping = true;
         if let Some(h) = self.in_flight.take() {
-            log::info!(
-                "aborting the poll in flight of {}",
-                self.cfg.source.describe()
-            );
+            log::info!("aborting the poll in flight of {}", self.describe());
             ctx.cancel_future(h);
         }
         self.waiters.clear();
