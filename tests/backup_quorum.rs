@@ -310,3 +310,50 @@ async fn backup_vfs_that_cannot_be_loaded_is_a_start_error_naming_the_file_the_b
         "{e}"
     );
 }
+
+#[actix_rt::test]
+async fn single_backup_flags_are_one_backup_named_backup_with_a_quorum_of_one() {
+    use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+    let page = FakeLitestream::start(Answer::default()).await;
+    let seconds = format!(
+        "{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    );
+    page.set_body(render_page(
+        "/db",
+        &[(Some(w(103).as_str()), "s3", seconds)],
+    ));
+    let flags = page.service_flags(3_600_000);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let svc = TestService::start(&args).await;
+    let st = svc
+        .wait_status("the backup's watermark", |s| {
+            s["backups"][0]["watermark"] == w(103)
+        })
+        .await;
+    assert_eq!(st["backups"].as_array().map(Vec::len), Some(1), "{st}");
+    assert_eq!(
+        (&st["backups"][0]["name"], &st["backups"][0]["source"]),
+        (&json!("backup"), &json!("metrics")),
+        "{st}"
+    );
+    assert_eq!(st["backups"][0]["lastError"], Value::Null, "{st}");
+    assert!(st["backups"][0]["ageMs"].as_i64() >= Some(0), "{st}");
+    assert_eq!(
+        (
+            &st["backup"]["purgeQuorum"],
+            &st["backup"]["quorumWatermark"]
+        ),
+        (&json!(1), &json!(w(103))),
+        "{st}"
+    );
+    // As before the quorum: the sample recorded as it is, with its replica's name.
+    assert_eq!(
+        st["backup"]["pendingWatermarks"][0]["replica"], "s3",
+        "{st}"
+    );
+    svc.stop().await;
+}
