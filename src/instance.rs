@@ -69,7 +69,7 @@ pub struct Instance {
 /// How the instance lives, by its change log's engine (see the module documentation).
 enum LifeOf {
     /// SQLite: the owner throughout.
-    Own(Owner),
+    Own(Box<Owner>),
     /// A shared change DB at `url`: its phases, the instance's record kept by `recorder`.
     Share {
         url: String,
@@ -113,7 +113,10 @@ impl Instance {
                     recorder: None,
                 })
                 .await?;
-                (Phase::Owner(owner.state().clone()), LifeOf::Own(owner))
+                (
+                    Phase::Owner(owner.state().clone()),
+                    LifeOf::Own(Box::new(owner)),
+                )
             }
             ChangeDb::Postgres { url } => {
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
@@ -140,7 +143,7 @@ impl Instance {
         };
         actix_rt::spawn(async move {
             let result = match life_of {
-                LifeOf::Own(owner) => life.own(owner, stop_rx).await,
+                LifeOf::Own(owner) => life.own(*owner, stop_rx).await,
                 LifeOf::Share { url, recorder } => life.share(url, recorder, stop_rx).await,
             };
             let _ = ended_tx.send(result);

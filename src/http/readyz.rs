@@ -11,7 +11,7 @@ use change_streamer_actors::changelog::ChangeLogError;
 use super::AppState;
 
 /// Why an instance does not serve `/changes` now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NotReady {
     /// The owner has stored nothing yet: no replicaVersion to check subscribers against.
     NotInitialised,
@@ -19,16 +19,20 @@ pub enum NotReady {
     ChangeDbUnreachable,
     /// The service is stopping.
     Stopping,
+    /// The change log's latest write failed (a full disk, say), with what failed and where;
+    /// nothing more is acked upstream until a write succeeds (PROTOCOL.md §3.1).
+    CannotWrite(String),
 }
 
 impl NotReady {
     /// The one-line reason of the 503.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(&self) -> String {
         match self {
-            NotReady::NotInitialised => "not initialised",
-            NotReady::Standby => "standby",
-            NotReady::ChangeDbUnreachable => "change DB unreachable",
-            NotReady::Stopping => "stopping",
+            NotReady::NotInitialised => "not initialised".into(),
+            NotReady::Standby => "standby".into(),
+            NotReady::ChangeDbUnreachable => "change DB unreachable".into(),
+            NotReady::Stopping => "stopping".into(),
+            NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
         }
     }
 }
@@ -58,6 +62,9 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         return Err(NotReady::Standby);
     }
     match state.log.stats().await {
+        Ok(stats) if stats.write_error.is_some() => {
+            Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
+        }
         Ok(stats) if stats.replica_version.is_some() => Ok(()),
         Ok(_) => Err(NotReady::NotInitialised),
         Err(ChangeLogError::NotOwner) => Err(NotReady::Standby),

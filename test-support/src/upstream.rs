@@ -225,6 +225,21 @@ impl FakeUpstream {
         conn.expect("no connection").do_send(Command::Send(frames));
     }
 
+    /// Sends frames on the current connection if it is still the `connection`-th made (counted
+    /// from 1, as [`FakeUpstream::queries`] lists them): a change source that resumes from the
+    /// `lastWatermark` a connection asked for sends nothing meant for an older one on it.
+    /// Whether it was.
+    pub fn send_on(&self, connection: usize, frames: Vec<String>) -> bool {
+        let s = self.state.lock().unwrap();
+        match &s.conn {
+            Some(conn) if s.queries.len() == connection => {
+                conn.do_send(Command::Send(frames));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// Drops the current connection.
     pub fn drop_connection(&self) {
         if let Some(c) = self.state.lock().unwrap().conn.take() {
