@@ -69,7 +69,7 @@ use ingest::Txn;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
-pub use backup_acks::{BackupAcked, ReportBackupAcks};
+pub use backup_acks::{BackupAcked, ReportBackupAcks, RouteBackupAcks};
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use frames::{
     Batch, FrameList, Outgoing, ToSession, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS,
@@ -199,8 +199,8 @@ pub struct Streamer {
     follows: Option<Recipient<RecordSubscribers>>,
     /// Rings every second for the subscribers' rate samples ([`SampleRates`]).
     sampler: Option<Alarm>,
-    /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]).
-    backup_acks: Option<Recipient<BackupAcked>>,
+    /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]), per backup.
+    backup_acks: backup_acks::AckRoutes,
 }
 
 impl Streamer {
@@ -225,7 +225,7 @@ impl Streamer {
             subscribers_evicted: 0,
             follows: None,
             sampler: None,
-            backup_acks: None,
+            backup_acks: backup_acks::AckRoutes::default(),
         }
     }
 
