@@ -180,7 +180,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
         "{metrics}"
     );
     assert!(
-        metrics.contains("change_streamer_backup_audit_failures_total{backup=\"default\"}"),
+        metrics.contains("change_streamer_backup_audit_failures_total{backup=\"backup\"}"),
         "{metrics}"
     );
 
