@@ -7,36 +7,13 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::load::{large_txn, rss_anon};
 use change_streamer_test_support::process::ServiceProcess;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-/// `RssAnon` of process `pid`, in bytes.
-fn rss_anon(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssAnon");
-    kib * 1024
-}
-
-/// Transaction `n`: one insert of a ~`bytes` payload.
-fn large_txn(n: u64, bytes: usize) -> Vec<String> {
-    let wm = w(n);
-    vec![
-        format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#),
-        format!(
-            r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"t"}},"new":{{"id":{n},"s":"{}"}}}}]"#,
-            "x".repeat(bytes)
-        ),
-        format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#),
-    ]
 }
 
 #[actix_rt::test]

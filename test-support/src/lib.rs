@@ -10,6 +10,7 @@ pub mod client;
 pub mod feed;
 pub mod fixtures;
 pub mod litestream;
+pub mod load;
 pub mod own_thread;
 pub mod peer;
 pub mod pg;

@@ -16,6 +16,7 @@
 use actix::prelude::*;
 use log::info;
 
+use super::budget::Budget;
 use super::change::Change;
 use super::frames::Token;
 use super::shared::SharedFrames;
@@ -29,10 +30,6 @@ use crate::watermark::Watermark;
 /// sized from the byte room and the size of the rows read before, so that a change log of
 /// large changes is not read 2,000 rows at a time only to send a few of them.
 const FIRST_READ_ROWS: usize = 16;
-
-/// What a subscriber that holds nothing may read past the global budget, so that a healthy
-/// subscriber moved to catch-up while stalled ones fill the budget still progresses.
-const BUDGET_ALLOWANCE: u64 = 64 * 1024;
 
 /// Where a catch-up stands.
 pub(super) struct Catchup {
@@ -69,7 +66,7 @@ impl Streamer {
     /// only as many rows as the subscriber has room for; with no room, the acks that make
     /// some call it again ([`SessionProgress`](super::SessionProgress)).
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let global_room = self.catchup_global_room(session_id);
+        let budget = self.budget();
         let at_boundary = self.txn.is_none();
         let last_commit = self.last_commit.clone();
         let (Some(sub), Some(c)) = (
@@ -108,8 +105,10 @@ impl Streamer {
             return;
         }
         let room = sub.room();
-        let byte_room = sub.byte_room(global_room);
-        if room == 0 || (byte_room == 0 && sub.held_bytes() > 0) {
+        let byte_room = sub.byte_room(budget.room());
+        // With no byte room, one that holds nothing may still take one change while the
+        // budget is within its bound (PROTOCOL.md §10.2); otherwise acks make room.
+        if room == 0 || (byte_room == 0 && !(sub.held_bytes() == 0 && budget.within())) {
             return;
         }
         let rows = match c.row_bytes {
@@ -127,16 +126,6 @@ impl Streamer {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
             Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
         }));
-    }
-
-    /// What `--max-queued-bytes` leaves for the catch-up of `session_id`; a subscriber that
-    /// holds nothing may read [`BUDGET_ALLOWANCE`] past it.
-    fn catchup_global_room(&self, session_id: SessionId) -> u64 {
-        let room = (self.cfg.max_queued_bytes as u64).saturating_sub(self.queued_bytes());
-        match self.subscribers.get(&session_id) {
-            Some(sub) if sub.held_bytes() == 0 => room.max(BUDGET_ALLOWANCE),
-            _ => room,
-        }
     }
 
     fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
@@ -207,7 +196,7 @@ impl Streamer {
     ) {
         let batch = self.next_token();
         let now = self.now_ms();
-        let global_room = self.catchup_global_room(session_id);
+        let budget = self.budget();
         let last_commit = self.last_commit.clone().filter(|_| self.txn.is_none());
         let (Some(sub), Some(c)) = (
             self.subscribers.get_mut(&session_id),
@@ -238,8 +227,7 @@ impl Streamer {
         let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
         // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
         c.row_bytes = Some((read_bytes / rows.len().max(1)) as u64 + 48);
-        let bytes_left = sub.byte_room(global_room);
-        let (taken, sent) = send_rows(sub, &rows, bytes_left, &mut self.shared);
+        let (taken, sent) = send_rows(sub, &rows, budget, &mut self.shared);
         if taken == 0 {
             // No room for the next change. With nothing in flight no ack will make some: its
             // backlog fills it, and is read from the change log instead (at a transaction
@@ -259,10 +247,12 @@ impl Streamer {
             last.token = Some(Token::CatchupBatch(batch));
         }
         sub.flush(now, &self.shared);
+        if sent > 0 {
+            c.waiting_batch = Some(batch);
+        }
+        self.note_queued_peak();
         if sent == 0 {
             self.read_catchup(ctx, session_id);
-        } else {
-            c.waiting_batch = Some(batch);
         }
     }
 }
@@ -284,16 +274,18 @@ fn go_live(sub: &mut Subscriber, shared: &mut SharedFrames, now: f64) {
     sub.flush(now, shared);
 }
 
-/// Sends `rows` in order while `bytes_left` lasts; one change larger than that still goes
-/// alone to a subscriber that holds nothing. Answers how many rows were taken and how many of
-/// them were sent (the others filtered for the subscriber).
+/// Sends `rows` in order while its byte room and `budget` (`--max-queued-bytes`) last; one
+/// change larger than that still goes alone to a subscriber that holds nothing, while the
+/// budget is within its bound (PROTOCOL.md §10.2). Answers how many rows were taken and how
+/// many of them were sent (the others filtered for the subscriber).
 fn send_rows(
     sub: &mut Subscriber,
     rows: &[StoredChange],
-    mut bytes_left: u64,
+    budget: Budget,
     shared: &mut SharedFrames,
 ) -> (usize, usize) {
-    let holds_nothing = sub.held_bytes() == 0;
+    let holds_nothing = sub.held_bytes() == 0 && budget.within();
+    let mut bytes_left = sub.byte_room(budget.room());
     let (mut taken, mut sent) = (0, 0);
     for row in rows {
         let change = Change::from_stored(row);
