@@ -8,16 +8,10 @@ use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
-use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{http_client, Seen, WsClient};
-use change_streamer_test_support::load::{large_txn, rss_anon};
-use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use serde_json::json;
-
-fn w(n: u64) -> String {
-    Watermark::from_u64(n).to_string()
-}
+use change_streamer_test_support::client::http_client;
+use change_streamer_test_support::load::{
+    large_txn, on_fake_upstream, read_through, rss_anon, subscribers,
+};
 
 const BUDGET: u64 = 1536 * 1024;
 const CHANGE: usize = 20_000;
@@ -52,54 +46,15 @@ async fn sample(addr: String, pid: u32, stop: Rc<Cell<bool>>) -> (u64, u64, u64)
 
 #[actix_rt::test]
 async fn the_global_budget_is_held_at_every_admission_under_bursts() {
-    let up = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = up.url();
+    let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
     let budget = BUDGET.to_string();
-    let svc = ServiceProcess::spawn(
-        Path::new(env!("CARGO_BIN_EXE_change-streamer")),
-        0,
-        dir.path(),
-        &[
-            "--upstream",
-            &url,
-            "--max-queued-bytes",
-            &budget,
-            "--flow-control-consensus-padding-seconds",
-            "0",
-            "--slow-subscriber-grace-ms",
-            "0",
-            "--ping-interval-ms",
-            "600000",
-        ],
-    );
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
-        .await;
-    let changes_url = |id: &str| {
-        svc.ws(&format!(
-            "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}",
-            w(100),
-            w(100)
-        ))
-    };
+    let (svc, up) = on_fake_upstream(bin, dir.path(), &["--max-queued-bytes", &budget]).await;
     // Three connect and never read their socket again (eviction is off: they hold what they
     // were sent for the whole test); four read and ack everything.
-    let mut stalled = Vec::new();
-    for id in ["s1", "s2", "s3"] {
-        stalled.push(WsClient::connect(&changes_url(id)).await);
-    }
-    let mut healthy = Vec::new();
-    for id in ["h1", "h2", "h3", "h4"] {
-        healthy.push(WsClient::connect(&changes_url(id)).await);
-    }
-    svc.wait_status("all live", |s| {
-        s["subscribers"]
-            .as_array()
-            .is_some_and(|a| a.len() == 7 && a.iter().all(|s| s["phase"] == "live"))
-    })
-    .await;
+    let mut clients = subscribers(&svc, &["s1", "s2", "s3", "h1", "h2", "h3", "h4"]).await;
+    let healthy = clients.split_off(3);
+    let stalled = clients;
     let pid = svc.pid();
     let rss_before = rss_anon(pid);
     let stop = Rc::new(Cell::new(false));
@@ -107,21 +62,7 @@ async fn the_global_budget_is_held_at_every_admission_under_bursts() {
     let last = 100 + 10 * 60;
     let readers: Vec<_> = healthy
         .into_iter()
-        .map(|mut c| {
-            actix_rt::spawn(async move {
-                loop {
-                    match c.next(Duration::from_secs(60)).await {
-                        Some(Seen::Msg { id, msg }) => {
-                            c.ack(id).await;
-                            if msg[0] == "commit" && msg[2]["watermark"] == json!(w(last)) {
-                                return;
-                            }
-                        }
-                        other => panic!("healthy subscriber: {other:?}"),
-                    }
-                }
-            })
-        })
+        .map(|mut c| actix_rt::spawn(async move { read_through(&mut c, last, || ()).await }))
         .collect();
     // Sixty bursts of ten transactions of one 20 KB change, each burst one upstream frame batch,
     // a burst every 20 ms.

@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::access::{Credentials, TestCert};
-use change_streamer_test_support::client::{Seen, WsClient};
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::load::read_through;
 use change_streamer_test_support::upstream::{txn, FakeUpstream, UpstreamOptions};
 use change_streamer_test_support::wait::wait_until;
-use serde_json::json;
 
 const OLD: &str = "old-secret-0123456789abcdef";
 const NEW: &str = "new-secret-fedcba9876543210";
@@ -133,6 +133,14 @@ impl Service {
     }
 }
 
+/// A file `name` in `dir` holding the old secret, and its path as a flag's value.
+fn holding_old(dir: &Path, name: &str) -> (PathBuf, String) {
+    let file = dir.join(name);
+    std::fs::write(&file, OLD).expect("write");
+    let shown = file.display().to_string();
+    (file, shown)
+}
+
 /// Writes `content` to `path` whole (a new file renamed over it, as deployment tools do).
 fn replace(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp");
@@ -163,12 +171,13 @@ async fn subscribe(svc: &Service, creds: &Credentials, id: &str) -> WsClient {
     );
     let start = std::time::Instant::now();
     loop {
-        // The first transaction may not be stored yet: the subscription waits for it.
-        let (code, _) = svc.get(creds, "/status").await;
-        if code == 200 {
+        // The first transaction must be stored first.
+        let (code, body) = svc.get(creds, "/status").await;
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if code == 200 && status["replicaVersion"] == w(100) {
             break;
         }
-        assert!(start.elapsed() < RELOAD, "status {code}");
+        assert!(start.elapsed() < RELOAD, "status {code}: {body}");
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
     WsClient::connect_with(&url, creds).await
@@ -176,17 +185,7 @@ async fn subscribe(svc: &Service, creds: &Credentials, id: &str) -> WsClient {
 
 /// `c` reads on until the commit of transaction `n`, acking; panics on a close.
 async fn reads_commit(c: &mut WsClient, n: u64) {
-    loop {
-        match c.next(Duration::from_secs(30)).await {
-            Some(Seen::Msg { id, msg }) => {
-                c.ack(id).await;
-                if msg[0] == "commit" && msg[2]["watermark"] == json!(w(n)) {
-                    return;
-                }
-            }
-            other => panic!("a subscriber kept through the rotation got {other:?}"),
-        }
-    }
+    read_through(c, n, || ()).await
 }
 
 fn count(metrics: &str, secret: &str) -> u64 {
@@ -223,9 +222,7 @@ async fn two_secret_files_are_both_accepted_and_counted_by_which() {
 #[actix_rt::test]
 async fn a_rotated_secret_file_is_reread_when_it_changes_and_the_removed_secret_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("secret");
-    std::fs::write(&file, OLD).unwrap();
-    let file_s = file.display().to_string();
+    let (file, file_s) = holding_old(dir.path(), "secret");
     let (svc, up) = with_upstream(dir.path(), &["--secret-file", &file_s]).await;
     let mut kept = subscribe(&svc, &svc.creds(Some(OLD)), "kept").await;
     assert_eq!(svc.status_with(NEW).await, 401);
@@ -257,9 +254,7 @@ async fn a_rotated_secret_file_is_reread_when_it_changes_and_the_removed_secret_
 #[actix_rt::test]
 async fn sighup_reloads_logs_one_line_and_never_stops_the_service() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("secret");
-    std::fs::write(&file, OLD).unwrap();
-    let file_s = file.display().to_string();
+    let (file, file_s) = holding_old(dir.path(), "secret");
     let (mut svc, up) = with_upstream(dir.path(), &["--secret-file", &file_s]).await;
     let mut kept = subscribe(&svc, &svc.creds(Some(OLD)), "kept").await;
     // Written in place, size and time as they were: only SIGHUP tells.
@@ -292,9 +287,7 @@ async fn sighup_reloads_logs_one_line_and_never_stops_the_service() {
 #[actix_rt::test]
 async fn an_invalid_secret_file_keeps_the_old_secrets_and_logs_naming_the_flag_never_the_secret() {
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("secret");
-    std::fs::write(&file, OLD).unwrap();
-    let file_s = file.display().to_string();
+    let (file, file_s) = holding_old(dir.path(), "secret");
     let svc = Service::spawn(dir.path(), &["--secret-file", &file_s]).await;
     // Too short, then three secrets, then gone: each keeps the old one.
     for (bad, why) in [
@@ -370,9 +363,8 @@ async fn a_rotated_upstream_secret_is_used_at_the_next_connect() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("upstream-secret");
-    std::fs::write(&file, OLD).unwrap();
-    let (url, file_s) = (up.url(), file.display().to_string());
+    let (file, file_s) = holding_old(dir.path(), "upstream-secret");
+    let url = up.url();
     let svc = Service::spawn(
         dir.path(),
         &["--upstream", &url, "--upstream-secret-file", &file_s],

@@ -115,13 +115,18 @@ impl Streamer {
         self.queued_peak = self.queued_peak.max(self.queued_bytes());
     }
 
-    /// Acks or a departure made room: the catch-ups with nothing out read on (each waits
-    /// for room of its own or of the budget).
+    /// Acks or a departure made room in the budget: the catch-ups with nothing out and
+    /// nothing in flight read on. (One with changes in flight waits for its own acks, which
+    /// read on for it: woken at every other ack it would read the same rows again and again.)
     pub(super) fn read_waiting_catchups(&mut self, ctx: &mut Context<Self>) {
         let waiting: Vec<_> = self
             .catchup
             .iter()
-            .filter(|(_, c)| c.waiting_batch.is_none() && !c.reading)
+            .filter(|(k, c)| {
+                c.waiting_batch.is_none()
+                    && !c.reading
+                    && self.subscribers.get(k).is_some_and(|s| s.in_flight() == 0)
+            })
             .map(|(&k, _)| k)
             .collect();
         for session_id in waiting {

@@ -65,11 +65,15 @@ impl Handler<SessionProgress> for Streamer {
                 Token::Progress => {}
             }
         }
-        if next_batch {
+        // The acks made room: a catch-up held back for lack of it reads on, and so do those
+        // waiting for room in the budget (PROTOCOL.md §10.2).
+        let idle = self
+            .catchup
+            .get(&p.session_id)
+            .is_some_and(|c| c.waiting_batch.is_none() && !c.reading);
+        if next_batch || idle {
             self.read_catchup(ctx, p.session_id);
         }
-        // The acks made room, of its own or of the budget (PROTOCOL.md §10.2): the catch-ups
-        // held back for lack of it read on.
         self.read_waiting_catchups(ctx);
     }
 }
