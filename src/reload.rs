@@ -218,6 +218,8 @@ impl Reloader {
         }
         if self.groups.is_empty() {
             info!("SIGHUP: nothing to reload (no --secret-file, --tls-cert or --upstream-secret-file)");
+        } else if done.is_empty() {
+            info!("SIGHUP: nothing reloaded: every file was refused (see the errors above)");
         } else {
             info!("SIGHUP: reloaded {}", done.join(", "));
         }
