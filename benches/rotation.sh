@@ -27,6 +27,8 @@ probe() {
   done
 }
 
+pids=() # whatever a failed run leaves running is stopped on the way out
+trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
 for _ in $(seq "$RUNS"); do
   up=$(free_port); sp=$(free_port); dir=$(mktemp -d /tmp/cs-rotation.XXXXXX)
   put "$dir/secret" "$OLD"
@@ -34,10 +36,10 @@ for _ in $(seq "$RUNS"); do
     --service-pid-file "$dir/pid" --subs "$SUBS" --threads "$THREADS" --batched \
     --secret "$OLD" --rate "$RATE" --window 256 \
     --warm-s $WARM_S --meas-s $MEAS_S > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
-  lg=$!
+  lg=$!; pids+=("$lg")
   RUST_LOG=info "$BIN" --host 127.0.0.1 --port "$sp" --data-dir "$dir/data" \
     --secret-file "$dir/secret" --upstream ws://127.0.0.1:"$up"/changes > "$dir/service.log" 2>&1 &
-  pid=$!; echo "$pid" > "$dir/pid"
+  pid=$!; echo "$pid" > "$dir/pid"; pids+=("$pid")
   # The subscribers' setup, then into the measured window.
   until grep -q "change source connected\|listening on" "$dir/service.log"; do sleep 0.2; done
   sleep $((WARM_S + 4))

@@ -73,9 +73,12 @@ impl<T> Group for Watched<T> {
                 Some(what)
             }
             Err(e) => {
+                let files: Vec<String> =
+                    self.files.iter().map(|f| f.display().to_string()).collect();
                 error!(
-                    "reload: {}: {e}; keeping what was loaded before (fix the file, it is read again when it changes or on SIGHUP)",
-                    self.flag
+                    "reload: {} ({}): {e}; keeping what was loaded before (fix the file, it is read again when it changes or on SIGHUP)",
+                    self.flag,
+                    files.join(", ")
                 );
                 None
             }

@@ -121,15 +121,18 @@ impl Service {
     }
 
     /// SIGTERM and the graceful stop's exit status 0; answers the log.
-    async fn terminate(self) -> String {
+    async fn terminate(mut self) -> String {
         self.signal("TERM");
-        let mut child = self.child;
-        let exit = tokio::task::spawn_blocking(move || child.wait())
-            .await
-            .expect("join")
-            .expect("wait");
+        let start = std::time::Instant::now();
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().expect("wait") {
+                break exit;
+            }
+            assert!(start.elapsed() < RELOAD, "still running after SIGTERM");
+            actix_rt::time::sleep(Duration::from_millis(20)).await;
+        };
         assert!(exit.success(), "{exit:?}");
-        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+        self.log()
     }
 }
 
@@ -139,6 +142,14 @@ fn holding_old(dir: &Path, name: &str) -> (PathBuf, String) {
     std::fs::write(&file, OLD).expect("write");
     let shown = file.display().to_string();
     (file, shown)
+}
+
+impl Drop for Service {
+    /// A test that fails half-way leaves no service running.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Writes `content` to `path` whole (a new file renamed over it, as deployment tools do).
@@ -306,7 +317,10 @@ async fn an_invalid_secret_file_keeps_the_old_secrets_and_logs_naming_the_flag_n
     let errors: Vec<&str> = log.lines().filter(|l| l.contains("ERROR")).collect();
     assert_eq!(errors.len(), 3, "{log}");
     for e in errors {
-        assert!(e.contains("reload: --secret-file: "), "{e}");
+        assert!(
+            e.contains(&format!("reload: --secret-file ({file_s}): ")),
+            "{e}"
+        );
         assert!(e.contains("keeping what was loaded before"), "{e}");
     }
     assert!(
