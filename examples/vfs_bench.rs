@@ -17,19 +17,29 @@
 //!   intervals), transactions 50–150 ms apart: for each watermark the replica commits, the time until
 //!   the service's `/status` (read every 5 ms) shows a backed-up watermark at or above it.
 //! - `control`: the same with `--litestream-control-url` (litestream's control socket) instead
-//!   of the VFS; `compare` runs `control` then `delay` in one invocation. `--sync-ms` sets
-//!   litestream's sync interval (50 ms by default). Each also counts the reads of the backup per
-//!   watermark confirmed (`backupReadsTotal` over the distinct backed-up watermarks seen).
+//!   of the VFS.
+//! - `metrics`: the same with `--litestream-metrics-url` (PROTOCOL.md §8.1). Stock litestream
+//!   exports no `litestream_replica_progress`, so a stand-in page exports it the way Zero's fork
+//!   does, at each of litestream's syncs: every `--sync-ms` it asks the real litestream to sync
+//!   and wait (its control socket), and once that answers, the page shows the newest watermark
+//!   the replica had committed before the request as backed up. The service polls that page
+//!   every `--interval-ms`. This is the best the metrics source could do.
+//! - `compare` runs `control`, `delay` (the VFS) and `metrics` in one invocation. `--sync-ms`
+//!   sets litestream's sync interval (50 ms by default). Each also counts the reads of the
+//!   backup per watermark confirmed (`backupReadsTotal` over the distinct backed-up watermarks
+//!   seen).
 //!
 //! litestream is installed by `scripts/install-litestream.sh` on first use. Each part prints one
 //! JSON line and one line for people.
 
 use std::time::{Duration, Instant};
 
+use change_streamer_actors::litestream_control::{ControlClient, ControlUrl};
 use change_streamer_actors::vfs::{HelperCommand, VfsReader, VfsSource, DEFAULT_WATERMARK_QUERY};
 use change_streamer_actors::vfs_reader;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_replica::{write_large_replica, BackupReplica};
+use change_streamer_test_support::backup_replica::{write_large_replica, BackupReplica, Progress};
+use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
@@ -48,6 +58,7 @@ struct Args {
 enum Source {
     Vfs,
     Control,
+    Metrics,
 }
 
 fn parse_args() -> Args {
@@ -67,8 +78,10 @@ fn parse_args() -> Args {
                 .unwrap_or_else(|| usage(&format!("{name} takes a whole number")))
         };
         match arg.as_str() {
-            "poll" | "delay" | "control" => a.parts.push(arg),
-            "compare" => a.parts.extend(["control".into(), "delay".into()]),
+            "poll" | "delay" | "control" | "metrics" => a.parts.push(arg),
+            "compare" => a
+                .parts
+                .extend(["control".into(), "delay".into(), "metrics".into()]),
             "--mb" => a.mb = num("--mb") as usize,
             "--polls" => a.polls = num("--polls").max(1) as usize,
             "--seconds" => a.seconds = num("--seconds"),
@@ -85,7 +98,7 @@ fn parse_args() -> Args {
 }
 
 fn usage(why: &str) -> ! {
-    eprintln!("vfs_bench: {why}\nusage: cargo run --release --example vfs_bench [-- poll|delay|control|compare] [--mb N] [--polls N] [--seconds N] [--interval-ms N] [--sync-ms N]");
+    eprintln!("vfs_bench: {why}\nusage: cargo run --release --example vfs_bench [-- poll|delay|control|metrics|compare] [--mb N] [--polls N] [--seconds N] [--interval-ms N] [--sync-ms N]");
     std::process::exit(2)
 }
 
@@ -180,6 +193,8 @@ async fn delay_part(a: &Args, source: Source) {
     let db = dir.path().join("replica.db");
     let socket = dir.path().join("ls.sock");
     let up = FakeUpstream::start().await;
+    let page = FakeLitestream::start(Answer::default()).await;
+    let page_url = page.url();
     let (up_url, vfs, interval) = (
         up.url(),
         litestream.vfs.to_string_lossy().into_owned(),
@@ -207,6 +222,7 @@ async fn delay_part(a: &Args, source: Source) {
             "--litestream-db-path",
             &db_path,
         ]),
+        Source::Metrics => args.extend(["--litestream-metrics-url", &page_url]),
     }
     let svc = TestService::start(&args).await;
     up.wait_connections(1).await;
@@ -222,21 +238,29 @@ async fn delay_part(a: &Args, source: Source) {
             &config,
             &stock_litestream::replicate_config(&replica.db, &url, &sync),
         ),
-        Source::Control => {
+        Source::Control | Source::Metrics => {
             litestream.replicate_controlled(&replica.db, &url, &config, &socket, &sync)
         }
     };
-    if source == Source::Control {
+    if source != Source::Vfs {
         replication
             .wait_for_socket(&socket, Duration::from_secs(30))
             .await;
     }
+    let exporter = (source == Source::Metrics).then(|| {
+        let control = ControlClient::new(ControlUrl::parse(&control).expect("the socket's URL"));
+        actix_rt::spawn(export_progress(
+            control,
+            db_path.clone(),
+            replica.progress.clone(),
+            page.clone(),
+            Duration::from_millis(a.sync_ms),
+        ))
+    });
     // The control source confirms acked commits only: one before the measure starts.
     up.send(txn(101, 1));
-    svc.wait_status("the first backup confirmed", |s| {
-        s["backup"]["monitor"]["backupWatermark"].is_string()
-    })
-    .await;
+    svc.wait_status("the first backup confirmed", |s| confirmed(s).is_some())
+        .await;
     let reads_before = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
         .as_u64()
         .unwrap_or(0);
@@ -260,14 +284,17 @@ async fn delay_part(a: &Args, source: Source) {
     let mut seen: Vec<(Instant, String)> = Vec::new();
     while start.elapsed() < Duration::from_secs(a.seconds) {
         let st = svc.status().await;
-        if let Some(w) = st["backup"]["monitor"]["backupWatermark"].as_str() {
-            if seen.last().is_none_or(|(_, last)| last != w) {
-                seen.push((Instant::now(), w.to_string()));
+        if let Some(w) = confirmed(&st) {
+            if seen.last().is_none_or(|(_, last)| *last != w) {
+                seen.push((Instant::now(), w));
             }
         }
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
     writer.abort();
+    if let Some(exporter) = exporter {
+        exporter.abort();
+    }
     let reads = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
         .as_u64()
         .unwrap_or(0)
@@ -293,6 +320,10 @@ async fn delay_part(a: &Args, source: Source) {
     let (bench, through) = match source {
         Source::Vfs => ("vfs_delay", "through the VFS"),
         Source::Control => ("control_delay", "through the control socket"),
+        Source::Metrics => (
+            "metrics_delay",
+            "through a /metrics page updated at each litestream sync",
+        ),
     };
     println!(
         "{}",
@@ -306,6 +337,52 @@ async fn delay_part(a: &Args, source: Source) {
     drop(replication);
     svc.stop().await;
     up.stop().await;
+}
+
+/// The newest watermark the service counts as backed up: what the latest poll read or
+/// litestream confirmed, or (the metrics source, whose monitor reports none) the newest one
+/// recorded from the page (the bench's cleanup delay keeps every one recorded).
+fn confirmed(st: &serde_json::Value) -> Option<String> {
+    let polled = st["backup"]["monitor"]["backupWatermark"].as_str();
+    let recorded = st["backup"]["pendingWatermarks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p["watermark"].as_str())
+        .max();
+    polled.max(recorded).map(str::to_string)
+}
+
+/// The stand-in for Zero's litestream fork's `litestream_replica_progress` (see the module
+/// documentation): every `period`, a sync of the replica's file through the real litestream,
+/// then the newest watermark committed before it, shown on `page` as backed up now.
+async fn export_progress(
+    control: ControlClient,
+    db_path: String,
+    progress: std::rc::Rc<std::cell::RefCell<Progress>>,
+    page: FakeLitestream,
+    period: Duration,
+) {
+    let mut tick = actix_rt::time::interval(period);
+    loop {
+        tick.tick().await;
+        let newest = progress.borrow().committed_at.keys().max().cloned();
+        let Some(w) = newest else { continue };
+        if control
+            .sync_wait(&db_path, Duration::from_secs(10))
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        page.set_body(render_page(
+            &db_path,
+            &[(Some(&w), "file", format!("{:.3}", now.as_secs_f64()))],
+        ));
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -323,6 +400,7 @@ fn main() -> std::process::ExitCode {
             match part.as_str() {
                 "poll" => poll_part(&args).await,
                 "control" => delay_part(&args, Source::Control).await,
+                "metrics" => delay_part(&args, Source::Metrics).await,
                 _ => delay_part(&args, Source::Vfs).await,
             }
         }

@@ -18,6 +18,9 @@ use values::{
     parse_control_url, parse_http_url, parse_non_empty, parse_padding, parse_postgres_url,
     parse_secret, parse_ws_url,
 };
+
+/// The audit's period with the control API and the VFS when the flag is unset (PROTOCOL.md §8.1d).
+const DEFAULT_AUDIT_INTERVAL_MS: u64 = 60_000;
 pub use values::{SecretArg, SecretFlagError};
 
 mod values;
@@ -115,8 +118,21 @@ pub struct Config {
     /// reading nothing of the backup (PROTOCOL.md §8.1c). Needs --litestream-db-path.
     #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_CONTROL_URL",
           value_parser = parse_control_url, requires = "litestream_db_path",
-          requires = "litestream_backup_url", conflicts_with = "litestream_vfs")]
+          requires = "litestream_backup_url")]
     pub litestream_control_url: Option<ControlUrl>,
+
+    /// Period of the audit that reads the backup through the VFS and compares it with what
+    /// the control API confirmed; a backup that reads back less stops every purge
+    /// (PROTOCOL.md §8.1d). Unset: 60000 with --litestream-control-url and --litestream-vfs,
+    /// else no audit; 0: no audit.
+    #[arg(
+        help_heading = "Backup",
+        long,
+        env = "ZERO_BACKUP_AUDIT_INTERVAL_MS",
+        requires = "litestream_vfs",
+        requires = "litestream_control_url"
+    )]
+    pub backup_audit_interval_ms: Option<u64>,
 
     /// The backup replica's SQLite file as litestream.yml names it, for
     /// --litestream-control-url.
@@ -201,6 +217,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(65536..))]
     pub max_subscriber_queue_bytes: u64,
 
+    /// How much payload a catch-up sends ahead of the subscriber's acks: it reads and sends
+    /// while what the subscriber has not acked is under this, so one that acks late or only at
+    /// commits still gets a continuous stream (≥ 65536; above --max-subscriber-queue-bytes the
+    /// service does not start).
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", default_value_t = 4 << 20, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(65536..))]
+    pub catchup_window_bytes: u64,
+
     /// The most bytes of change payload held in memory for all subscribers together; past it
     /// the subscriber holding the most reads from the change log first (≥ 65536).
     #[arg(help_heading = "Subscribers", long, env = "ZERO_MAX_QUEUED_BYTES", default_value_t = 256 << 20, allow_negative_numbers = true,
@@ -283,6 +307,19 @@ impl Config {
     pub fn backup_check_interval(&self) -> Duration {
         Duration::from_millis(self.backup_check_interval_ms)
     }
+    /// PROTOCOL.md §8.1d: the audit's period, `None` without an audit.
+    pub fn backup_audit_interval(&self) -> Option<Duration> {
+        if self.litestream_control_url.is_none() || self.litestream_vfs.is_none() {
+            return None;
+        }
+        match self
+            .backup_audit_interval_ms
+            .unwrap_or(DEFAULT_AUDIT_INTERVAL_MS)
+        {
+            0 => None,
+            ms => Some(Duration::from_millis(ms)),
+        }
+    }
     pub fn purge_delay(&self) -> Duration {
         Duration::from_millis(self.purge_delay_ms)
     }
@@ -327,6 +364,7 @@ impl Config {
             padding: self.padding(),
             max_queue_changes: self.max_subscriber_queue_changes as usize,
             max_queue_bytes: self.max_subscriber_queue_bytes as usize,
+            catchup_window_bytes: self.catchup_window_bytes as usize,
             max_queued_bytes: self.max_queued_bytes as usize,
             slow_grace: self.slow_subscriber_grace(),
             ..StreamerConfig::default()
@@ -365,10 +403,29 @@ impl Config {
                 source,
             })
     }
+    /// `--catchup-window-bytes` within `--max-subscriber-queue-bytes` (PROTOCOL.md §2, §10.2):
+    /// a larger window is refused rather than cut, so that no value is silently ignored.
+    pub fn check_catchup_window(&self) -> Result<(), CatchupWindowError> {
+        if self.catchup_window_bytes > self.max_subscriber_queue_bytes {
+            return Err(CatchupWindowError {
+                window: self.catchup_window_bytes,
+                bound: self.max_subscriber_queue_bytes,
+            });
+        }
+        Ok(())
+    }
     /// The cleanup delay the service starts with.
     pub fn starting_cleanup_delay(&self) -> Duration {
         self.initial_cleanup_delay().max(self.min_cleanup_delay())
     }
+}
+
+/// `--catchup-window-bytes` above `--max-subscriber-queue-bytes` ([`Config::check_catchup_window`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("--catchup-window-bytes {window} is above --max-subscriber-queue-bytes {bound}: a catch-up's window must fit in what one subscriber may hold (PROTOCOL.md §10.2)")]
+pub struct CatchupWindowError {
+    pub window: u64,
+    pub bound: u64,
 }
 
 /// Parses the command line and the environment; on a bad value prints clap's message, naming

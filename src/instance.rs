@@ -69,7 +69,7 @@ pub struct Instance {
 /// How the instance lives, by its change log's engine (see the module documentation).
 enum LifeOf {
     /// SQLite: the owner throughout.
-    Own(Owner),
+    Own(Box<Owner>),
     /// A shared change DB at `url`: its phases, the instance's record kept by `recorder`.
     Share {
         url: String,
@@ -94,6 +94,7 @@ impl Instance {
     /// documentation); on SQLite, once the owner's actors run.
     pub async fn start(config: Config, clock: Clock) -> Result<Instance, StartError> {
         let config = Arc::new(config);
+        config.check_catchup_window()?;
         let edge = Edge::load(&config)?;
         let engine = config.engine();
         engine.check().map_err(StartError::ChangeDb)?;
@@ -113,7 +114,10 @@ impl Instance {
                     recorder: None,
                 })
                 .await?;
-                (Phase::Owner(owner.state().clone()), LifeOf::Own(owner))
+                (
+                    Phase::Owner(owner.state().clone()),
+                    LifeOf::Own(Box::new(owner)),
+                )
             }
             ChangeDb::Postgres { url } => {
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
@@ -140,7 +144,7 @@ impl Instance {
         };
         actix_rt::spawn(async move {
             let result = match life_of {
-                LifeOf::Own(owner) => life.own(owner, stop_rx).await,
+                LifeOf::Own(owner) => life.own(*owner, stop_rx).await,
                 LifeOf::Share { url, recorder } => life.share(url, recorder, stop_rx).await,
             };
             let _ = ended_tx.send(result);

@@ -35,11 +35,14 @@ use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::monitor::{BackupSource, ControlSource, MonitorActor, MonitorConfig};
+use change_streamer_actors::monitor::{
+    AuditConfig, BackupSource, ControlSource, MonitorActor, MonitorConfig, SINGLE_BACKUP,
+};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
 use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::restart_catch_up::RestartCatchUp;
 use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
@@ -282,7 +285,18 @@ impl OwnerStart<'_> {
                 );
             }
         }
-        let monitor = self.monitor(read.vfs, streamer, &cleanup, &reservations);
+        let monitor = self
+            .monitor(read.vfs, &cleanup, &reservations)
+            .auditing_to(purger.clone().recipient())
+            .start();
+        if let Some(source) = control_source(&self.config) {
+            streamer.do_send(ReportBackupAcks {
+                to: monitor.clone().recipient(),
+            });
+            if self.config.litestream_vfs.is_none() {
+                info!("no audit of backup {SINGLE_BACKUP}: it needs --litestream-vfs (PROTOCOL.md §8.1d); {} is trusted as it answers", source.url);
+            }
+        }
         Some(BackupActors {
             reservations,
             cleanup,
@@ -302,7 +316,8 @@ impl OwnerStart<'_> {
             self.config.min_cleanup_delay(),
             purger.clone().recipient(),
         )
-        .restore(safety, self.log.clone());
+        .restore(safety, self.log.clone())
+        .telling_covered(reservations.address().recipient());
         if self.recorder.is_some() {
             cleanup = cleanup.with_others(reservations.address().recipient());
         }
@@ -332,8 +347,11 @@ impl OwnerStart<'_> {
         )
         .with_max_reservation(self.config.max_reservation())
         .restore(&read.safety.reservations, cleanup_delay, self.log.clone());
-        if read.vfs.is_some() {
+        if read.vfs.is_some() && control_source(&self.config).is_none() {
             reservations = reservations.verifying_backups();
+        }
+        if RestartCatchUp::from_state(&read.safety).is_some() {
+            reservations = reservations.held_until_backup_covers();
         }
         if let Some(r) = &self.recorder {
             reservations = reservations.with_records(r.clone());
@@ -344,37 +362,40 @@ impl OwnerStart<'_> {
     /// The monitor polls the metrics; or reads the backup itself through the VFS and then tells
     /// the reservations what it saw (PROTOCOL.md §6.7); or asks litestream's control API to
     /// sync at each commit the backup replicator acks, which the streamer reports to it
-    /// (PROTOCOL.md §8.1c).
+    /// (PROTOCOL.md §8.1c), auditing the backup through the VFS when given (§8.1d). The
+    /// caller starts it.
     fn monitor(
         &self,
         vfs: Option<(VfsSource, VfsReader)>,
-        streamer: &Addr<Streamer>,
         cleanup: &Addr<CleanupActor>,
         reservations: &Addr<ReservationActor>,
-    ) -> Addr<MonitorActor> {
+    ) -> MonitorActor {
         let interval = self.config.backup_check_interval();
         match (vfs, control_source(&self.config)) {
-            (None, Some(source)) => {
+            // With the control API the VFS only audits, each read with a reader of its own
+            // (PROTOCOL.md §8.1d): the one that checked the extension at start is dropped.
+            (vfs, Some(source)) => {
                 let mut cfg = MonitorConfig::with_source(BackupSource::Control(source), interval);
                 cfg.clock = self.clock.clone();
-                let monitor = MonitorActor::new(cfg, cleanup.clone()).start();
-                streamer.do_send(ReportBackupAcks {
-                    to: monitor.clone().recipient(),
-                });
-                monitor
+                cfg.audit =
+                    vfs.zip(self.config.backup_audit_interval())
+                        .map(|((vfs, _), interval)| AuditConfig {
+                            backup: SINGLE_BACKUP.to_string(),
+                            vfs,
+                            interval,
+                        });
+                MonitorActor::new(cfg, cleanup.clone())
             }
             (None, None) => MonitorActor::new(
                 MonitorConfig::new(self.config.litestream_metrics_url.clone(), interval),
                 cleanup.clone(),
-            )
-            .start(),
-            (Some((source, reader)), _) => {
+            ),
+            (Some((source, reader)), None) => {
                 let mut cfg = MonitorConfig::with_source(BackupSource::Vfs(source), interval);
                 cfg.clock = self.clock.clone();
                 MonitorActor::new(cfg, cleanup.clone())
                     .with_vfs_reader(reader)
                     .reporting_backups_to(reservations.clone().recipient())
-                    .start()
             }
         }
     }

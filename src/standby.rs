@@ -84,9 +84,10 @@ impl StandbyServing {
                 recorder.clone(),
             )
             .with_max_reservation(config.max_reservation());
-            match config.litestream_vfs {
-                Some(_) => r.verifying_backups(),
-                None => r,
+            // With the control API, the VFS only audits (PROTOCOL.md §8.1d).
+            match (&config.litestream_vfs, &config.litestream_control_url) {
+                (Some(_), None) => r.verifying_backups(),
+                _ => r,
             }
             .start()
         });

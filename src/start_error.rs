@@ -4,7 +4,7 @@
 use change_streamer_actors::changelog::ChangeLogError;
 use change_streamer_actors::vfs::VfsError;
 
-use crate::config::SecretFlagError;
+use crate::config::{CatchupWindowError, SecretFlagError};
 use crate::tls::TlsError;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +24,8 @@ pub enum StartError {
     Secret(#[from] SecretFlagError),
     #[error(transparent)]
     Tls(#[from] TlsError),
+    #[error(transparent)]
+    CatchupWindow(#[from] CatchupWindowError),
     /// The instance's life stopped without saying why (it panicked: the log says where).
     #[error("the instance stopped unexpectedly (see the log)")]
     Ended,
@@ -39,6 +41,7 @@ impl StartError {
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
             StartError::Secret(e) => e.flags(),
             StartError::Ended => &[],
+            StartError::CatchupWindow(_) => &["catchup_window_bytes", "max_subscriber_queue_bytes"],
             StartError::Tls(e) => match e.flag_id() {
                 "tls_cert" => &["tls_cert"],
                 "tls_key" => &["tls_key"],

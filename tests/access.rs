@@ -218,3 +218,36 @@ async fn secret_file_loses_one_trailing_newline() {
     assert_eq!(svc.get("/status").await.0, 200);
     svc.stop().await;
 }
+
+/// PROTOCOL.md §15: without a secret, an `Authorization` header is not looked at: a loopback
+/// client that presents one anyway is served as one that does not.
+#[actix_rt::test]
+async fn without_a_secret_a_bearer_token_is_ignored() {
+    let svc = TestService::start(&[]).await;
+    let base = svc.base();
+    let upgraded = raw(
+        &base,
+        SNAPSHOT,
+        "Authorization: Bearer not-a-secret-of-ours\r\n",
+    )
+    .await;
+    // Upgraded, then closed by §6.1's rule (no backup URL): the token changed nothing.
+    assert!(upgraded.starts_with("HTTP/1.1 101"), "{upgraded}");
+    let mut status = change_streamer_test_support::client::http_client()
+        .get(format!("http://{base}/status"))
+        .insert_header(("Authorization", "Bearer not-a-secret-of-ours"))
+        .send()
+        .await
+        .expect("GET /status");
+    assert_eq!(status.status().as_u16(), 200);
+    let (_, metrics) = svc.get("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("change_streamer_auth_failures_total"))
+            .all(|l| l.ends_with(" 0")),
+        "{metrics}"
+    );
+    let _ = status.body().await;
+    svc.stop().await;
+}

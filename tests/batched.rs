@@ -211,3 +211,64 @@ async fn pending_changes_fall_back_to_0_once_every_frame_sent_is_acked() {
     wait_pending(&svc, "b2", 0.0).await;
     svc.stop().await;
 }
+
+/// PROTOCOL.md §5, frame sizes: a payload over 1 MiB travels alone in its frame, as the source
+/// sent it; no compression is negotiated, whatever the client offers.
+#[actix_rt::test]
+async fn a_payload_over_1_mib_travels_alone_and_no_compression_is_negotiated() {
+    let (svc, up) = service_with_upstream(&[]).await;
+    let (answer, offer) = change_streamer_test_support::client::http_client()
+        .ws(changes_url(&svc, "offer", "&wsBatched=true"))
+        .header(
+            "Sec-WebSocket-Extensions",
+            "permessage-deflate; client_max_window_bits",
+        )
+        .connect()
+        .await
+        .expect("handshake");
+    assert_eq!(answer.status().as_u16(), 101);
+    assert!(
+        answer.headers().get("sec-websocket-extensions").is_none(),
+        "{:?}",
+        answer.headers()
+    );
+    // Gone before the changes, so that flow control does not wait for it.
+    drop(offer);
+    svc.wait_status("the offer gone", |s| s["subscribers"] == json!([]))
+        .await;
+
+    let mut c = WsClient::connect(&changes_url(&svc, "big", "&wsBatched=true")).await;
+    let (id, _) = payloads(&frame(&mut c).await);
+    c.ack(id).await;
+    let big = "x".repeat(2 << 20);
+    let data = format!(
+        r#"{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":1,"v":"{big}"}}}}"#
+    );
+    let mut frames = txn(101, 1);
+    frames.insert(1, format!(r#"["data",{data}]"#));
+    up.send(frames);
+    let mut seen = 0;
+    while seen < 4 {
+        let (id, ps) = payloads(&frame(&mut c).await);
+        if ps.iter().any(|p| p[1]["new"]["v"] == json!(big)) {
+            assert_eq!(ps.len(), 1, "the large payload is alone in its frame");
+        }
+        seen += ps.len();
+        c.ack(id).await;
+    }
+    assert_eq!(seen, 4, "begin, two data, commit");
+    svc.stop().await;
+}
+
+/// PROTOCOL.md §5: a client's frame may be up to 64 KiB; a larger one closes with 1002.
+#[actix_rt::test]
+async fn a_client_frame_over_64_kib_closes_with_1002() {
+    let (svc, _up) = service_with_upstream(&[]).await;
+    let mut c = WsClient::connect(&changes_url(&svc, "a", "&wsBatched=true")).await;
+    frame(&mut c).await;
+    let padded = format!(r#"{{"ack":1{}}}"#, " ".repeat(64 << 10));
+    c.send_text(padded).await;
+    let (code, reason) = c.closed().await;
+    assert_eq!(code, 1002, "{reason}");
+    svc.stop().await;
+}

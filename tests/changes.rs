@@ -126,6 +126,8 @@ async fn wrong_replica_version_is_error_type_1_then_closed_after_its_ack() {
     up.send(txn(100, 1));
     svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
         .await;
+    // `999` is no LexiVersion either (its prefix promises ten digits): the replicaVersion is
+    // compared as text, never parsed (PROTOCOL.md §7), so it is type 1, not a 1002.
     let mut c =
         WsClient::connect(&svc.ws("/replication/v6/changes?id=r&replicaVersion=999&watermark=00"))
             .await;

@@ -309,6 +309,7 @@ fn control_url_flag_combinations_are_start_errors_naming_the_flags() {
             &[("ZERO_LITESTREAM_CONTROL_URL", sock)][..],
             &["--litestream-control-url", "--litestream-backup-url"][..],
         ),
+        // PROTOCOL.md §8.1d: the audit needs the control API and the VFS.
         (
             &[
                 "--litestream-control-url",
@@ -317,11 +318,16 @@ fn control_url_flag_combinations_are_start_errors_naming_the_flags() {
                 "/tmp/replica.db",
                 "--litestream-backup-url",
                 backup,
-                "--litestream-vfs",
-                "/tmp/litestream-vfs.so",
+                "--backup-audit-interval-ms",
+                "1000",
             ][..],
             &[][..],
-            &["--litestream-control-url", "--litestream-vfs"][..],
+            &["--backup-audit-interval-ms", "--litestream-vfs"][..],
+        ),
+        (
+            &["--litestream-backup-url", backup][..],
+            &[("ZERO_BACKUP_AUDIT_INTERVAL_MS", "1000")][..],
+            &["--backup-audit-interval-ms", "--litestream-"][..],
         ),
         (
             &["--litestream-control-url", "ftp://x/sock"][..],

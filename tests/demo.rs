@@ -35,6 +35,18 @@ fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
         "three replicas and the backup remain, the stalled one was dropped: {s}"
     );
     assert!(num("cleanupDelayMs") >= 3000.0, "{s}");
+    // With stock litestream installed (`.ci/run` installs it), the backup is confirmed through
+    // litestream's control API, reading nothing of the backup (PROTOCOL.md §8.1c); the
+    // cleanups scheduled above came from those confirmations.
+    let expected = match change_streamer_test_support::stock_litestream::installed() {
+        Some(_) => "control",
+        None => "metrics",
+    };
+    assert_eq!(s["backupSource"], expected, "{s}");
+    if expected == "control" {
+        assert_eq!(num("backupReads"), 0.0, "{s}");
+        assert!(stdout.contains("backup via control: confirmed"), "{stdout}");
+    }
 }
 
 #[actix_rt::test]

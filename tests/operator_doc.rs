@@ -18,7 +18,7 @@ use change_streamer_actors::changelog::{
 use change_streamer_actors::cleanup::{CleanupState, PendingWatermark};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::{InstanceId, InstanceSeen};
-use change_streamer_actors::monitor::MonitorStats;
+use change_streamer_actors::monitor::{AuditStats, MonitorStats, SINGLE_BACKUP};
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::PurgeState;
 use change_streamer_actors::reservation::{ProgressInfo, ReservationInfo, ReservationStats};
@@ -191,12 +191,18 @@ fn observation() -> Observation {
             last_scheduled_watermark: Some(w(12)),
             pending_watermarks: vec![PendingWatermark::new(w(14), "s3".into(), 0)],
             cleanups_scheduled_total: 1,
+            restart_catch_up: None,
         }),
         reservations: vec![reservation()],
         reservation_stats: ReservationStats::default(),
         monitor: MonitorStats {
             polls_total: 40,
             last_poll_ok: Some(true),
+            // An audit runs (PROTOCOL.md §8.1d): its failures are a series of the page.
+            audit: Some(AuditStats {
+                backup: SINGLE_BACKUP.into(),
+                ..AuditStats::default()
+            }),
             ..MonitorStats::default()
         },
         change_log_bytes: 4096,

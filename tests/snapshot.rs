@@ -241,3 +241,28 @@ async fn service_stop_closes_reservations_with_1001() {
     assert_eq!(c.closed().await.0, 1001);
     let _ = stopping.await;
 }
+
+/// PROTOCOL.md §13: without `--litestream-backup-url` nothing reads the reservations a previous
+/// run left open, so `/status` lists none (and nothing is purged); they are kept, and come back as
+/// orphans at the next start with the flag.
+#[actix_rt::test]
+async fn orphans_are_hidden_from_status_without_a_backup_url_and_come_back_with_it() {
+    let (svc, _up) = initialized(&[]).await;
+    let mut c = WsClient::connect(&svc.ws("/replication/v6/snapshot?taskID=t1")).await;
+    c.msg().await;
+    svc.wait_status("reserved", |s| s["reservations"][0]["taskID"] == "t1")
+        .await;
+    let dir = svc.stop().await;
+
+    let svc = TestService::start_in(dir, &[]).await;
+    let st = svc.status().await;
+    assert_eq!(st["reservations"], json!([]), "{st}");
+    let dir = svc.stop().await;
+
+    let svc = TestService::start_in(dir, &["--litestream-backup-url", BACKUP]).await;
+    let st = svc.status().await;
+    assert_eq!(st["reservations"][0]["taskID"], "t1", "{st}");
+    assert_eq!(st["reservations"][0]["orphaned"], true, "{st}");
+    assert_eq!(st["backup"]["paused"], true, "{st}");
+    svc.stop().await;
+}

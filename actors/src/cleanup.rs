@@ -29,6 +29,11 @@
 //! (a recorded watermark, a scheduled one, a grown delay) is queued on the change log's writer
 //! as it is made, before it is acted on, and read back at the next start ([`CleanupActor::restore`]).
 //!
+//! ### After a restart
+//! It also keeps the start's [`RestartCatchUp`] (PROTOCOL.md §13.1): the poll results it
+//! receives say when the backup covers the watermark recorded before the restart, which it
+//! tells the reservations ([`CleanupActor::telling_covered`]) and `/readyz` ([`CleanupState`]).
+//!
 //! [`MonitorActor`]: crate::monitor::MonitorActor
 //! [`ReservationActor`]: crate::reservation::ReservationActor
 
@@ -42,6 +47,7 @@ use serde::Serialize;
 use crate::changelog::{ChangeLog, ChangeLogError, RecordedWatermark, SafetyState, StateChange};
 use crate::clock::{format_rfc3339_ms, Clock};
 use crate::litestream::BackupSample;
+use crate::restart_catch_up::{BackupCovered, CatchUpView, RestartCatchUp};
 use crate::watermark::Watermark;
 
 /// The longest a poll waits for the other instances' reservations.
@@ -151,6 +157,9 @@ pub struct CleanupState {
     pub last_scheduled_watermark: Option<Watermark>,
     pub pending_watermarks: Vec<PendingWatermark>,
     pub cleanups_scheduled_total: u64,
+    /// While the backup does not cover the watermark recorded before the restart
+    /// (PROTOCOL.md §13.1).
+    pub restart_catch_up: Option<CatchUpView>,
 }
 
 struct Recorded {
@@ -173,6 +182,10 @@ pub struct CleanupActor {
     others: Option<Recipient<SyncRecords>>,
     /// What paused cleanup at the last poll besides `reservations`: other instances'.
     others_paused: BTreeSet<String>,
+    /// The start's wait for the backup (PROTOCOL.md §13.1); `None` once covered.
+    catch_up: Option<RestartCatchUp>,
+    /// Told once the backup covers it.
+    covered_to: Option<Recipient<BackupCovered>>,
 }
 
 impl CleanupActor {
@@ -199,6 +212,8 @@ impl CleanupActor {
             store: None,
             others: None,
             others_paused: BTreeSet::new(),
+            catch_up: None,
+            covered_to: None,
         }
     }
 
@@ -232,7 +247,25 @@ impl CleanupActor {
             );
         }
         self.store = Some(store);
+        self.catch_up = RestartCatchUp::from_state(state);
         self
+    }
+
+    /// Tells `to` [`BackupCovered`] once the backup covers the watermark recorded before the
+    /// restart (PROTOCOL.md §13.1).
+    pub fn telling_covered(mut self, to: Recipient<BackupCovered>) -> Self {
+        self.covered_to = Some(to);
+        self
+    }
+
+    /// PROTOCOL.md §13.1: does this poll's observation end the start's wait?
+    fn catch_up(&mut self, samples: &[BackupSample]) {
+        if self.catch_up.as_mut().is_some_and(|c| c.observe(samples)) {
+            self.catch_up = None;
+            if let Some(to) = &self.covered_to {
+                to.do_send(BackupCovered);
+            }
+        }
     }
 
     /// Queues `change` on the change log's writer (in order with everything queued before) and
@@ -391,6 +424,7 @@ impl CleanupActor {
                 })
                 .collect(),
             cleanups_scheduled_total: self.scheduled_total,
+            restart_catch_up: self.catch_up.as_ref().map(|c| c.view().clone()),
         }
     }
 }
@@ -402,6 +436,7 @@ impl Actor for CleanupActor {
 impl Handler<PollResult> for CleanupActor {
     type Result = ();
     fn handle(&mut self, msg: PollResult, ctx: &mut Context<Self>) {
+        self.catch_up(&msg.samples);
         self.record(msg.samples, ctx);
         match self.others.clone() {
             Some(others) => self.schedule_with_others(others, ctx),

@@ -42,6 +42,7 @@ use tokio::sync::oneshot;
 
 use crate::changelog::{ChangeKind, ChangeLog, ChangeLogError, CommitFeed, LogStats, StoredChange};
 use crate::streamer::{Rebase, Streamer, UpstreamBatch};
+use crate::unreachable::Unreachable;
 use crate::upstream::protocol::UpstreamMessage;
 use crate::watermark::Watermark;
 
@@ -88,6 +89,7 @@ pub fn start(
             streamer,
             at: Position::after(last_commit),
             newest: None,
+            unreachable: Unreachable::new("follower: reading the change DB"),
         };
         follower.run(stop_rx).await;
         let _ = done_tx.send(());
@@ -147,6 +149,8 @@ struct Follower {
     at: Position,
     /// The newest commit known to be durable in the change DB.
     newest: Option<Watermark>,
+    /// Its reads' failures, said once per outage (PROTOCOL.md §14.2).
+    unreachable: Unreachable,
 }
 
 impl Follower {
@@ -226,11 +230,13 @@ impl Follower {
         };
         match stats {
             Ok(stats) => {
+                self.unreachable.answered();
                 self.saw(stats.max_watermark.clone());
                 self.rebase_if_purged_past(&stats).await
             }
             Err(e) => {
-                warn!("follower: reading the change DB's range failed: {e}");
+                let why = format!("its range: {e}");
+                self.unreachable.failed(&why, "again at the next poll");
                 Ok(())
             }
         }
@@ -283,7 +289,7 @@ impl Follower {
                     };
                 }
                 Err(e) => {
-                    warn!("follower: reading the change DB failed (again at the next poll): {e}");
+                    self.unreachable.failed(&e, "again at the next poll");
                     return Err(Pause::Retry);
                 }
             };

@@ -9,7 +9,8 @@
 //! know of a websocket session: its number and why it ends; [`secret`] a shared secret
 //! that is never printed. Each actor owns its state; they
 //! talk by the typed messages defined beside them, and each stops on its own `Stop` message.
-//! [`instance`] is this instance among those sharing a change DB: its id and its record there.
+//! [`instance`] is this instance among those sharing a change DB: its id and its record there;
+//! [`unreachable`] how a part that retries the change DB says an outage once.
 //! Time comes from an injected [`clock::Clock`] or, for timers, the runtime's (pausable) clock.
 
 pub mod alarm;
@@ -24,9 +25,11 @@ pub mod monitor;
 pub mod ownership;
 pub mod purger;
 pub mod reservation;
+pub mod restart_catch_up;
 pub mod secret;
 pub mod session_end;
 pub mod streamer;
+pub mod unreachable;
 pub mod upstream;
 pub mod vfs;
 pub mod vfs_reader;

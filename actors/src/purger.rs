@@ -24,6 +24,11 @@
 //! The purger is the one place that knows why the oldest scheduled purge waits: the last
 //! answer of its check, as a [`BlockedBy`] (PROTOCOL.md §9 `purge.blockedBy`).
 //!
+//! ### The audit
+//! A backup's audit that read back less than was confirmed ([`AuditBlock`], PROTOCOL.md §8.1d)
+//! stops every purge until that backup's audit lifts its block: nothing scheduled is checked
+//! meanwhile, and `blockedBy` is `audit` whatever is scheduled.
+//!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 
 use std::collections::BTreeMap;
@@ -49,14 +54,17 @@ pub enum BlockedBy {
     NoSubscriber,
     /// Rows below the watermark are younger than `--change-log-retention-ms`.
     Retention,
+    /// A backup read back below what was confirmed (PROTOCOL.md §8.1d): every purge stops.
+    Audit,
 }
 
 impl BlockedBy {
     /// Every reason, for the `change_streamer_purge_blocked{reason}` series.
-    pub const ALL: [BlockedBy; 3] = [
+    pub const ALL: [BlockedBy; 4] = [
         BlockedBy::Subscriber,
         BlockedBy::NoSubscriber,
         BlockedBy::Retention,
+        BlockedBy::Audit,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -64,8 +72,18 @@ impl BlockedBy {
             BlockedBy::Subscriber => "subscriber",
             BlockedBy::NoSubscriber => "no-subscriber",
             BlockedBy::Retention => "retention",
+            BlockedBy::Audit => "audit",
         }
     }
+}
+
+/// A backup's audit blocks every purge (`below`: the watermark a read must reach again), or
+/// lifts its block (`None`), PROTOCOL.md §8.1d.
+#[derive(Message, Debug, Clone, PartialEq, Eq)]
+#[rtype(result = "()")]
+pub struct AuditBlock {
+    pub backup: String,
+    pub below: Option<Watermark>,
 }
 
 /// The purger's part of `/status`.
@@ -100,6 +118,8 @@ pub struct Purger {
     checking: bool,
     timer: Option<SpawnHandle>,
     state: PurgeState,
+    /// The backups whose audit blocks every purge, and what a read must reach.
+    audit_blocks: BTreeMap<String, Watermark>,
 }
 
 impl Purger {
@@ -120,6 +140,7 @@ impl Purger {
             checking: false,
             timer: None,
             state: PurgeState::default(),
+            audit_blocks: BTreeMap::new(),
         }
     }
 
@@ -138,7 +159,7 @@ impl Purger {
         if let Some(t) = self.timer.take() {
             ctx.cancel_future(t);
         }
-        if self.checking {
+        if self.checking || !self.audit_blocks.is_empty() {
             return;
         }
         if let Some((_, due)) = self.scheduled.first_key_value() {
@@ -158,7 +179,7 @@ impl Purger {
         else {
             return;
         };
-        if self.checking {
+        if self.checking || !self.audit_blocks.is_empty() {
             return;
         }
         if due > Instant::now() {
@@ -260,11 +281,41 @@ impl Handler<ScheduleCleanup> for Purger {
     }
 }
 
+impl Handler<AuditBlock> for Purger {
+    type Result = ();
+    fn handle(&mut self, msg: AuditBlock, ctx: &mut Context<Self>) {
+        match msg.below {
+            Some(below) => {
+                warn!(
+                    "every purge stops: backup {} read back below watermark={below}",
+                    msg.backup
+                );
+                self.audit_blocks.insert(msg.backup, below);
+            }
+            None => {
+                if self.audit_blocks.remove(&msg.backup).is_some() && self.audit_blocks.is_empty() {
+                    info!(
+                        "purging resumes: the audit of backup {} reads back what was confirmed",
+                        msg.backup
+                    );
+                }
+            }
+        }
+        self.arm(ctx);
+    }
+}
+
 impl Handler<GetPurgeState> for Purger {
     type Result = MessageResult<GetPurgeState>;
     fn handle(&mut self, _: GetPurgeState, _: &mut Context<Self>) -> Self::Result {
         let mut s = self.state.clone();
         s.scheduled = self.scheduled.keys().cloned().collect();
+        if let Some((backup, below)) = self.audit_blocks.iter().next() {
+            s.blocked_by = Some(BlockedBy::Audit);
+            s.waiting = Some(format!(
+                "the audit of backup {backup} read back below watermark {below}"
+            ));
+        }
         MessageResult(s)
     }
 }

@@ -18,9 +18,11 @@
 //! - a `backup` replica that follows the stream. When stock litestream 0.5 is installed
 //!   (`scripts/install-litestream.sh` puts it in `.tools/litestream`; or `LITESTREAM_BIN` and
 //!   `LITESTREAM_VFS` name it), the replica applies the stream to its own SQLite file, a real
-//!   `litestream replicate` backs that up to a local `file://` replica, the service reads the
-//!   backed-up watermark through litestream's VFS (`--litestream-vfs`), and the restoring
-//!   replicas below really `litestream restore`. Otherwise a stand-in litestream `/metrics`
+//!   `litestream replicate` backs that up to a local `file://` replica, the service asks
+//!   litestream's control API (its unix socket, `--litestream-control-url`) to sync and wait at
+//!   each commit the backup replica acks, so it learns what is backed up without reading the
+//!   backup (PROTOCOL.md §8.1c), and the restoring replicas below really `litestream restore`.
+//!   Otherwise a stand-in litestream `/metrics`
 //!   endpoint reports, every second, the last watermark that replica applied as backed up. The
 //!   first line says which;
 //! - three serving replicas that reserve a snapshot, "restore" for a few seconds, subscribe with
@@ -73,9 +75,8 @@ async fn run(seconds: Option<u64>) {
     let backup_dir = tempfile::tempdir().expect("tempdir");
     match &real {
         Some(l) => println!(
-            "change-streamer demo with real litestream ({}): the service reads the backup through its VFS ({})",
+            "change-streamer demo with real litestream ({}): the service confirms each backed-up commit through litestream's control API",
             l.bin.display(),
-            l.vfs.display()
         ),
         None => println!(
             "change-streamer demo with a stand-in litestream /metrics page (scripts/install-litestream.sh installs real litestream 0.5 and its VFS for this demo)"
@@ -85,29 +86,35 @@ async fn run(seconds: Option<u64>) {
     let lite = FakeLitestream::start(Answer::default()).await;
     let up_url = up.url();
     let file_url = format!("file://{}", backup_dir.path().join("backup").display());
-    let (backup_url, source_flag, source) = match &real {
-        Some(l) => (
+    // With real litestream: its control socket, and the backup replica's file as litestream.yml
+    // names it (PROTOCOL.md §8.1c).
+    let socket = backup_dir.path().join("litestream.sock");
+    let replica_db = backup_dir.path().join("replica.db");
+    let (backup_url, source_flags) = match &real {
+        Some(_) => (
             file_url.clone(),
-            "--litestream-vfs",
-            l.vfs.to_string_lossy().into_owned(),
+            vec![
+                "--litestream-control-url".to_string(),
+                format!("unix:{}", socket.display()),
+                "--litestream-db-path".to_string(),
+                replica_db.display().to_string(),
+            ],
         ),
         None => (
             "s3://demo-bucket/replica".to_string(),
-            "--litestream-metrics-url",
-            lite.url(),
+            vec!["--litestream-metrics-url".to_string(), lite.url()],
         ),
     };
+    let source = source_flags[1].clone();
     // The service asks for a secret, as a production one should: made here, for this run.
     let secret = demo_secret();
-    let svc = TestService::start(&[
+    let mut args: Vec<&str> = vec![
         "--secret",
         &secret,
         "--upstream",
         &up_url,
         "--litestream-backup-url",
         &backup_url,
-        source_flag,
-        &source,
         "--backup-check-interval-ms",
         "1000",
         "--min-cleanup-delay-ms",
@@ -120,8 +127,9 @@ async fn run(seconds: Option<u64>) {
         "0.5",
         "--ping-interval-ms",
         "3000",
-    ])
-    .await;
+    ];
+    args.extend(source_flags.iter().map(String::as_str));
+    let svc = TestService::start(&args).await;
     let base = svc.base();
     println!(
         "  service on http://{base}  (data in {})",
@@ -146,20 +154,20 @@ async fn run(seconds: Option<u64>) {
     let mut _replication = None;
     let restore = match &real {
         Some(l) => {
-            let replica = BackupReplica::start_with(
-                &svc.credentials,
-                &base,
-                "backup",
-                &rv,
-                &rv,
-                &backup_dir.path().join("replica.db"),
-            )
-            .await;
-            _replication = Some(l.replicate(
+            let replica =
+                BackupReplica::start_with(&svc.credentials, &base, "backup", &rv, &rv, &replica_db)
+                    .await;
+            let replication = l.replicate_controlled(
                 &replica.db,
                 &file_url,
                 &backup_dir.path().join("litestream.yml"),
-            ));
+                &socket,
+                "1s",
+            );
+            replication
+                .wait_for_socket(&socket, Duration::from_secs(30))
+                .await;
+            _replication = Some(replication);
             Restore::Real {
                 litestream: l.clone(),
                 url: file_url.clone(),
@@ -278,6 +286,8 @@ async fn run(seconds: Option<u64>) {
         "rowsPurged": n(&st["purge"]["rowsPurged"]),
         "cleanupsScheduled": metric(&metrics, "change_streamer_cleanups_scheduled_total"),
         "cleanupDelayMs": n(&st["backup"]["cleanupDelayMs"]),
+        "backupSource": st["backup"]["source"],
+        "backupReads": n(&st["backup"]["monitor"]["backupReadsTotal"]),
         "subscribersAtEnd": st["subscribers"].as_array().map(Vec::len).unwrap_or(0),
         "releasesAll": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"all\"}"),
         "releasesConsensus": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"consensus\"}"),

@@ -26,6 +26,9 @@ legend:
     that sort in commit order; the log spans min..max of them
   reservations [task ms]: replicas restoring a snapshot; while any is open (paused) nothing the
     backup may still need is purged
+  backup: where the service learns what is backed up (control: litestream's control API syncs
+    and confirms each commit the backup replica acks; metrics: the stand-in /metrics page), the
+    newest watermark confirmed, and how many times the backup itself was read to learn it
   cleanup delay: how long after litestream reports a watermark backed up before its cleanup
   cleanups scheduled / purge queue: cleanups made from litestream's reports / those waiting for
     their purge check (--purge-delay-ms); rows purged: change-log rows deleted by them
@@ -100,6 +103,18 @@ pub fn view(t: u64, st: &Value, metrics: &str) -> String {
         metric(metrics, "change_streamer_cleanups_scheduled_total"),
         st["purge"]["scheduled"].as_array().map(Vec::len).unwrap_or(0),
         n(&st["purge"]["rowsPurged"]),
+    ));
+    out.push_str(&format!(
+        "        backup via {}: confirmed {}  backup reads {}{}\n",
+        st["backup"]["source"].as_str().unwrap_or("-"),
+        st["backup"]["monitor"]["backupWatermark"]
+            .as_str()
+            .unwrap_or("-"),
+        n(&st["backup"]["monitor"]["backupReadsTotal"]),
+        st["backup"]["monitor"]["lastError"]
+            .as_str()
+            .map(|e| format!("  last error: {e}"))
+            .unwrap_or_default(),
     ));
     out.push_str(&format!(
         "        flow control: {} tracked sends, released by all {} / by consensus {}\n",

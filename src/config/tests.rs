@@ -147,3 +147,31 @@ fn every_flag_has_a_help_heading() {
     }
     assert_eq!(seen, HEADINGS, "headings in --help, in order");
 }
+
+/// PROTOCOL.md §8.1d: the audit runs every 60 s with the control API and the VFS unless the
+/// flag says otherwise; 0 turns it off; without both flags there is none.
+#[test]
+fn backup_audit_interval_defaults_to_60_s_with_control_and_vfs_and_0_is_off() {
+    let both = [
+        "--litestream-backup-url",
+        "s3://b/r",
+        "--litestream-control-url",
+        "unix:/run/litestream.sock",
+        "--litestream-db-path",
+        "/var/lib/zero/replica.db",
+        "--litestream-vfs",
+        "/opt/litestream-vfs.so",
+    ];
+    let audit = |extra: &[&str]| {
+        let args: Vec<&str> = both.iter().chain(extra).copied().collect();
+        parse(&args).unwrap().backup_audit_interval()
+    };
+    assert_eq!(audit(&[]), Some(Duration::from_secs(60)));
+    assert_eq!(
+        audit(&["--backup-audit-interval-ms", "250"]),
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(audit(&["--backup-audit-interval-ms", "0"]), None);
+    let control_only = parse(&both[..6]).unwrap();
+    assert_eq!(control_only.backup_audit_interval(), None);
+}

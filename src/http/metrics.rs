@@ -118,6 +118,13 @@ fn backup(m: &Scrape, o: &Observation, delay: Duration) -> prometheus::Result<()
     m.set(&CLEANUPS_SCHEDULED, scheduled as f64)?;
     m.set(&POLLS, o.monitor.polls_total as f64)?;
     m.set(&POLL_ERRORS, o.monitor.poll_errors_total as f64)?;
+    m.set_each(
+        &AUDIT_FAILURES,
+        o.monitor
+            .audit
+            .iter()
+            .map(|a| ([a.backup.as_str()], a.failures_total as f64)),
+    )?;
     m.set(
         &INVALID_WATERMARKS,
         o.monitor.invalid_watermarks_total as f64,

@@ -1,7 +1,7 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
 //! it to replicate, a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
-//! (feature `service`), the vendored fixtures, the peer harness, a PostgreSQL database
+//! (feature `service`), a TCP forward whose connections a test cuts, the vendored fixtures, the peer harness, a PostgreSQL database
 //! of its own for each test, waiting on a condition, and a client's thread of its own.
 
 pub mod access;
@@ -9,6 +9,7 @@ pub mod backup_replica;
 pub mod client;
 pub mod feed;
 pub mod fixtures;
+pub mod forward;
 pub mod litestream;
 pub mod load;
 pub mod own_thread;

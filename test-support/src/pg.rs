@@ -61,6 +61,8 @@ fn own_cluster() -> Result<String, String> {
 pub struct TestDb {
     pub url: String,
     name: String,
+    /// The server's URL, without a database.
+    server: String,
 }
 
 /// Connects to `url`, driving the connection on the current runtime.
@@ -82,6 +84,12 @@ pub async fn connect(url: &str) -> Client {
 
 impl TestDb {
     pub async fn create(tag: &str) -> TestDb {
+        Self::create_on(&server(), tag).await
+    }
+
+    /// A fresh database on the server at `server` (a URL without a database), e.g. a
+    /// [`pg_cluster::Cluster`] of the test's own.
+    pub async fn create_on(server: &str, tag: &str) -> TestDb {
         static N: AtomicU32 = AtomicU32::new(0);
         let name = format!(
             "cs_{}_{}_{}",
@@ -89,14 +97,15 @@ impl TestDb {
             std::process::id(),
             N.fetch_add(1, Ordering::SeqCst)
         );
-        let admin = connect(&format!("{}/postgres", server())).await;
+        let admin = connect(&format!("{server}/postgres")).await;
         admin
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap_or_else(|e| panic!("creating test database {name}: {e}"));
         TestDb {
-            url: format!("{}/{name}", server()),
+            url: format!("{server}/{name}"),
             name,
+            server: server.to_string(),
         }
     }
 
@@ -109,6 +118,7 @@ impl TestDb {
 impl Drop for TestDb {
     fn drop(&mut self) {
         let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
+        let server = self.server.clone();
         // Its own thread and runtime: a drop may run inside or outside of any runtime.
         let dropped = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -116,7 +126,7 @@ impl Drop for TestDb {
                 .build()
                 .expect("a runtime to drop the test database");
             rt.block_on(async {
-                let admin = connect(&format!("{}/postgres", server())).await;
+                let admin = connect(&format!("{server}/postgres")).await;
                 admin.batch_execute(&sql).await
             })
         })

@@ -13,6 +13,10 @@
 //! reaper reads end-of-file, stops the cluster (`pg_ctl stop -m immediate`) and removes the
 //! folder. Nothing polls and nothing waits for a guessed time.
 //!
+//! A test that needs the change DB to go away and come back (tests/change_db_outage.rs) starts a
+//! cluster of its own with [`start`] and stops, starts or restarts it ([`Cluster::stop`],
+//! [`Cluster::start_again`], [`Cluster::restart`]); dropping the [`Cluster`] ends it.
+//!
 //! `initdb` and `pg_ctl` refuse to run as root (which CI here is): as root, both, the server
 //! and the reaper run as the unprivileged user `postgres` (or `nobody` where there is none),
 //! which owns the folder.
@@ -36,8 +40,20 @@ pub struct Cluster {
     pub url: String,
     /// The folder holding the cluster's data, socket and log; removed when it stops.
     pub dir: PathBuf,
-    /// Held for the life of the process; its end-of-file tells the reaper to stop the cluster.
+    /// Held for the life of the cluster; its end-of-file tells the reaper to stop the cluster.
     _reaper_stdin: ChildStdin,
+    /// What [`Cluster::stop`], [`Cluster::start_again`] and [`Cluster::restart`] run.
+    server: Server,
+}
+
+/// How to run `pg_ctl` on the cluster: its binaries, data folder, the server's options (its
+/// port among them) and the user that runs it.
+struct Server {
+    bin: PathBuf,
+    base: PathBuf,
+    data: PathBuf,
+    options: String,
+    run_as: Option<RunAs>,
 }
 
 /// The user that runs the cluster's programs: `None` to run them as ourselves (not root).
@@ -63,16 +79,72 @@ pub fn start() -> Result<Cluster, String> {
     let data = base.join("data");
     let reaper_stdin = spawn_reaper(&bin, &base, &data, run_as.as_ref())?;
     init_db(&bin, &base, &data, run_as.as_ref())?;
-    let port = start_server(&bin, &base, &data, run_as.as_ref())?;
+    let (port, options) = start_server(&bin, &base, &data, run_as.as_ref())?;
     log::info!(
         "throwaway PostgreSQL cluster started on port {port} in {}",
         base.display()
     );
     Ok(Cluster {
         url: format!("postgres://postgres@127.0.0.1:{port}"),
-        dir: base,
+        dir: base.clone(),
         _reaper_stdin: reaper_stdin,
+        server: Server {
+            bin,
+            base,
+            data,
+            options,
+            run_as,
+        },
     })
+}
+
+impl Cluster {
+    /// Stops the server (`pg_ctl stop -m fast`: every session is ended, as an operator's stop
+    /// does), returning once it is down; the folder stays, for [`Cluster::start_again`].
+    pub fn stop(&self) -> Result<(), String> {
+        self.pg_ctl(&["-w", "-m", "fast", "stop"])
+    }
+
+    /// Starts the stopped server again on the same port, returning once it accepts connections.
+    pub fn start_again(&self) -> Result<(), String> {
+        self.pg_ctl_serving(&["start"])
+    }
+
+    /// `pg_ctl restart -m fast`: every session ended, the server back on the same port once
+    /// this returns.
+    pub fn restart(&self) -> Result<(), String> {
+        self.pg_ctl_serving(&["-m", "fast", "restart"])
+    }
+
+    /// `pg_ctl` with the server's log and options, waiting until it accepts connections.
+    fn pg_ctl_serving(&self, action: &[&str]) -> Result<(), String> {
+        let s = &self.server;
+        let log = s.base.join("server.log").display().to_string();
+        let mut args = vec!["-l", &log, "-w", "-t", "120", "-o", &s.options];
+        args.extend_from_slice(action);
+        self.pg_ctl(&args)
+    }
+
+    fn pg_ctl(&self, args: &[&str]) -> Result<(), String> {
+        let s = &self.server;
+        let out = command(&s.bin.join("pg_ctl"), &s.base, s.run_as.as_ref())
+            .arg("-D")
+            .arg(&s.data)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(|e| format!("running pg_ctl {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "pg_ctl {args:?} failed ({}): {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ))
+        }
+    }
 }
 
 /// The folder holding `initdb` and `pg_ctl`: on PATH, else the newest `/usr/lib/postgresql/*/bin`
@@ -211,7 +283,7 @@ fn start_server(
     base: &Path,
     data: &Path,
     run_as: Option<&RunAs>,
-) -> Result<u16, String> {
+) -> Result<(u16, String), String> {
     let mut last_error = String::new();
     for _ in 0..3 {
         let port = free_port()?;
@@ -231,7 +303,7 @@ fn start_server(
             .output()
             .map_err(|e| format!("running {}: {e}", bin.join("pg_ctl").display()))?;
         if out.status.success() {
-            return Ok(port);
+            return Ok((port, options));
         }
         let log = fs::read_to_string(base.join("server.log")).unwrap_or_default();
         last_error = format!(

@@ -4,6 +4,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -15,6 +16,8 @@ pub struct ServiceProcess {
     child: Child,
     /// `host:port` it listens on.
     pub addr: String,
+    /// Every line it logged so far (its stderr).
+    log: Arc<Mutex<Vec<String>>>,
 }
 
 impl ServiceProcess {
@@ -50,17 +53,30 @@ impl ServiceProcess {
             .expect("start the binary");
         let stderr = child.stderr.take().expect("stderr");
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let lines = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     let _ = tx.send(rest.split_whitespace().next().unwrap_or("").to_string());
+                }
+                if let Ok(mut l) = lines.lock() {
+                    l.push(line);
                 }
             }
         });
         let addr = rx
             .recv_timeout(Duration::from_secs(20))
             .expect("the service never said where it listens");
-        ServiceProcess { child, addr }
+        ServiceProcess { child, addr, log }
+    }
+
+    /// The lines it logged so far that contain `needle`.
+    pub fn logged(&self, needle: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .map(|l| l.iter().filter(|x| x.contains(needle)).cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Its process id (for `/proc/PID/...`).
@@ -99,6 +115,20 @@ impl ServiceProcess {
         }
     }
 
+    /// `/readyz`: its status code and its line, trimmed.
+    pub async fn readyz(&self) -> (u16, String) {
+        let mut resp = crate::client::http_client()
+            .get(format!("http://{}/readyz", self.addr))
+            .send()
+            .await
+            .expect("readyz");
+        let body = resp.body().await.expect("readyz body");
+        (
+            resp.status().as_u16(),
+            String::from_utf8_lossy(&body).trim().to_string(),
+        )
+    }
+
     /// `/status` as JSON.
     pub async fn status(&self) -> Value {
         let mut resp = crate::client::http_client()
@@ -107,6 +137,20 @@ impl ServiceProcess {
             .await
             .expect("status");
         resp.json().await.expect("status JSON")
+    }
+
+    /// `GET path`: the status code and the body.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        let mut resp = crate::client::http_client()
+            .get(format!("http://{}{path}", self.addr))
+            .send()
+            .await
+            .expect("http get");
+        let body = resp.body().limit(16 << 20).await.expect("body");
+        (
+            resp.status().as_u16(),
+            String::from_utf8_lossy(&body).into_owned(),
+        )
     }
 
     /// Polls `/status` until `cond` holds ([`STATUS_LIMIT`] at most) and returns it.

@@ -138,6 +138,23 @@ impl Litestream {
         )
     }
 
+    /// [`Litestream::replicate_controlled`], returned once its control socket accepts
+    /// connections (20 s at most).
+    pub async fn replicate_controlled_ready(
+        &self,
+        db: &Path,
+        replica_url: &str,
+        config: &Path,
+        socket: &Path,
+        sync_interval: &str,
+    ) -> Replication {
+        let replication = self.replicate_controlled(db, replica_url, config, socket, sync_interval);
+        replication
+            .wait_for_socket(socket, Duration::from_secs(20))
+            .await;
+        replication
+    }
+
     /// Starts `litestream replicate` with `yml` written to `config`; its log goes to `config`
     /// with `.log` appended.
     pub fn replicate_with(&self, config: &Path, yml: &str) -> Replication {
@@ -199,6 +216,19 @@ pub fn file_replica_dir(replica_url: &str) -> PathBuf {
             .strip_prefix("file://")
             .expect("a file:// replica URL"),
     )
+}
+
+/// Copies the folder `from` (a `file://` replica, say) to `to`, recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read_dir").flatten() {
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
 }
 
 impl Replication {

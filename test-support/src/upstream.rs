@@ -23,6 +23,9 @@ struct State {
     closes: Vec<(u16, String)>,
     conn: Option<Addr<Conn>>,
     options: UpstreamOptions,
+    /// Pings the service sent, and pongs it answered to ours (PROTOCOL.md §4).
+    pings: usize,
+    pongs: usize,
     refused: usize,
 }
 
@@ -69,6 +72,7 @@ impl Actor for Conn {
 #[rtype(result = "()")]
 enum Command {
     Send(Vec<String>),
+    Ping,
     Drop,
 }
 
@@ -77,6 +81,7 @@ impl Handler<Command> for Conn {
     fn handle(&mut self, c: Command, ctx: &mut Self::Context) {
         match c {
             Command::Send(frames) => frames.into_iter().for_each(|f| ctx.text(f)),
+            Command::Ping => ctx.ping(b"source"),
             Command::Drop => ctx.stop(),
         }
     }
@@ -86,7 +91,11 @@ impl StreamHandler<Result<ws::Message, ws::ProtocolError>> for Conn {
     fn handle(&mut self, msg: Result<ws::Message, ws::ProtocolError>, ctx: &mut Self::Context) {
         match msg {
             Ok(ws::Message::Text(t)) => self.state.lock().unwrap().acks.push(t.to_string()),
-            Ok(ws::Message::Ping(p)) => ctx.pong(&p),
+            Ok(ws::Message::Ping(p)) => {
+                self.state.lock().unwrap().pings += 1;
+                ctx.pong(&p)
+            }
+            Ok(ws::Message::Pong(_)) => self.state.lock().unwrap().pongs += 1,
             Ok(ws::Message::Close(reason)) => {
                 if let Some(r) = &reason {
                     let code = u16::from(r.code);
@@ -223,6 +232,33 @@ impl FakeUpstream {
     pub fn send(&self, frames: Vec<String>) {
         let conn = self.state.lock().unwrap().conn.clone();
         conn.expect("no connection").do_send(Command::Send(frames));
+    }
+
+    /// Pings the service on the current connection.
+    pub fn ping(&self) {
+        let conn = self.state.lock().unwrap().conn.clone();
+        conn.expect("no connection").do_send(Command::Ping);
+    }
+
+    /// Pings the service sent so far, and pongs it answered.
+    pub fn pings_and_pongs(&self) -> (usize, usize) {
+        let s = self.state.lock().unwrap();
+        (s.pings, s.pongs)
+    }
+
+    /// Sends frames on the current connection if it is still the `connection`-th made (counted
+    /// from 1, as [`FakeUpstream::queries`] lists them): a change source that resumes from the
+    /// `lastWatermark` a connection asked for sends nothing meant for an older one on it.
+    /// Whether it was.
+    pub fn send_on(&self, connection: usize, frames: Vec<String>) -> bool {
+        let s = self.state.lock().unwrap();
+        match &s.conn {
+            Some(conn) if s.queries.len() == connection => {
+                conn.do_send(Command::Send(frames));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Drops the current connection.

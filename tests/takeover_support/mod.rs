@@ -24,6 +24,8 @@ pub struct Instance {
     pub listening: mpsc::Receiver<(String, Instant)>,
     /// Said once the deposed owner's change log writer ended: no handle on it was left.
     pub writer_gone: mpsc::Receiver<()>,
+    /// Every line it logs, as it logs it.
+    pub log: mpsc::Receiver<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -50,9 +52,13 @@ impl Instance {
         let (tx, listening) = mpsc::channel();
         let (standby_tx, standby) = mpsc::channel();
         let (gone_tx, writer_gone) = mpsc::channel();
+        let (log_tx, log) = mpsc::channel();
+        let pid = child.id();
         std::thread::spawn(move || {
             let addr = |rest: &str| rest.split_whitespace().next().unwrap_or("").to_string();
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                // Shown with a failing test's output.
+                eprintln!("[pid {pid}] {line}");
                 if let Some(rest) = line.split("listening on ").nth(1) {
                     let _ = tx.send((addr(rest), Instant::now()));
                 } else if let Some(rest) = line.split("standby on ").nth(1) {
@@ -60,6 +66,7 @@ impl Instance {
                 } else if line.contains("deposed change log writer stopped") {
                     let _ = gone_tx.send(());
                 }
+                let _ = log_tx.send(line);
             }
         });
         Instance {
@@ -67,6 +74,7 @@ impl Instance {
             standby,
             listening,
             writer_gone,
+            log,
             _dir: dir,
         }
     }

@@ -132,6 +132,10 @@ pub struct LogStats {
     /// Groups of appends the SQLite writer held open for its commit window (load seen).
     #[serde(skip)]
     pub commits_held_total: u64,
+    /// Why the latest append failed and where (a full disk, say), until an append succeeds
+    /// again: `/readyz` says it (PROTOCOL.md §3.1).
+    #[serde(skip)]
+    pub write_error: Option<String>,
 }
 
 /// The range a snapshot reservation's status reports (PROTOCOL.md §6): the replicaVersion

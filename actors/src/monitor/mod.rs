@@ -12,6 +12,9 @@
 //!   commit the backup replicator acks (the streamer says so, [`BackupAcked`]) and at each
 //!   poll; its success makes that commit one sample of replica `control` (see [`control`]).
 //!
+//! With an [`AuditConfig`] the monitor also reads its backup through the VFS now and then and
+//! compares it with what it confirmed (PROTOCOL.md §8.1d, [`audit`]).
+//!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
 //! above the change log's minWatermark (PROTOCOL.md §6.7).
@@ -26,7 +29,7 @@
 //! a half-read answer is ever recorded.
 //!
 //! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
-//! in its own file: [`metrics`], [`vfs`], [`control`].
+//! in its own file: [`metrics`], [`vfs`], [`control`]; the audit in [`audit`].
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 //! [`BackupAcked`]: crate::streamer::BackupAcked
@@ -45,10 +48,12 @@ use crate::reservation::BackupRead;
 use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
+mod audit;
 mod control;
 mod metrics;
 mod vfs;
 
+pub use audit::{AuditConfig, AuditStats, SINGLE_BACKUP};
 pub use control::{ControlSource, CONTROL_REPLICA, CONTROL_TIMEOUT};
 
 /// The replica name of the observations read through the VFS.
@@ -101,6 +106,8 @@ pub struct MonitorConfig {
     pub timeout: Duration,
     /// `false` leaves polling to explicit [`Check`]s (tests, replay).
     pub poll_automatically: bool,
+    /// The audit of this backup through the VFS (PROTOCOL.md §8.1d); `None`: no audit.
+    pub audit: Option<AuditConfig>,
 }
 
 impl MonitorConfig {
@@ -126,6 +133,7 @@ impl MonitorConfig {
             interval,
             timeout,
             poll_automatically: true,
+            audit: None,
         }
     }
 }
@@ -171,8 +179,10 @@ pub struct MonitorStats {
     /// The watermark the latest poll found backed up: read from the backup (VFS source) or
     /// confirmed by litestream (control source); `None` when that poll failed.
     pub backup_watermark: Option<Watermark>,
-    /// Reads of the backup itself since start (the VFS source's polls).
+    /// Reads of the backup itself since start (the VFS source's polls, the audit's reads).
     pub backup_reads_total: u64,
+    /// The audit's state (PROTOCOL.md §8.1d); `None` without an audit.
+    pub audit: Option<AuditStats>,
 }
 
 /// What one poll produced, before it is handed to the cleanup actor.
@@ -192,6 +202,8 @@ pub struct MonitorActor {
     backup_reads: Option<Recipient<BackupRead>>,
     /// The control source's state (PROTOCOL.md §8.1c).
     control: control::ControlState,
+    /// The audit's state (PROTOCOL.md §8.1d).
+    audit: audit::AuditState,
     in_flight: Option<SpawnHandle>,
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
@@ -201,17 +213,18 @@ pub struct MonitorActor {
 impl MonitorActor {
     pub fn new(cfg: MonitorConfig, cleanup: Addr<CleanupActor>) -> Self {
         MonitorActor {
-            cfg,
             cleanup,
             client: None,
             vfs: None,
             vfs_first_read: None,
             backup_reads: None,
             control: control::ControlState::default(),
+            audit: audit::AuditState::new(cfg.audit.as_ref()),
             in_flight: None,
             waiters: Vec::new(),
             stats: MonitorStats::default(),
             stopping: false,
+            cfg,
         }
     }
 
@@ -242,6 +255,7 @@ impl MonitorActor {
             if matches!(outcome, PollOutcome::Read { .. }) {
                 act.stats.last_error = None;
             }
+            act.audit.note_confirmed(&samples);
             act.cleanup
                 .send(PollResult { samples })
                 .into_actor(act)
@@ -281,6 +295,7 @@ impl Actor for MonitorActor {
         if self.cfg.poll_automatically {
             ctx.run_interval(self.cfg.interval, |act, ctx| act.start_poll(ctx));
         }
+        self.schedule_audits(ctx);
     }
 }
 
@@ -316,6 +331,9 @@ impl Handler<Stop> for MonitorActor {
 impl Handler<GetMonitorStats> for MonitorActor {
     type Result = MessageResult<GetMonitorStats>;
     fn handle(&mut self, _: GetMonitorStats, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.stats.clone())
+        MessageResult(MonitorStats {
+            audit: self.audit.stats.clone(),
+            ..self.stats.clone()
+        })
     }
 }

@@ -163,6 +163,11 @@ pub struct ReservationActor {
     max_reservation: Option<Duration>,
     /// Status waits for a verified backup (VFS source).
     verify_backup: bool,
+    /// Status waits for the backup to cover the watermark recorded before the restart
+    /// (PROTOCOL.md §13.1), until the cleanup actor says [`BackupCovered`].
+    ///
+    /// [`BackupCovered`]: crate::restart_catch_up::BackupCovered
+    held_after_restart: bool,
     /// The newest backed-up watermark a poll read.
     backed_up: Option<Watermark>,
     /// The size of the backup as the latest poll read it (VFS source, PROTOCOL.md §6.3).
@@ -192,6 +197,7 @@ impl ReservationActor {
             reservations: HashMap::new(),
             max_reservation: None,
             verify_backup: false,
+            held_after_restart: false,
             backed_up: None,
             replica_size: None,
             store: None,
@@ -212,6 +218,13 @@ impl ReservationActor {
     /// serve from (PROTOCOL.md §6.7).
     pub fn verifying_backups(mut self) -> Self {
         self.verify_backup = true;
+        self
+    }
+
+    /// Holds every status until the cleanup actor says the backup covers the watermark recorded
+    /// before the restart (PROTOCOL.md §13.1).
+    pub fn held_until_backup_covers(mut self) -> Self {
+        self.held_after_restart = true;
         self
     }
 
@@ -499,7 +512,7 @@ impl Handler<ListReservations> for ReservationActor {
                 task_id: t.clone(),
                 held_ms: now - r.started_ms,
                 orphaned: r.holder.is_none(),
-                verified: r.status_sent || !self.verify_backup,
+                verified: r.status_sent || !(self.verify_backup || self.held_after_restart),
                 progress: r.restore.info(now),
             })
             .collect();

@@ -4,7 +4,9 @@
 //! starts. It is sent once the reservation is written down and the change log answers; with
 //! the VFS backup source it also waits until a poll of the backup read a watermark at or above
 //! the change log's minWatermark, so that a replica is only sent to a backup that exists and
-//! that the change log can serve from.
+//! that the change log can serve from. After a restart, whatever the source, it also waits until
+//! the backup covers the watermark recorded before the stop (PROTOCOL.md §13.1,
+//! [`BackupCovered`]).
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use serde::Serialize;
 
 use super::ReservationActor;
 use crate::changelog::{ChangeLogError, LogRange};
+use crate::restart_catch_up::BackupCovered;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::streamer::{GetSnapshotBase, SnapshotBaseError};
 use crate::watermark::Watermark;
@@ -118,11 +121,12 @@ impl ReservationActor {
                 let state: Result<LogRange, SnapshotBaseError> =
                     answer.unwrap_or_else(|e| Err(e.into()));
                 let verified = |s: &LogRange| {
-                    !act.verify_backup
-                        || act
-                            .backed_up
-                            .as_ref()
-                            .is_some_and(|b| b.as_str() >= s.min_watermark.as_str())
+                    !act.held_after_restart
+                        && (!act.verify_backup
+                            || act
+                                .backed_up
+                                .as_ref()
+                                .is_some_and(|b| b.as_str() >= s.min_watermark.as_str()))
                 };
                 let verified = state.as_ref().map(verified).unwrap_or(false);
                 let Some(res) = act.reservations.get_mut(&task_id) else {
@@ -133,6 +137,9 @@ impl ReservationActor {
                     return; // ended (or replaced) before the status was known
                 };
                 match state {
+                    Ok(_) if !verified && act.held_after_restart => {
+                        info!("snapshot reservation of task {task_id} waits for the backup to cover the watermark recorded before the restart");
+                    }
                     Ok(_) if !verified => {
                         info!("snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
                     }
@@ -171,6 +178,13 @@ impl Handler<BackupRead> for ReservationActor {
             return;
         }
         self.backed_up = Some(msg.watermark);
+        self.send_waiting_statuses(ctx);
+    }
+}
+
+impl ReservationActor {
+    /// Tries again the status of every reservation that waits for it.
+    fn send_waiting_statuses(&mut self, ctx: &mut Context<Self>) {
         let waiting: Vec<(String, SessionId)> = self
             .reservations
             .iter()
@@ -179,6 +193,15 @@ impl Handler<BackupRead> for ReservationActor {
             .collect();
         for (task_id, session_id) in waiting {
             self.send_status(task_id, session_id, ctx);
+        }
+    }
+}
+
+impl Handler<BackupCovered> for ReservationActor {
+    type Result = ();
+    fn handle(&mut self, _: BackupCovered, ctx: &mut Context<Self>) {
+        if std::mem::take(&mut self.held_after_restart) {
+            self.send_waiting_statuses(ctx);
         }
     }
 }

@@ -123,9 +123,7 @@ impl Streamer {
             .catchup
             .iter()
             .filter(|(k, c)| {
-                c.waiting_batch.is_none()
-                    && !c.reading
-                    && self.subscribers.get(k).is_some_and(|s| s.in_flight() == 0)
+                !c.reading && self.subscribers.get(k).is_some_and(|s| s.in_flight() == 0)
             })
             .map(|(&k, _)| k)
             .collect();

@@ -1,12 +1,27 @@
-//! Catch-up: a subscriber reading the stored transactions it missed, in batches sized to its
-//! room, until it reaches what it gets live (PROTOCOL.md §7, §10.2); and the way back to
-//! catch-up for one that holds too much.
+//! Catch-up: a subscriber reading the stored transactions it missed, streamed within a window
+//! of unacked bytes, until it reaches what it gets live (PROTOCOL.md §5, §7, §10.2); and the way
+//! back to catch-up for one that holds too much.
+//!
+//! ### A window, not stop-and-wait (PROTOCOL.md §10.2)
+//! A catch-up keeps reading and sending while the payload it sent and the client has not acked
+//! is under `--catchup-window-bytes`: every ack the session reports makes room, without waiting
+//! for the ack of any particular frame. So a client that acks late, or only at commits,
+//! still gets a continuous stream, paced by the window and not by round trips. Each read is
+//! followed at once by the next while a row of the usual size fits; once the window is full,
+//! an ack report reads on when a quarter of the window is free, or, when every commit sent is
+//! acked (what is unacked may be the start of a transaction whose commit the client waits
+//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Reads are in rows, sized from the window's room and the size of the rows read before (this subscriber's,
+//! else the last catch-up's of any subscriber); only the streamer's first catch-up, knowing no
+//! size, starts with a probe of [`FIRST_READ_ROWS`], and the next read follows at once. The last
+//! frame of each read asks the session to report its ack at once ([`Token::Progress`]), so the
+//! window reopens as soon as the client has read it.
 //!
 //! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
 //! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
 //! `--max-subscriber-queue-changes` and `--max-subscriber-queue-bytes`, and all subscribers
-//! together within `--max-queued-bytes`. Catch-up reads only as many rows as there is room for,
-//! sends only as many bytes, and reads on as acks make room. A live subscriber that runs out of room in the middle of a
+//! together within `--max-queued-bytes`. Catch-up reads only as many rows as there is room for
+//! (in the window and in those bounds), sends only as many bytes, and reads on as acks make
+//! room. A live subscriber that runs out of room in the middle of a
 //! transaction gets nothing more of it; at the transaction's end it goes back to catch-up from
 //! the last change it was sent (its *position*), so the change log supplies the rest. A
 //! backlog that runs out of room is dropped whole at the transaction's end and the catch-up's
@@ -20,23 +35,24 @@ use super::budget::Budget;
 use super::change::Change;
 use super::frames::Token;
 use super::shared::SharedFrames;
-use super::subscriber::{Delivery, Phase, Subscriber};
+use super::subscriber::{Phase, Subscriber};
 use super::Streamer;
 use crate::changelog::StoredChange;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
 
-/// Rows of the first catch-up read of a subscriber, before their size is known: reads are
-/// sized from the byte room and the size of the rows read before, so that a change log of
-/// large changes is not read 2,000 rows at a time only to send a few of them.
+/// Rows of the streamer's first catch-up read, before any row's size is known: a probe, so
+/// that a change log of large changes is not read thousands of rows at a time only to send a
+/// few of them. The next read, sized from it, follows at once.
 const FIRST_READ_ROWS: usize = 16;
+
+/// With an ack to come, a read waits until this share of the window is free.
+const READ_WHEN_FREE: u64 = 4;
 
 /// Where a catch-up stands.
 pub(super) struct Catchup {
     after: (Watermark, i64),
     pub(super) up_to: Watermark,
-    /// The catch-up batch whose last frame's ack is awaited.
-    pub(super) waiting_batch: Option<u64>,
     /// A read (or its durability barrier) is out.
     pub(super) reading: bool,
     /// `up_to` moved past what the last barrier covered: wait for durability before reading.
@@ -51,7 +67,6 @@ impl Catchup {
         Catchup {
             after,
             up_to,
-            waiting_batch: None,
             reading: false,
             // Everything up to `up_to` was queued on the change log before this point: the
             // first read waits until it is durable.
@@ -63,19 +78,22 @@ impl Catchup {
 
 impl Streamer {
     /// Reads the next catch-up batch, after a durability barrier when the target moved, and
-    /// only as many rows as the subscriber has room for; with no room, the acks that make
-    /// some call it again ([`SessionProgress`](super::SessionProgress)).
+    /// only as many rows as the window and the subscriber's bounds have room for; with too
+    /// little room, the acks that make some call it again
+    /// ([`SessionProgress`](super::SessionProgress)).
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
         let budget = self.budget();
         let at_boundary = self.txn.is_none();
         let last_commit = self.last_commit.clone();
+        let window = self.cfg.catchup_window_bytes as u64;
+        let known_row_bytes = self.catchup_row_bytes;
         let (Some(sub), Some(c)) = (
             self.subscribers.get_mut(&session_id),
             self.catchup.get_mut(&session_id),
         ) else {
             return;
         };
-        if c.reading || c.waiting_batch.is_some() {
+        if c.reading {
             return;
         }
         let full = sub.room() == 0 || sub.byte_room(u64::MAX) == 0;
@@ -105,16 +123,21 @@ impl Streamer {
             return;
         }
         let room = sub.room();
-        let byte_room = sub.byte_room(budget.room());
+        let byte_room = window_room(sub, window, budget.room());
         // With no byte room, one that holds nothing may still take one change while the
         // budget is within its bound (PROTOCOL.md §10.2); otherwise acks make room.
         if room == 0 || (byte_room == 0 && !(sub.held_bytes() == 0 && budget.within())) {
             return;
         }
-        let rows = match c.row_bytes {
-            Some(size) => (byte_room / size.max(1)).max(1) as usize,
+        let rows = match c.row_bytes.or(known_row_bytes) {
+            Some(size) => (byte_room / size.max(1)) as usize,
             None => FIRST_READ_ROWS,
         };
+        if rows == 0 && sub.in_flight() > 0 {
+            // No room for a row of the usual size: the acks in flight make more.
+            return;
+        }
+        let rows = rows.max(1);
         c.reading = true;
         let up_to = c.up_to.clone();
         let read = self.log.read(
@@ -126,6 +149,28 @@ impl Streamer {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
             Err(e) => act.catchup_failed(ctx, session_id, e.to_string()),
         }));
+    }
+
+    /// An ack report made room in the window of `session_id`'s catch-up, if it has one: it reads
+    /// on once the room is worth a read (a read of a few rows costs about as much as a large
+    /// one): a quarter of the window, or any room when no commit it was sent waits for its ack
+    /// (what is unacked may then be the start of a transaction whose commit a client acking
+    /// only at commits waits for, and no ack would come).
+    pub(super) fn read_catchup_on_ack(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
+        let global_room = self.budget().room();
+        let window = self.cfg.catchup_window_bytes as u64;
+        let (Some(sub), Some(c)) = (
+            self.subscribers.get(&session_id),
+            self.catchup.get(&session_id),
+        ) else {
+            return;
+        };
+        let ack_to_come = sub.watermark > sub.acked;
+        let little = window_room(sub, window, global_room) < window / READ_WHEN_FREE;
+        if c.reading || (little && ack_to_come) {
+            return;
+        }
+        self.read_catchup(ctx, session_id);
     }
 
     fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
@@ -185,8 +230,9 @@ impl Streamer {
         }
     }
 
-    /// Sends a catch-up batch, its last frame tracked; an empty read ends the catch-up: the
-    /// backlog follows, then live changes.
+    /// Sends a catch-up batch, its last frame asking for a report of its ack, and reads on
+    /// while the window has room; an empty read ends the catch-up: the backlog follows, then
+    /// live changes.
     fn send_catchup(
         &mut self,
         ctx: &mut Context<Self>,
@@ -194,9 +240,9 @@ impl Streamer {
         mut rows: Vec<StoredChange>,
         read_up_to: Watermark,
     ) {
-        let batch = self.next_token();
         let now = self.now_ms();
         let budget = self.budget();
+        let window = self.cfg.catchup_window_bytes as u64;
         let last_commit = self.last_commit.clone().filter(|_| self.txn.is_none());
         let (Some(sub), Some(c)) = (
             self.subscribers.get_mut(&session_id),
@@ -226,8 +272,10 @@ impl Streamer {
         rows.truncate(room);
         let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
         // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
-        c.row_bytes = Some((read_bytes / rows.len().max(1)) as u64 + 48);
-        let (taken, sent) = send_rows(sub, &rows, budget, &mut self.shared);
+        let row_bytes = (read_bytes / rows.len().max(1)) as u64 + 48;
+        c.row_bytes = Some(row_bytes);
+        self.catchup_row_bytes = Some(row_bytes);
+        let taken = send_rows(sub, &rows, window, budget, &mut self.shared);
         if taken == 0 {
             // No room for the next change. With nothing in flight no ack will make some: its
             // backlog fills it, and is read from the change log instead (at a transaction
@@ -242,19 +290,23 @@ impl Streamer {
         if let Some(last) = rows.get(taken - 1) {
             c.after = (last.watermark.clone(), last.pos);
         }
-        // The batch's last frame is tracked: its ack asks for the next batch.
+        // The read's last frame asks for a report of its ack: the window reopens with it.
         if let Some(last) = sub.outbox.last_mut() {
-            last.token = Some(Token::CatchupBatch(batch));
+            last.token = last.token.or(Some(Token::Progress));
         }
         sub.flush(now, &self.shared);
-        if sent > 0 {
-            c.waiting_batch = Some(batch);
-        }
         self.note_queued_peak();
-        if sent == 0 {
-            self.read_catchup(ctx, session_id);
-        }
+        self.read_catchup(ctx, session_id);
     }
+}
+
+/// The bytes a catch-up may send a subscriber now: what the window leaves of its unacked
+/// payload, within its byte bound and what `global_room` (of `--max-queued-bytes`) leaves
+/// (PROTOCOL.md §10.2).
+fn window_room(sub: &Subscriber, window: u64, global_room: u64) -> u64 {
+    window
+        .saturating_sub(sub.in_flight_bytes())
+        .min(sub.byte_room(global_room))
 }
 
 /// Caught up: the backlog follows, then live changes.
@@ -274,19 +326,20 @@ fn go_live(sub: &mut Subscriber, shared: &mut SharedFrames, now: f64) {
     sub.flush(now, shared);
 }
 
-/// Sends `rows` in order while its byte room and `budget` (`--max-queued-bytes`) last; one
-/// change larger than that still goes alone to a subscriber that holds nothing, while the
-/// budget is within its bound (PROTOCOL.md §10.2). Answers how many rows were taken and how
-/// many of them were sent (the others filtered for the subscriber).
+/// Sends `rows` in order while the window's room (within its byte bound and what `budget`,
+/// `--max-queued-bytes`, leaves) lasts; one change larger than that still goes alone to a
+/// subscriber that holds nothing, while the budget is within its bound (PROTOCOL.md §10.2).
+/// Answers how many rows were taken (sent, or filtered for the subscriber).
 fn send_rows(
     sub: &mut Subscriber,
     rows: &[StoredChange],
+    window: u64,
     budget: Budget,
     shared: &mut SharedFrames,
-) -> (usize, usize) {
+) -> usize {
     let holds_nothing = sub.held_bytes() == 0 && budget.within();
-    let mut bytes_left = sub.byte_room(budget.room());
-    let (mut taken, mut sent) = (0, 0);
+    let mut bytes_left = window_room(sub, window, budget.room());
+    let mut taken = 0;
     for row in rows {
         let change = Change::from_stored(row);
         let len = change.message.len() as u64;
@@ -295,11 +348,9 @@ fn send_rows(
         }
         bytes_left = bytes_left.saturating_sub(len);
         taken += 1;
-        if sub.send(&change, None, shared) == Delivery::Sent {
-            sent += 1;
-        }
+        sub.send(&change, None, shared);
     }
-    (taken, sent)
+    taken
 }
 
 /// Drops a catching-up subscriber's backlog: its transactions, all committed up to `last` and

@@ -29,10 +29,9 @@ pub struct Outgoing {
 pub enum Token {
     /// The tracked send of a broadcast: its ack counts towards the release (flow control).
     Broadcast(u64),
-    /// The last frame of a catch-up batch: its ack asks for the next batch.
-    CatchupBatch(u64),
     /// A frame whose ack only tells the streamer how far the client has read, so that what it
-    /// holds for the subscriber is known inside long transactions too (PROTOCOL.md §10.2).
+    /// holds for the subscriber is known inside long transactions too, and a catch-up's window
+    /// reopens (PROTOCOL.md §10.2).
     Progress,
 }
 

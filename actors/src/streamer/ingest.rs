@@ -137,8 +137,12 @@ impl Streamer {
                 }
                 Ok(None)
             }
+            // Shown in /status and /readyz until a new transaction commits (PROTOCOL.md §4).
             UpstreamMessage::ResetRequired { message } => {
-                warn!("change source requires a reset: {message}");
+                warn!(
+                    "change source requires a reset: {message} (last commit {:?}; /readyz answers 503 until it sends a new transaction)",
+                    self.last_commit.as_ref().map(|w| w.to_string())
+                );
                 self.reset_required = Some(message);
                 Ok(None)
             }
@@ -251,6 +255,10 @@ impl Streamer {
             self.replica_version = Some(watermark.clone());
         }
         self.last_commit = Some(watermark.clone());
+        // A new transaction shows the source can go on after all (PROTOCOL.md §4).
+        if let Some(was) = self.reset_required.take() {
+            info!("reset-required cleared: the change source sent transaction watermark={watermark} after it (it said: {was})");
+        }
         // A standby's rows are the owner's, already durable: nothing to store or ack.
         if self.follows.is_none() {
             let durable = self.log.append(Transaction {

@@ -93,8 +93,11 @@ pub struct StreamerConfig {
     pub padding: Option<Duration>,
     /// Payload bytes forwarded between two tracked sends.
     pub flow_control_bytes: usize,
-    /// Rows per catch-up read.
+    /// The most rows of one catch-up read (reads are sized from the window's room, within it).
     pub catchup_batch: usize,
+    /// `--catchup-window-bytes`: the most payload a catch-up sends that the client has not
+    /// acked yet (PROTOCOL.md §10.2); at most `max_queue_bytes`.
+    pub catchup_window_bytes: usize,
     /// `--max-subscriber-queue-changes`: the most changes held in memory for one subscriber,
     /// sent and not acked plus its backlog (PROTOCOL.md §10.2); ≥ 1.
     pub max_queue_changes: usize,
@@ -113,7 +116,8 @@ impl Default for StreamerConfig {
         StreamerConfig {
             padding: Some(Duration::from_secs(1)),
             flow_control_bytes: 64 * 1024,
-            catchup_batch: 2000,
+            catchup_batch: 16_384,
+            catchup_window_bytes: 4 << 20,
             max_queue_changes: 20_000,
             max_queue_bytes: 16 << 20,
             max_queued_bytes: 256 << 20,
@@ -179,6 +183,9 @@ pub struct Streamer {
     subscribers: BTreeMap<SessionId, Subscriber>,
     /// Catch-up progress of the subscribers catching up.
     catchup: HashMap<SessionId, Catchup>,
+    /// Mean bytes of a message of the last catch-up read of any subscriber: the size of a
+    /// fresh catch-up's first read ([`catchup`]); `None` before any.
+    catchup_row_bytes: Option<u64>,
     flow: FlowControl,
     /// The frames of the live changes forwarded in this turn, once for all subscribers.
     shared: SharedFrames,
@@ -212,6 +219,7 @@ impl Streamer {
             txn: None,
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
+            catchup_row_bytes: None,
             flow: FlowControl::default(),
             shared: SharedFrames::default(),
             next_token: 1,

@@ -2,8 +2,8 @@
 //!
 //! The session is a thin wire adapter: it writes the frames it is given ([`ToSession`]), numbers
 //! them, and reports acks back ([`SessionProgress`]) only when they matter: at once when a
-//! tracked message was acked (a broadcast or a catch-up batch waits on it, or the streamer
-//! asked to hear of it, to bound what the subscriber holds), and within a few milliseconds
+//! tracked message was acked (a broadcast waits on it, or the streamer asked to hear of it, to
+//! bound what the subscriber holds and to reopen a catch-up's window), and within a few milliseconds
 //! when a commit was acked (the subscriber's acked watermark moved, which the purge rule and
 //! `/status` read; the newest of the commits acked meanwhile). When it stops, for any reason,
 //! it says so ([`SessionGone`]), so it no longer holds back a broadcast or a purge.
@@ -48,32 +48,15 @@ impl Handler<SessionProgress> for Streamer {
         let before = sub.acked.clone();
         sub.progress(p.acked_messages, p.acked_bytes, p.acked_commit);
         super::backup_acks::tell(&self.backup_acks, sub, &before);
-        let mut next_batch = false;
         for token in p.tokens {
             match token {
-                Token::CatchupBatch(n) => {
-                    if let Some(c) = self
-                        .catchup
-                        .get_mut(&p.session_id)
-                        .filter(|c| c.waiting_batch == Some(n))
-                    {
-                        c.waiting_batch = None;
-                        next_batch = true;
-                    }
-                }
                 Token::Broadcast(n) => self.broadcast_acked(ctx, p.session_id, n),
                 Token::Progress => {}
             }
         }
-        // The acks made room: a catch-up held back for lack of it reads on, and so do those
-        // waiting for room in the budget (PROTOCOL.md §10.2).
-        let idle = self
-            .catchup
-            .get(&p.session_id)
-            .is_some_and(|c| c.waiting_batch.is_none() && !c.reading);
-        if next_batch || idle {
-            self.read_catchup(ctx, p.session_id);
-        }
+        // The acks made room in its window: a catch-up reads on; and in the budget: the
+        // catch-ups waiting for it read on (PROTOCOL.md §10.2).
+        self.read_catchup_on_ack(ctx, p.session_id);
         self.read_waiting_catchups(ctx);
     }
 }

@@ -404,6 +404,12 @@ impl Subscriber {
         self.sent_messages.saturating_sub(self.acked_messages)
     }
 
+    /// Bytes of payload sent (handed to the session) and not yet acked: what a catch-up's
+    /// window counts (PROTOCOL.md §10.2).
+    pub fn in_flight_bytes(&self) -> u64 {
+        self.sent_bytes.saturating_sub(self.acked_bytes)
+    }
+
     /// What the service holds for it: sent and not acked, and its backlog (PROTOCOL.md §10.2).
     pub fn held(&self) -> u64 {
         self.in_flight() + self.backlog.len() as u64
@@ -412,7 +418,7 @@ impl Subscriber {
     /// Bytes of payload it holds (the same changes as [`Subscriber::held`]): each shared
     /// change counts for every subscriber that holds it (PROTOCOL.md §10.2).
     pub fn held_bytes(&self) -> u64 {
-        self.sent_bytes.saturating_sub(self.acked_bytes) + self.backlog_bytes
+        self.in_flight_bytes() + self.backlog_bytes
     }
 
     /// Whether one more payload of `len` bytes stays within its byte bound; one that holds

@@ -106,6 +106,11 @@ pub const POLL_ERRORS: Metric = counter(
     "change_streamer_litestream_poll_errors_total",
     "Failed polls of litestream's metrics.",
 );
+pub const AUDIT_FAILURES: Metric = counter(
+    "change_streamer_backup_audit_failures_total",
+    "Audit reads of a backup that found less than was confirmed (PROTOCOL.md §8.1d).",
+)
+.by(&["backup"]);
 pub const INVALID_WATERMARKS: Metric = counter(
     "change_streamer_invalid_watermarks_total",
     "litestream progress samples ignored for an invalid watermark or time.",
@@ -188,6 +193,7 @@ pub const OWNER_PAGE: &[Metric] = &[
     CLEANUPS_SCHEDULED,
     POLLS,
     POLL_ERRORS,
+    AUDIT_FAILURES,
     INVALID_WATERMARKS,
     CHANGES_STORED,
     CHANGES_PURGED,

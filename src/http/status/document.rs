@@ -16,6 +16,7 @@ use change_streamer_actors::monitor::MonitorStats;
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::{BlockedBy, PurgeState};
 use change_streamer_actors::reservation::ReservationInfo;
+use change_streamer_actors::restart_catch_up::CatchUpView;
 use change_streamer_actors::streamer::{StreamerState, SubscriberInfo};
 use change_streamer_actors::watermark::Watermark;
 use serde::Serialize;
@@ -88,6 +89,10 @@ pub struct Backup {
     /// The owner's counters; not stored, so absent at a standby.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub monitor: Option<MonitorStats>,
+    /// The owner's wait after a restart (PROTOCOL.md §13.1): `null` once the backup covers what
+    /// was recorded; absent at a standby.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart_catch_up: Option<Option<CatchUpView>>,
     pub source: BackupSource,
 }
 
@@ -132,6 +137,8 @@ struct Cleanup {
     pending: Vec<PendingWatermark>,
     /// The owner's counters: cleanups scheduled and the monitor's.
     counters: Option<(u64, MonitorStats)>,
+    /// The owner's wait after a restart (PROTOCOL.md §13.1).
+    catch_up: Option<Option<CatchUpView>>,
 }
 
 /// The cleanup delay shown by `/status` and `/metrics`: the one learned (PROTOCOL.md §8.3), never
@@ -236,6 +243,7 @@ impl Cleanup {
                 c.map(|c| c.cleanups_scheduled_total).unwrap_or(0),
                 o.monitor.clone(),
             )),
+            catch_up: Some(c.and_then(|c| c.restart_catch_up.clone())),
         }
     }
 
@@ -254,6 +262,7 @@ impl Cleanup {
                 })
                 .collect(),
             counters: None,
+            catch_up: None,
         }
     }
 }
@@ -270,6 +279,7 @@ impl Backup {
             pending_watermarks: c.pending,
             cleanups_scheduled,
             monitor,
+            restart_catch_up: c.catch_up,
             source: BackupSource::of(cfg),
         }
     }
@@ -277,10 +287,10 @@ impl Backup {
 
 impl BackupSource {
     fn of(cfg: &Config) -> BackupSource {
-        if cfg.litestream_vfs.is_some() {
-            BackupSource::Vfs
-        } else if cfg.litestream_control_url.is_some() {
+        if cfg.litestream_control_url.is_some() {
             BackupSource::Control
+        } else if cfg.litestream_vfs.is_some() {
+            BackupSource::Vfs
         } else {
             BackupSource::Metrics
         }

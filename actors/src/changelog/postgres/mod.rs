@@ -49,6 +49,7 @@ use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
 use crate::clock::Clock;
 use crate::ownership;
+use crate::unreachable::Unreachable;
 
 /// The channel on which the owner announces each commit group, with its last watermark
 /// ([`listen`]).
@@ -256,9 +257,12 @@ async fn claim(
     ready: &oneshot::Sender<Result<(), ChangeLogError>>,
 ) -> Option<Client> {
     let mut said_standby = false;
+    // An outage is said once, not at every attempt (PROTOCOL.md §14.2).
+    let mut unreachable = Unreachable::new("standby: owning the change DB");
     loop {
         match connect(config).await {
             Ok(client) => loop {
+                unreachable.answered();
                 match ownership::try_acquire(&client).await {
                     Ok(true) => return Some(client),
                     Ok(false) if !said_standby => {
@@ -279,11 +283,10 @@ async fn claim(
                 }
                 tokio::time::sleep(interval).await;
             },
-            Err(e) => warn!(
-                "standby: change DB {} unreachable ({}); retrying in {interval:?}",
-                redacted(config),
-                with_causes(&e)
-            ),
+            Err(e) => {
+                let why = format!("{} unreachable ({})", redacted(config), with_causes(&e));
+                unreachable.failed(&why, &format!("retrying every {interval:?}"));
+            }
         }
         if ready.is_closed() {
             return None;

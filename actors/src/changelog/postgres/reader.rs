@@ -41,6 +41,7 @@ use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
 use super::txn_value::{append_row, unpack, TxnRow};
 use super::types::{ChangeKind, ChangeLogError, Reply, StoredChange};
+use crate::unreachable::Unreachable;
 
 /// Whether a reader checks that nothing it read past was purged: a standby's must (its
 /// subscribers are protected only by its record, which can lapse: PROTOCOL.md §14.1); the
@@ -58,6 +59,8 @@ const DROPPED_RETRIES: usize = 3;
 pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, check: PurgeCheck) {
     let mut conn: Option<Conn> = None;
     let mut cache = ReadCache::default();
+    // An outage is said once, not at every read (PROTOCOL.md §14.2).
+    let mut unreachable = Unreachable::new("change log reads");
     while let Ok(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
         let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
@@ -66,27 +69,38 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
                 Ok(c) => c,
                 Err(e) => {
                     match cmd {
-                        ReadCommand::Range(_, reply) => answer(reply, Err(e)),
-                        ReadCommand::Size(reply) => answer(reply, Err(e)),
+                        ReadCommand::Range(_, reply) => answer(reply, Err(e), &mut unreachable),
+                        ReadCommand::Size(reply) => answer(reply, Err(e), &mut unreachable),
                     }
                     continue;
                 }
             },
         };
         match cmd {
-            ReadCommand::Range(query, reply) => {
-                answer(reply, rt.block_on(c.read(&mut cache, &query, check)))
+            ReadCommand::Range(query, reply) => answer(
+                reply,
+                rt.block_on(c.read(&mut cache, &query, check)),
+                &mut unreachable,
+            ),
+            ReadCommand::Size(reply) => {
+                answer(reply, rt.block_on(disk_bytes(&c.client)), &mut unreachable)
             }
-            ReadCommand::Size(reply) => answer(reply, rt.block_on(disk_bytes(&c.client))),
         }
         conn = Some(c);
     }
 }
 
-/// Sends `result`, saying in the log why it failed if it did.
-fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>) {
-    if let Err(e) = &result {
-        warn!("change log read failed: {e}");
+/// Sends `result`, saying in the log why it failed if it did: a failure to reach the change DB
+/// once per outage (`unreachable`), a read past a purge each time.
+fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {
+    match &result {
+        Err(e @ ChangeLogError::PurgedPast { .. }) => warn!("change log read failed: {e}"),
+        Err(e) => {
+            unreachable.failed(e, "trying again at the next read");
+        }
+        Ok(_) => {
+            unreachable.answered();
+        }
     }
     let _ = reply.send(result);
 }

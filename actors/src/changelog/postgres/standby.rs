@@ -12,7 +12,6 @@
 use std::sync::mpsc;
 use std::thread;
 
-use log::warn;
 use tokio::runtime::Runtime;
 use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
@@ -24,6 +23,7 @@ use super::safety::SafetyState;
 use super::schema;
 use super::state;
 use super::types::{ChangeLogError, LogStats, Reply};
+use crate::unreachable::Unreachable;
 use crate::watermark::Watermark;
 
 /// A standby's handle on the change DB at `url` (see the module documentation). Returns at
@@ -54,6 +54,8 @@ pub(super) fn open(url: &str) -> Result<Ends, ChangeLogError> {
 /// Serves the write channel of a standby until every handle is gone.
 fn answer_questions(rt: Runtime, config: Config, rx: mpsc::Receiver<WriteCommand>) {
     let mut client: Option<Client> = None;
+    // An outage is said once, not at every question (PROTOCOL.md §14.2).
+    let mut unreachable = Unreachable::new("standby: reading the change DB");
     while let Ok(cmd) = rx.recv() {
         let refuse = |reply: Reply<()>| {
             let _ = reply.send(Err(ChangeLogError::NotOwner));
@@ -70,19 +72,19 @@ fn answer_questions(rt: Runtime, config: Config, rx: mpsc::Receiver<WriteCommand
                 let answer = with_client(&rt, &config, &mut client, |c| async move {
                     stats(&c).await.map(|s| (c, s))
                 });
-                send(reply, answer);
+                send(reply, answer, &mut unreachable);
             }
             WriteCommand::HasCommit(w, reply) => {
                 let answer = with_client(&rt, &config, &mut client, |c| async move {
                     has_commit(&c, &w).await.map(|s| (c, s))
                 });
-                send(reply, answer);
+                send(reply, answer, &mut unreachable);
             }
             WriteCommand::LoadState(reply) => {
                 let answer = with_client(&rt, &config, &mut client, |c| async move {
                     load_state(&c).await.map(|s| (c, s))
                 });
-                send(reply, answer);
+                send(reply, answer, &mut unreachable);
             }
         }
     }
@@ -110,10 +112,11 @@ where
     })
 }
 
-fn send<T>(reply: Reply<T>, answer: Result<T, ChangeLogError>) {
-    if let Err(e) = &answer {
-        warn!("standby: reading the change DB failed: {e}");
-    }
+fn send<T>(reply: Reply<T>, answer: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {
+    match &answer {
+        Ok(_) => unreachable.answered(),
+        Err(e) => unreachable.failed(e, "trying again at the next question"),
+    };
     let _ = reply.send(answer);
 }
 

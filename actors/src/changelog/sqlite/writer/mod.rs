@@ -250,6 +250,11 @@ impl Writer {
         }
     }
 
+    /// The change log's file, for messages.
+    fn file(&self) -> String {
+        self.conn.path().unwrap_or("(in memory)").to_string()
+    }
+
     fn save_state(&mut self, change: &StateChange) -> Result<(), ChangeLogError> {
         let tx = self.conn.transaction()?;
         state::apply(&tx, change)?;
@@ -273,18 +278,26 @@ impl Writer {
                 self.last_answered = Instant::now();
                 self.last_stored_ms = stored_ms;
                 catalogue::refresh_range(&mut self.stats, &self.segments);
+                if self.stats.write_error.take().is_some() {
+                    info!("change log {} writes again", self.file());
+                }
                 for (_, reply) in group {
                     let _ = reply.send(Ok(()));
                 }
             }
             Err(e) => {
-                error!("storing {} transaction(s) failed: {e}", group.len());
+                let why = format!("{e} (change log {})", self.file());
+                error!(
+                    "storing {} transaction(s) failed: {why}; nothing more is acked upstream until a write succeeds",
+                    group.len()
+                );
                 if !self.conn.is_autocommit() {
                     if let Err(e) = self.conn.execute_batch("ROLLBACK") {
                         error!("rolling back the failed append failed: {e}");
                     }
                 }
                 self.stats = stats_before;
+                self.stats.write_error = Some(why);
                 self.segments = segments_before;
                 let cause = Arc::new(ChangeLogError::from(e));
                 for (_, reply) in group {

@@ -1,0 +1,204 @@
+//! End to end: the catch-up's window (PROTOCOL.md §5 "When to ack", §10.2) and its flag (§2),
+//! against the real server with a fake change source and real websocket clients: a batched
+//! client that acks only at commits catches up without stalling, one that never acks gets up to
+//! the window and no more, and a window above `--max-subscriber-queue-bytes` stops the binary.
+
+use std::process::Command;
+use std::time::Duration;
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::client::{commit_of, frame, payloads, WsClient};
+use change_streamer_test_support::service::{service_with_upstream, TestService};
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use serde_json::json;
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// The smallest window: 64 KiB.
+const WINDOW: u64 = 65536;
+
+/// The service with a 64 KiB window and transactions 101..=`last` of `rows` inserts stored.
+async fn stored(last: u64, rows: u64) -> (TestService, FakeUpstream) {
+    let (svc, up) = service_with_upstream(&["--catchup-window-bytes", &WINDOW.to_string()]).await;
+    for n in 101..=last {
+        up.send(txn(n, rows));
+    }
+    svc.wait_status("stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(last))
+    })
+    .await;
+    (svc, up)
+}
+
+fn batched_url(svc: &TestService, id: &str) -> String {
+    svc.ws(&format!(
+        "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}&wsBatched=true",
+        w(100),
+        w(100)
+    ))
+}
+
+/// A client that acks only frames holding a `commit` (cumulatively, PROTOCOL.md §5), as an
+/// applier that acks once it has applied a whole transaction does, catches up every stored
+/// transaction without stalling, though frames end inside transactions.
+#[actix_rt::test]
+async fn a_client_acking_only_at_commits_catches_up_though_batches_end_inside_transactions() {
+    // 200 transactions of 40 inserts (~6 KiB each, 42 payloads) through a 64 KiB window.
+    let last = 300;
+    let (svc, _up) = stored(last, 40).await;
+    let mut c = WsClient::connect(&batched_url(&svc, "commit-acker")).await;
+    let (mut next, mut open, mut ending_inside) = (101, false, 0);
+    while next <= last {
+        let (id, ps) = payloads(&frame(&mut c).await);
+        let mut has_commit = false;
+        for p in &ps {
+            match p[0].as_str() {
+                Some("begin") => {
+                    assert!(!open, "begin inside a transaction: {p}");
+                    open = true;
+                }
+                Some("data") => assert!(open, "data outside a transaction"),
+                Some("commit") => {
+                    assert!(open);
+                    open = false;
+                    assert_eq!(commit_of(p), Some(next), "out of order");
+                    next += 1;
+                    has_commit = true;
+                }
+                _ => {}
+            }
+        }
+        if open {
+            ending_inside += 1;
+        }
+        if has_commit {
+            c.ack(id).await;
+        }
+    }
+    assert!(
+        ending_inside > 10,
+        "only {ending_inside} frames ended inside a transaction"
+    );
+    svc.wait_status("the commit-acker live and acked", |s| {
+        s["subscribers"][0]["phase"] == json!("live")
+            && s["subscribers"][0]["acked"] == json!(w(last))
+    })
+    .await;
+}
+
+/// A client that never acks receives up to `--catchup-window-bytes` of payload and then
+/// nothing more (PROTOCOL.md §10.2); once it acks, the rest streams.
+#[actix_rt::test]
+async fn a_client_that_never_acks_receives_up_to_the_window_and_then_waits() {
+    let last = 200;
+    let (svc, _up) = stored(last, 40).await;
+    let mut c = WsClient::connect(&batched_url(&svc, "silent")).await;
+    // Payload text as the service counts it: each payload's JSON (compact, as the source sent
+    // it). An insert is ~130 bytes: the window is full once one more would not fit.
+    let margin = 512;
+    let (mut bytes, mut last_id) = (0u64, 0);
+    while bytes + margin <= WINDOW {
+        let (id, ps) = payloads(&frame(&mut c).await);
+        bytes += ps.iter().map(|p| p.to_string().len() as u64).sum::<u64>();
+        last_id = id;
+    }
+    // It waits: what still fits in the window may come, then nothing while nothing is acked.
+    while let Some(f) = c.next_frame(Duration::from_millis(500)).await {
+        let (id, ps) = payloads(&f.expect("a frame, not a close"));
+        bytes += ps.iter().map(|p| p.to_string().len() as u64).sum::<u64>();
+        last_id = id;
+    }
+    assert!(
+        bytes <= WINDOW,
+        "{bytes} bytes came unacked, window {WINDOW}"
+    );
+    let st = svc.status().await;
+    assert_eq!(st["subscribers"][0]["phase"], json!("catchingUp"), "{st}");
+    // Once it acks, the rest streams: every transaction, each once.
+    c.ack(last_id).await;
+    let mut seen = 0;
+    loop {
+        let (id, ps) = payloads(&frame(&mut c).await);
+        c.ack(id).await;
+        if ps
+            .iter()
+            .filter_map(commit_of)
+            .inspect(|_| seen += 1)
+            .any(|n| n == last)
+        {
+            break;
+        }
+    }
+    assert!(seen > 0);
+}
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_change-streamer"));
+    cmd.args(args).env_remove("RUST_LOG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run the binary");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+/// `--catchup-window-bytes` above `--max-subscriber-queue-bytes` is a start error naming both
+/// flags (and the variable a value came from), not a silent cut (PROTOCOL.md §2); below 65536 it
+/// is refused like the bounds'.
+#[actix_rt::test]
+async fn a_window_above_the_subscriber_bound_is_a_start_error_naming_both_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().to_string_lossy().to_string();
+    let base = ["--port", "0", "--host", "127.0.0.1", "--data-dir", &data];
+    for (args, env, named) in [
+        (
+            &[
+                "--catchup-window-bytes",
+                "1048577",
+                "--max-subscriber-queue-bytes",
+                "1048576",
+            ][..],
+            &[][..],
+            &["--catchup-window-bytes", "--max-subscriber-queue-bytes"][..],
+        ),
+        (
+            &[][..],
+            &[("ZERO_CATCHUP_WINDOW_BYTES", "33554432")][..],
+            &[
+                "--catchup-window-bytes",
+                "--max-subscriber-queue-bytes",
+                "ZERO_CATCHUP_WINDOW_BYTES",
+            ][..],
+        ),
+        (
+            &["--catchup-window-bytes", "65535"][..],
+            &[][..],
+            &["--catchup-window-bytes"][..],
+        ),
+    ] {
+        let all: Vec<&str> = base.iter().copied().chain(args.iter().copied()).collect();
+        let (code, text) = run(&all, env);
+        assert_ne!(code, 0, "{args:?} {env:?} started: {text}");
+        assert!(!text.contains("panicked"), "{text}");
+        for flag in named {
+            assert!(
+                text.contains(flag),
+                "{args:?} {env:?}: {flag} not named:\n{text}"
+            );
+        }
+    }
+    // At the bound it starts (in process: a window equal to what one subscriber may hold).
+    let svc = TestService::start(&[
+        "--catchup-window-bytes",
+        "1048576",
+        "--max-subscriber-queue-bytes",
+        "1048576",
+    ])
+    .await;
+    let (code, _) = svc.get("/readyz").await;
+    assert!(code == 200 || code == 503, "{code}");
+}

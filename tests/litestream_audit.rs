@@ -1,0 +1,211 @@
+//! End to end, PROTOCOL.md §8.1d (an audit that can catch a lie) with REAL stock litestream
+//! 0.5.17: the control API confirms (§8.1c) and the VFS audits, `--litestream-control-url`
+//! and `--litestream-vfs` together. A lying backup is made by rolling the `file://` replica
+//! directory back to a copy taken early: the audit reads less than was confirmed, every purge
+//! stops (`purge.blockedBy: "audit"`, the failures counted per backup), stays stopped while
+//! nothing else holds it back, and resumes only once a read reaches the confirmed watermark
+//! again (the directory put back as it was).
+
+use std::path::Path;
+use std::time::Duration;
+
+use change_streamer_actors::vfs::ENV_READER;
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream::{self, copy_dir, file_replica_dir};
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::{json, Value};
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// Puts a copy of `from` in place of `dir`, swapped by two renames.
+fn replace_dir(dir: &Path, from: &Path) {
+    let staged = dir.with_extension("staged");
+    let _ = std::fs::remove_dir_all(&staged);
+    copy_dir(from, &staged);
+    let old = dir.with_extension("old");
+    let _ = std::fs::remove_dir_all(&old);
+    std::fs::rename(dir, &old).expect("move the replica aside");
+    std::fs::rename(&staged, dir).expect("put the copy in place");
+}
+
+/// Reads and acks until the commit of `last`.
+async fn ack_through(c: &mut WsClient, last: u64) {
+    loop {
+        let (id, msg) = c.msg().await;
+        c.ack(id).await;
+        if msg[0] == "commit" && msg[2]["watermark"] == json!(w(last)) {
+            return;
+        }
+    }
+}
+
+fn audit(st: &Value) -> &Value {
+    &st["backup"]["monitor"]["audit"]
+}
+
+#[actix_rt::test]
+async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_confirmed_watermark(
+) {
+    let litestream = stock_litestream::install();
+    // The service starts its VFS readers from this binary (this test process is not it).
+    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup_url = format!("file://{}", dir.path().join("backup").display());
+    let socket = dir.path().join("ls.sock");
+    let control = format!("unix:{}", socket.display());
+    let db = dir.path().join("replica.db");
+    let db_path = db.display().to_string();
+    let vfs = litestream.vfs.to_string_lossy().into_owned();
+    let up = FakeUpstream::start().await;
+    let up_url = up.url();
+    let svc = TestService::start(&[
+        "--upstream",
+        &up_url,
+        "--litestream-backup-url",
+        &backup_url,
+        "--litestream-control-url",
+        &control,
+        "--litestream-db-path",
+        &db_path,
+        "--litestream-vfs",
+        &vfs,
+        "--backup-audit-interval-ms",
+        "300",
+        "--backup-check-interval-ms",
+        "3600000",
+        "--min-cleanup-delay-ms",
+        "0",
+        "--purge-delay-ms",
+        "100",
+        "--change-log-retention-ms",
+        "0",
+    ])
+    .await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    let st = svc
+        .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        .await;
+    assert_eq!(st["backup"]["source"], "control", "{st}");
+    assert_eq!(
+        audit(&st)["backup"],
+        "default",
+        "the VFS audits, the control API confirms: {st}"
+    );
+    assert_eq!(audit(&st)["intervalMs"], 300, "{st}");
+    let rv = w(100);
+    let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &db).await;
+    let replication = litestream
+        .replicate_controlled_ready(
+            &db,
+            &backup_url,
+            &dir.path().join("litestream.yml"),
+            &socket,
+            "1h",
+        )
+        .await;
+    // A serving subscriber that acks only what the test says: it holds the purge back first.
+    let mut sub = WsClient::connect(&svc.ws(&format!(
+        "/replication/v6/changes?id=r&replicaVersion={rv}&watermark={rv}"
+    )))
+    .await;
+    let sent = |from: u64, to: u64| {
+        for n in from..=to {
+            up.send(txn(n, 2));
+        }
+    };
+    let applied = |n: u64| {
+        let want = w(n);
+        let replica = &replica;
+        async move {
+            wait_until(
+                "the backup replica applies",
+                Duration::from_secs(20),
+                || replica.applied().as_deref() == Some(want.as_str()),
+            )
+            .await
+        }
+    };
+
+    sent(101, 102);
+    applied(102).await;
+    ack_through(&mut sub, 102).await;
+    svc.wait_status("102 confirmed, read back by an audit, purged below", |s| {
+        s["backup"]["monitor"]["backupWatermark"] == json!(w(102))
+            && audit(s)["lastRead"] == json!(w(102))
+            && s["purge"]["lastPurgedBefore"] == json!(w(102))
+    })
+    .await;
+    // The early state of the backup, kept to lie with later.
+    let replica_dir = file_replica_dir(&backup_url);
+    let early = dir.path().join("early");
+    copy_dir(&replica_dir, &early);
+
+    sent(103, 105);
+    applied(105).await;
+    let st = svc
+        .wait_status("105 confirmed and read back; its purge waits for r", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == json!(w(105))
+                && audit(s)["lastRead"] == json!(w(105))
+                && s["purge"]["blockedBy"] == json!("subscriber")
+        })
+        .await;
+    assert_eq!(audit(&st)["failuresTotal"], 0, "an honest backup: {st}");
+    let reads_before = st["backup"]["monitor"]["backupReadsTotal"]
+        .as_u64()
+        .unwrap();
+    assert!(reads_before >= 2, "the audit's reads are counted: {st}");
+    let late = dir.path().join("late");
+    copy_dir(&replica_dir, &late);
+
+    // The lie: the backup rolled back to 102 while 105 was confirmed.
+    replace_dir(&replica_dir, &early);
+    let st = svc
+        .wait_status("the audit catches the rolled-back backup", |s| {
+            s["purge"]["blockedBy"] == json!("audit")
+        })
+        .await;
+    assert_eq!(audit(&st)["lastRead"], json!(w(102)), "{st}");
+    assert_eq!(audit(&st)["blockedBelow"], json!(w(105)), "{st}");
+    assert!(audit(&st)["failuresTotal"].as_u64() >= Some(1), "{st}");
+    let (_, metrics) = svc.get("/metrics").await;
+    assert!(
+        metrics.contains("change_streamer_purge_blocked{reason=\"audit\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("change_streamer_backup_audit_failures_total{backup=\"default\"}"),
+        "{metrics}"
+    );
+
+    // Nothing else holds the purge back now, and it still never happens by itself.
+    ack_through(&mut sub, 105).await;
+    let failures = audit(&st)["failuresTotal"].as_u64().unwrap();
+    let st = svc
+        .wait_status("two more audits that still read the lie", |s| {
+            audit(s)["failuresTotal"].as_u64() >= Some(failures + 2)
+        })
+        .await;
+    assert_eq!(st["purge"]["blockedBy"], json!("audit"), "{st}");
+    assert_eq!(st["purge"]["lastPurgedBefore"], json!(w(102)), "{st}");
+    assert_eq!(st["changeLog"]["minWatermark"], json!(w(102)), "{st}");
+
+    // The backup as it was: a read reaches 105 again, and the purge resumes.
+    replace_dir(&replica_dir, &late);
+    let st = svc
+        .wait_status("the block lifted and 105 purged", |s| {
+            s["purge"]["lastPurgedBefore"] == json!(w(105))
+        })
+        .await;
+    assert_eq!(audit(&st)["blockedBelow"], Value::Null, "{st}");
+    assert_eq!(audit(&st)["lastRead"], json!(w(105)), "{st}");
+    assert_ne!(st["purge"]["blockedBy"], json!("audit"), "{st}");
+    drop(replication);
+    svc.stop().await;
+}

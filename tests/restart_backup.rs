@@ -1,0 +1,180 @@
+//! End to end, PROTOCOL.md §13.1 (no backward walk after a restart) with REAL stock litestream
+//! 0.5.17 and the real binary as a child process: the service confirms the backup through
+//! litestream's control socket (§8.1c), litestream is frozen (SIGSTOP) with uploads pending, the
+//! service is killed with `kill -9` and started again. Until the backup is seen covering the
+//! watermark recorded before the kill, `/readyz` says why with both watermarks and a snapshot
+//! reservation gets no status; once litestream runs again, the backup replicator's reconnection
+//! is confirmed (without any new commit), and both follow.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::process::ServiceProcess;
+use change_streamer_test_support::stock_litestream;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::json;
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(ok.success(), "kill {sig} {pid}");
+}
+
+#[actix_rt::test]
+async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_wait_for_the_backup(
+) {
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backup_url = format!("file://{}", dir.path().join("backup").display());
+    let socket = dir.path().join("ls.sock");
+    let control = format!("unix:{}", socket.display());
+    let db = dir.path().join("replica.db");
+    let db_path = db.display().to_string();
+    let data = dir.path().join("data");
+    let up = FakeUpstream::start().await;
+    let up_url = up.url();
+    // The periodic poll is an hour apart: every confirmation comes from an ack or a join.
+    let flags = [
+        "--upstream",
+        &up_url,
+        "--litestream-backup-url",
+        &backup_url,
+        "--litestream-control-url",
+        &control,
+        "--litestream-db-path",
+        &db_path,
+        "--backup-check-interval-ms",
+        "3600000",
+        "--min-cleanup-delay-ms",
+        "3600000",
+    ];
+    let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
+    let first = ServiceProcess::spawn(bin, 0, &data, &flags);
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    first
+        .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        .await;
+    assert_eq!(first.readyz().await, (200, "ready".into()), "a first start");
+    let rv = w(100);
+    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &db).await;
+    // litestream syncs hourly by itself: what the backup holds, it holds because it was asked.
+    let replication = litestream
+        .replicate_controlled_ready(
+            &db,
+            &backup_url,
+            &dir.path().join("litestream.yml"),
+            &socket,
+            "1h",
+        )
+        .await;
+    for n in 101..=103 {
+        up.send(txn(n, 2));
+    }
+    first
+        .wait_status("103 confirmed", |s| {
+            s["backup"]["monitor"]["backupWatermark"] == json!(w(103))
+        })
+        .await;
+
+    // litestream frozen: what the replica applies from now on is an upload pending.
+    signal(replication.pid(), "-STOP");
+    for n in 104..=105 {
+        up.send(txn(n, 2));
+    }
+    let applied = w(105);
+    wait_until(
+        "the backup replica applies 105",
+        Duration::from_secs(20),
+        || replica.applied().as_deref() == Some(applied.as_str()),
+    )
+    .await;
+    // The change log's writer keeps call order: 105 stored means 103's record is durable too.
+    first
+        .wait_status("105 stored", |s| {
+            s["changeLog"]["maxWatermark"] == json!(w(105))
+        })
+        .await;
+    first.kill9();
+    drop(replica);
+    let restored = dir.path().join("pending.db");
+    litestream
+        .restore(&backup_url, &restored)
+        .expect("litestream restore");
+    assert_eq!(
+        read_replica(&restored).0,
+        w(103),
+        "104 and 105 are uploads pending"
+    );
+
+    up.drop_connection();
+    let second = ServiceProcess::spawn(bin, 0, &data, &flags);
+    let behind = format!(
+        "backup behind its recorded watermark (recorded {}, backup shows none)",
+        w(103)
+    );
+    assert_eq!(second.readyz().await, (503, behind.clone()));
+    // The backup replicator comes back from what its file holds; litestream cannot answer.
+    let replica = BackupReplica::start(&second.addr, "backup", &rv, &applied, &db).await;
+    let mut res = WsClient::connect(&second.ws("/replication/v6/snapshot?taskID=t1")).await;
+    let st = second
+        .wait_status("the reservation is open, unverified", |s| {
+            s["reservations"][0]["taskID"] == json!("t1")
+        })
+        .await;
+    assert_eq!(st["reservations"][0]["verified"], json!(false), "{st}");
+    assert_eq!(
+        st["backup"]["restartCatchUp"],
+        json!({"recorded": w(103), "backup": null}),
+        "{st}"
+    );
+    // No observation can be made: the wait goes on through failed requests.
+    second
+        .wait_status("a failed request to the frozen litestream", |s| {
+            s["backup"]["monitor"]["pollErrorsTotal"].as_u64() >= Some(1)
+        })
+        .await;
+    assert_eq!(second.readyz().await, (503, behind));
+    assert!(
+        res.next(Duration::from_millis(1)).await.is_none(),
+        "no status while the backup is behind"
+    );
+
+    let thawed = Instant::now();
+    signal(replication.pid(), "-CONT");
+    let (id, status) = res.msg().await;
+    assert_eq!(status[0], json!("status"), "{status}");
+    assert_eq!(status[1]["minWatermark"], json!(w(100)), "{status}");
+    res.ack(id).await;
+    assert_eq!(second.readyz().await, (200, "ready".into()));
+    let st = second.status().await;
+    assert_eq!(st["backup"]["restartCatchUp"], json!(null), "{st}");
+    assert_eq!(
+        st["backup"]["monitor"]["backupWatermark"],
+        json!(w(105)),
+        "the replicator's starting point, confirmed without a new commit: {st}"
+    );
+    assert_eq!(st["reservations"][0]["verified"], json!(true), "{st}");
+    let restored = dir.path().join("caught-up.db");
+    litestream
+        .restore(&backup_url, &restored)
+        .expect("litestream restore");
+    assert_eq!(read_replica(&restored).0, w(105));
+    eprintln!(
+        "covered {} ms after litestream was thawed",
+        thawed.elapsed().as_millis()
+    );
+    drop(replica);
+    second.terminate().await;
+}
