@@ -7,6 +7,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use backups::parse_backups_file;
+pub use backups::{
+    AuditSpec, BackupSpec, BackupsFile, SourceSpec, DEFAULT_METRICS_URL, DEFAULT_WATERMARK_QUERY,
+    SINGLE_BACKUP,
+};
 use change_streamer_actors::changelog::ChangeDb;
 use change_streamer_actors::litestream_control::ControlUrl;
 use change_streamer_actors::secret::{Secret, Secrets};
@@ -19,10 +24,9 @@ use values::{
     parse_secret, parse_ws_url,
 };
 
-/// The audit's period with the control API and the VFS when the flag is unset (PROTOCOL.md §8.1d).
-const DEFAULT_AUDIT_INTERVAL_MS: u64 = 60_000;
 pub use values::{SecretArg, SecretFlagError};
 
+mod backups;
 mod values;
 
 /// Streams an upstream database's change log to replicas over websockets, and purges the log
@@ -55,7 +59,7 @@ pub struct Config {
         help_heading = "Backup",
         long,
         env = "ZERO_LITESTREAM_METRICS_URL",
-        default_value = "http://localhost:4850/metrics",
+        default_value = DEFAULT_METRICS_URL,
         value_parser = parse_http_url
     )]
     pub litestream_metrics_url: String,
@@ -108,7 +112,7 @@ pub struct Config {
         help_heading = "Backup",
         long,
         env = "ZERO_BACKUP_WATERMARK_QUERY",
-        default_value = r#"SELECT stateVersion FROM "_zero.replicationState""#,
+        default_value = DEFAULT_WATERMARK_QUERY,
         value_parser = parse_non_empty
     )]
     pub backup_watermark_query: String,
@@ -139,6 +143,21 @@ pub struct Config {
     #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_DB_PATH",
           value_parser = parse_non_empty, requires = "litestream_control_url")]
     pub litestream_db_path: Option<String>,
+
+    /// A TOML file listing several backups, one `[[backup]]` table each (name, url, source and
+    /// its settings), each with its own backup replicator and monitor (PROTOCOL.md §8.4).
+    /// Replaces the single-backup flags above, which cannot be given with it.
+    #[arg(help_heading = "Backup", long, env = "ZERO_BACKUPS", value_name = "FILE",
+          value_parser = parse_backups_file,
+          conflicts_with_all = ["litestream_backup_url", "litestream_metrics_url", "litestream_vfs",
+                                "backup_watermark_query", "litestream_control_url", "litestream_db_path"])]
+    pub backups: Option<BackupsFile>,
+
+    /// K: a watermark may be purged only once K of the backups hold it (PROTOCOL.md §8.4);
+    /// 1 ≤ K ≤ the number of backups, default all of them.
+    #[arg(help_heading = "Backup", long, env = "ZERO_PURGE_QUORUM", value_name = "K", allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub purge_quorum: Option<u64>,
 
     /// Directory holding the change log database (created if missing).
     #[arg(
@@ -307,18 +326,12 @@ impl Config {
     pub fn backup_check_interval(&self) -> Duration {
         Duration::from_millis(self.backup_check_interval_ms)
     }
-    /// PROTOCOL.md §8.1d: the audit's period, `None` without an audit.
+    /// PROTOCOL.md §8.1d: the single backup's audit period, `None` without an audit.
     pub fn backup_audit_interval(&self) -> Option<Duration> {
         if self.litestream_control_url.is_none() || self.litestream_vfs.is_none() {
             return None;
         }
-        match self
-            .backup_audit_interval_ms
-            .unwrap_or(DEFAULT_AUDIT_INTERVAL_MS)
-        {
-            0 => None,
-            ms => Some(Duration::from_millis(ms)),
-        }
+        backups::audit_interval(self.backup_audit_interval_ms)
     }
     pub fn purge_delay(&self) -> Duration {
         Duration::from_millis(self.purge_delay_ms)
@@ -446,6 +459,9 @@ fn parse_from(args: &[std::ffi::OsString]) -> Result<(Config, ArgMatches), clap:
         .try_get_matches_from_mut(args)
         .map_err(|e| name_env_source(e, &command, args))?;
     let config = Config::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    config
+        .check_purge_quorum()
+        .map_err(|msg| command.error(ErrorKind::ValueValidation, msg))?;
     Ok((config, matches))
 }
 

@@ -36,7 +36,7 @@ use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
 use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{
-    AuditConfig, BackupSource, ControlSource, MonitorActor, MonitorConfig, SINGLE_BACKUP,
+    AuditConfig, BackupQuorum, BackupSource, ControlSource, MonitorActor, MonitorConfig,
 };
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
@@ -44,13 +44,13 @@ use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::restart_catch_up::RestartCatchUp;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, Streamer};
+use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, RouteBackupAcks, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
 use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
 use log::{info, warn};
 
-use crate::config::Config;
+use crate::config::{BackupSpec, Config, SourceSpec};
 use crate::edge::Edge;
 use crate::http::standby::STANDBY_REASON;
 use crate::http::{AppState, BackupActors};
@@ -92,8 +92,19 @@ pub(crate) struct OwnerStart<'a> {
 struct ReadBack {
     stats: LogStats,
     safety: SafetyState,
-    /// `--litestream-vfs`, loaded.
-    vfs: Option<(VfsSource, VfsReader)>,
+    /// Each backup's source (PROTOCOL.md §8.4), its VFS reader loaded when it has one.
+    sources: Vec<Watched>,
+}
+
+/// One backup as its monitor will watch it.
+struct Watched {
+    spec: BackupSpec,
+    source: BackupSource,
+    /// The VFS source's reader, loaded at start.
+    reader: Option<VfsReader>,
+    /// A control backup's audit (PROTOCOL.md §8.1d): what it reads, and how often. Its
+    /// extension was loaded at start; each audit read starts a reader of its own.
+    audit: Option<(VfsSource, Duration)>,
 }
 
 impl Owner {
@@ -210,11 +221,72 @@ impl OwnerStart<'_> {
     async fn read_back(&self) -> Result<ReadBack, StartError> {
         let stats = self.log.stats().await?;
         let safety = self.log.load_state().await?;
-        let vfs = match &self.config.litestream_vfs {
-            Some(path) => Some(check_vfs(&self.config, path).await?),
-            None => None,
-        };
-        Ok(ReadBack { stats, safety, vfs })
+        let backups = self.config.backups();
+        if let (true, Some(path)) = (backups.is_empty(), &self.config.litestream_vfs) {
+            let query = self.config.backup_watermark_query.clone();
+            check_vfs(path, String::new(), query).await?;
+        }
+        let mut sources = Vec::with_capacity(backups.len());
+        for spec in backups {
+            let (source, reader, audit) = match &spec.source {
+                SourceSpec::Metrics { url } => {
+                    (BackupSource::Metrics { url: url.clone() }, None, None)
+                }
+                SourceSpec::Control {
+                    url,
+                    db_path,
+                    audit,
+                } => {
+                    let audit = match audit {
+                        Some(a) => {
+                            let (vfs, _) = self.load_vfs(&spec, &a.extension, &a.query).await?;
+                            a.interval.map(|every| (vfs, every))
+                        }
+                        None => None,
+                    };
+                    let source = BackupSource::Control(ControlSource {
+                        url: url.clone(),
+                        db_path: db_path.clone(),
+                    });
+                    (source, None, audit)
+                }
+                SourceSpec::Vfs { extension, query } => {
+                    let (source, reader) = self.load_vfs(&spec, extension, query).await?;
+                    (BackupSource::Vfs(source), Some(reader), None)
+                }
+            };
+            sources.push(Watched {
+                spec,
+                source,
+                reader,
+                audit,
+            });
+        }
+        Ok(ReadBack {
+            stats,
+            safety,
+            sources,
+        })
+    }
+
+    /// `spec`'s VFS extension, loaded and checked (PROTOCOL.md §2): a start error naming the
+    /// file, the backup and the key when it came from `--backups`.
+    async fn load_vfs(
+        &self,
+        spec: &BackupSpec,
+        extension: &std::path::Path,
+        query: &str,
+    ) -> Result<(VfsSource, VfsReader), StartError> {
+        let checked = check_vfs(extension, spec.url.clone(), query.to_string()).await;
+        match (checked, &self.config.backups) {
+            (Ok(loaded), _) => Ok(loaded),
+            (Err(StartError::LitestreamVfs(source)), Some(file)) => Err(StartError::BackupVfs {
+                file: file.path.display().to_string(),
+                backup: spec.name.clone(),
+                source,
+            }),
+            (Err(e), _) => Err(e),
+        }
     }
 
     /// A standby that takes over keeps its streamer and every subscriber of it; it ingests
@@ -257,8 +329,9 @@ impl OwnerStart<'_> {
         .start()
     }
 
-    /// The backup monitor's three actors, with `--litestream-backup-url`; they adopt the
-    /// reservations of a standby that took over.
+    /// The backup monitor's actors, with `--litestream-backup-url` or `--backups`: cleanup,
+    /// reservations, the quorum and a monitor per backup; they adopt the reservations of a
+    /// standby that took over.
     async fn backup(
         &self,
         streamer: &Addr<Streamer>,
@@ -266,10 +339,11 @@ impl OwnerStart<'_> {
         read: ReadBack,
         kept: Option<Addr<StandbyReservations>>,
     ) -> Option<BackupActors> {
-        let Some(url) = &self.config.litestream_backup_url else {
+        let Some(url) = read.sources.first().map(|w| w.spec.url.clone()) else {
             warn!("no --litestream-backup-url: the backup monitor is off, nothing will be purged, and snapshot reservations are refused");
             return None;
         };
+        let url = &url;
         // The reservation actor's address first: on a shared change DB the cleanup actor asks
         // it at each poll for the other instances' reservations.
         let reservations_ctx = Context::<ReservationActor>::new();
@@ -285,22 +359,13 @@ impl OwnerStart<'_> {
                 );
             }
         }
-        let monitor = self
-            .monitor(read.vfs, &cleanup, &reservations)
-            .auditing_to(purger.clone().recipient())
-            .start();
-        if let Some(source) = control_source(&self.config) {
-            streamer.do_send(ReportBackupAcks {
-                to: monitor.clone().recipient(),
-            });
-            if self.config.litestream_vfs.is_none() {
-                info!("no audit of backup {SINGLE_BACKUP}: it needs --litestream-vfs (PROTOCOL.md §8.1d); {} is trusted as it answers", source.url);
-            }
-        }
+        let (monitors, quorum) =
+            self.monitors(read.sources, streamer, purger, &cleanup, &reservations);
         Some(BackupActors {
             reservations,
             cleanup,
-            monitor,
+            monitors,
+            quorum,
         })
     }
 
@@ -347,7 +412,7 @@ impl OwnerStart<'_> {
         )
         .with_max_reservation(self.config.max_reservation())
         .restore(&read.safety.reservations, cleanup_delay, self.log.clone());
-        if read.vfs.is_some() && control_source(&self.config).is_none() {
+        if read.sources.iter().any(|w| w.reader.is_some()) {
             reservations = reservations.verifying_backups();
         }
         if RestartCatchUp::from_state(&read.safety).is_some() {
@@ -359,45 +424,78 @@ impl OwnerStart<'_> {
         ctx.run(reservations)
     }
 
-    /// The monitor polls the metrics; or reads the backup itself through the VFS and then tells
-    /// the reservations what it saw (PROTOCOL.md §6.7); or asks litestream's control API to
-    /// sync at each commit the backup replicator acks, which the streamer reports to it
-    /// (PROTOCOL.md §8.1c), auditing the backup through the VFS when given (§8.1d). The
-    /// caller starts it.
-    fn monitor(
+    /// One monitor per backup, each handing its polls to the quorum, which hands the cleanup
+    /// actor what K backups hold (PROTOCOL.md §8.4). A monitor polls the metrics; or reads the
+    /// backup itself through the VFS, and the quorum tells the reservations (PROTOCOL.md §6.7);
+    /// or asks litestream's control API to sync at each commit its backup replicator acks,
+    /// which the streamer reports to it (PROTOCOL.md §8.1c): with several backups, each
+    /// backup's replicator's acks to its own monitor (PROTOCOL.md §7.1).
+    fn monitors(
         &self,
-        vfs: Option<(VfsSource, VfsReader)>,
+        sources: Vec<Watched>,
+        streamer: &Addr<Streamer>,
+        purger: &Addr<Purger>,
         cleanup: &Addr<CleanupActor>,
         reservations: &Addr<ReservationActor>,
-    ) -> MonitorActor {
+    ) -> (Vec<Addr<MonitorActor>>, Addr<BackupQuorum>) {
         let interval = self.config.backup_check_interval();
-        match (vfs, control_source(&self.config)) {
-            // With the control API the VFS only audits, each read with a reader of its own
-            // (PROTOCOL.md §8.1d): the one that checked the extension at start is dropped.
-            (vfs, Some(source)) => {
-                let mut cfg = MonitorConfig::with_source(BackupSource::Control(source), interval);
-                cfg.clock = self.clock.clone();
-                cfg.audit =
-                    vfs.zip(self.config.backup_audit_interval())
-                        .map(|((vfs, _), interval)| AuditConfig {
-                            backup: SINGLE_BACKUP.to_string(),
-                            vfs,
-                            interval,
-                        });
-                MonitorActor::new(cfg, cleanup.clone())
-            }
-            (None, None) => MonitorActor::new(
-                MonitorConfig::new(self.config.litestream_metrics_url.clone(), interval),
-                cleanup.clone(),
-            ),
-            (Some((source, reader)), None) => {
-                let mut cfg = MonitorConfig::with_source(BackupSource::Vfs(source), interval);
-                cfg.clock = self.clock.clone();
-                MonitorActor::new(cfg, cleanup.clone())
-                    .with_vfs_reader(reader)
-                    .reporting_backups_to(reservations.clone().recipient())
-            }
+        let several = sources.len() > 1;
+        let names = sources
+            .iter()
+            .map(|w| (w.spec.name.clone(), w.source.name().to_string()))
+            .collect();
+        let mut quorum = BackupQuorum::new(
+            self.clock.clone(),
+            self.config.purge_quorum(),
+            names,
+            cleanup.clone(),
+        );
+        if sources.iter().any(|w| w.reader.is_some()) {
+            quorum = quorum.reporting_backups_to(reservations.clone().recipient());
         }
+        let quorum = quorum.start();
+        let mut monitors = Vec::with_capacity(sources.len());
+        for (i, w) in sources.into_iter().enumerate() {
+            let Watched {
+                spec,
+                source,
+                reader,
+                audit,
+            } = w;
+            let control = matches!(source, BackupSource::Control(_));
+            if let (BackupSource::Control(c), None) = (&source, &audit) {
+                info!(
+                    "no audit of backup {}: it needs a VFS to read it through (PROTOCOL.md §8.1d); {} is trusted as it answers",
+                    spec.name, c.url
+                );
+            }
+            let mut cfg = MonitorConfig::with_source(source, interval);
+            cfg.clock = self.clock.clone();
+            cfg.backup = several.then(|| spec.name.clone());
+            cfg.audit = audit.map(|(vfs, interval)| AuditConfig {
+                backup: spec.name.clone(),
+                vfs,
+                interval,
+            });
+            let mut monitor = MonitorActor::new(cfg, cleanup.clone())
+                .in_quorum(i, quorum.clone().recipient())
+                .auditing_to(purger.clone().recipient());
+            if let Some(reader) = reader {
+                monitor = monitor.with_vfs_reader(reader);
+            }
+            let monitor = monitor.start();
+            let to = monitor.clone().recipient();
+            if several {
+                streamer.do_send(RouteBackupAcks {
+                    backup: spec.name,
+                    to,
+                });
+            } else if control {
+                streamer.do_send(ReportBackupAcks { to });
+            }
+            monitors.push(monitor);
+        }
+        (monitors, quorum)
     }
 
     fn upstream(&self, streamer: &Addr<Streamer>) -> Option<UpstreamHandle> {
@@ -443,7 +541,9 @@ async fn stop_intake(
         u.stop().await;
     }
     if let Some(b) = backup {
-        let _ = b.monitor.send(monitor::Stop).await;
+        for m in &b.monitors {
+            let _ = m.send(monitor::Stop).await;
+        }
         let _ = b.reservations.send(reservation::Stop { end }).await;
     }
 }
@@ -474,21 +574,13 @@ async fn stop_purging(state: &AppState) {
     let _ = state.purger.send(purger::Stop).await;
 }
 
-/// `--litestream-control-url` with its `--litestream-db-path` (PROTOCOL.md §8.1c); clap makes
-/// sure that one comes with the other.
-fn control_source(config: &Config) -> Option<ControlSource> {
-    Some(ControlSource {
-        url: config.litestream_control_url.clone()?,
-        db_path: config.litestream_db_path.clone()?,
-    })
-}
-
 /// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded
 /// it is kept for the monitor's polls. Without `--litestream-backup-url` nothing will read the
 /// backup, but a bad path is still an error, not a surprise for later.
 async fn check_vfs(
-    config: &Config,
     extension: &std::path::Path,
+    backup_url: String,
+    query: String,
 ) -> Result<(VfsSource, VfsReader), StartError> {
     let helper = HelperCommand::for_service().map_err(|e| {
         StartError::LitestreamVfs(VfsError::Spawn {
@@ -499,8 +591,8 @@ async fn check_vfs(
     let source = VfsSource {
         helper,
         extension: extension.to_path_buf(),
-        backup_url: config.litestream_backup_url.clone().unwrap_or_default(),
-        query: config.backup_watermark_query.clone(),
+        backup_url,
+        query,
     };
     let mut reader = VfsReader::new(source.clone());
     reader

@@ -27,7 +27,7 @@ use change_streamer_actors::session_end::SessionEnd;
 use change_streamer_actors::streamer::{self, Streamer};
 use log::{info, warn};
 
-use crate::config::Config;
+use crate::config::{Config, SourceSpec};
 use crate::http::standby::Serving;
 use crate::owner::Kept;
 use crate::shutdown::{Drain, SESSION_DRAIN};
@@ -75,7 +75,11 @@ impl StandbyServing {
             stats.max_watermark.clone(),
         );
         let drain = Drain::default();
-        let reservations = config.litestream_backup_url.as_ref().map(|backup_url| {
+        let backups = config.backups();
+        let verifying = backups
+            .iter()
+            .any(|b| matches!(b.source, SourceSpec::Vfs { .. }));
+        let reservations = backups.first().map(|b| b.url.clone()).map(|backup_url| {
             let r = StandbyReservations::new(
                 clock.clone(),
                 instance.clone(),
@@ -84,12 +88,7 @@ impl StandbyServing {
                 recorder.clone(),
             )
             .with_max_reservation(config.max_reservation());
-            // With the control API, the VFS only audits (PROTOCOL.md §8.1d).
-            match (&config.litestream_vfs, &config.litestream_control_url) {
-                (Some(_), None) => r.verifying_backups(),
-                _ => r,
-            }
-            .start()
+            if verifying { r.verifying_backups() } else { r }.start()
         });
         recorder.do_send(Serve(Holders {
             log: log.clone(),

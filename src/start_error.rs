@@ -20,6 +20,13 @@ pub enum StartError {
     },
     #[error("--litestream-vfs: {0}")]
     LitestreamVfs(VfsError),
+    /// The VFS extension of a backup of `--backups` (PROTOCOL.md §8.4) cannot be loaded.
+    #[error("--backups {file}: backup {backup:?}: key `vfs`: {source}")]
+    BackupVfs {
+        file: String,
+        backup: String,
+        source: VfsError,
+    },
     #[error(transparent)]
     Secret(#[from] SecretFlagError),
     #[error(transparent)]
@@ -39,6 +46,7 @@ impl StartError {
             StartError::ChangeDb(_) => &["change_db"],
             StartError::Bind { .. } => &["host", "port"],
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
+            StartError::BackupVfs { .. } => &["backups"],
             StartError::Secret(e) => e.flags(),
             StartError::Ended => &[],
             StartError::CatchupWindow(_) => &["catchup_window_bytes", "max_subscriber_queue_bytes"],

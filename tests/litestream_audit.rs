@@ -95,7 +95,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     assert_eq!(st["backup"]["source"], "control", "{st}");
     assert_eq!(
         audit(&st)["backup"],
-        "default",
+        "backup",
         "the VFS audits, the control API confirms: {st}"
     );
     assert_eq!(audit(&st)["intervalMs"], 300, "{st}");

@@ -18,7 +18,9 @@ use change_streamer_actors::changelog::{
 use change_streamer_actors::cleanup::{CleanupState, PendingWatermark};
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::{InstanceId, InstanceSeen};
-use change_streamer_actors::monitor::{AuditStats, MonitorStats, SINGLE_BACKUP};
+use change_streamer_actors::monitor::{
+    AuditStats, BackupState, MonitorStats, QuorumState, SINGLE_BACKUP,
+};
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::PurgeState;
 use change_streamer_actors::reservation::{ProgressInfo, ReservationInfo, ReservationStats};
@@ -205,6 +207,17 @@ fn observation() -> Observation {
             }),
             ..MonitorStats::default()
         },
+        quorum: Some(QuorumState {
+            purge_quorum: 1,
+            quorum_watermark: Some(w(14)),
+            backups: vec![BackupState {
+                name: "backup".into(),
+                source: "metrics".into(),
+                watermark: Some(w(14)),
+                age_ms: Some(1200),
+                last_error: None,
+            }],
+        }),
         change_log_bytes: 4096,
     }
 }

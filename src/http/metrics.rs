@@ -128,6 +128,24 @@ fn backup(m: &Scrape, o: &Observation, delay: Duration) -> prometheus::Result<()
     m.set(
         &INVALID_WATERMARKS,
         o.monitor.invalid_watermarks_total as f64,
+    )?;
+    let backups = o
+        .quorum
+        .as_ref()
+        .map(|q| q.backups.as_slice())
+        .unwrap_or(&[]);
+    m.set_each(
+        &BACKUP_WATERMARK,
+        backups.iter().filter_map(|b| {
+            let value = b.watermark.as_ref()?.to_u64()?;
+            Some(([b.name.as_str()], value as f64))
+        }),
+    )?;
+    m.set_each(
+        &BACKUP_AGE,
+        backups
+            .iter()
+            .filter_map(|b| Some(([b.name.as_str()], b.age_ms? as f64 / 1000.0))),
     )
 }
 

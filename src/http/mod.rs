@@ -34,7 +34,7 @@ use change_streamer_actors::changelog::ChangeLog;
 use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::instance::recorder::InstanceRecorder;
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::monitor::MonitorActor;
+use change_streamer_actors::monitor::{BackupQuorum, MonitorActor};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
 use change_streamer_actors::streamer::Streamer;
@@ -56,7 +56,7 @@ pub struct AppState {
     pub streamer: Addr<Streamer>,
     pub purger: Addr<Purger>,
     pub log: ChangeLog,
-    /// Present when the backup monitor is enabled (`--litestream-backup-url`).
+    /// Present when the backup monitor is enabled (`--litestream-backup-url` or `--backups`).
     pub backup: Option<BackupActors>,
     /// A guard for every websocket session; the stop waits until all are dropped.
     pub guards: Guards,
@@ -72,7 +72,9 @@ pub struct AppState {
 pub struct BackupActors {
     pub reservations: Addr<ReservationActor>,
     pub cleanup: Addr<CleanupActor>,
-    pub monitor: Addr<MonitorActor>,
+    /// One per backup, in the order they are listed (PROTOCOL.md §8.4).
+    pub monitors: Vec<Addr<MonitorActor>>,
+    pub quorum: Addr<BackupQuorum>,
 }
 
 /// What the instance serves with now.

@@ -75,6 +75,32 @@ impl BackupReplica {
         watermark: &str,
         db: &Path,
     ) -> BackupReplica {
+        let query = format!("id={id}&mode=backup&replicaVersion={replica_version}");
+        Self::open(credentials, base, &query, watermark, db).await
+    }
+
+    /// [`start`](Self::start) as the backup replicator of backup `backup` among several
+    /// (`backup=NAME`, PROTOCOL.md §7.1).
+    pub async fn start_for_backup(
+        base: &str,
+        backup: &str,
+        replica_version: &str,
+        watermark: &str,
+        db: &Path,
+    ) -> BackupReplica {
+        let query =
+            format!("id={backup}&mode=backup&backup={backup}&replicaVersion={replica_version}");
+        Self::open(&Credentials::default(), base, &query, watermark, db).await
+    }
+
+    /// Creates `db` at `watermark` and follows `/changes?{query}&watermark=…` from there.
+    async fn open(
+        credentials: &Credentials,
+        base: &str,
+        query: &str,
+        watermark: &str,
+        db: &Path,
+    ) -> BackupReplica {
         let conn = Connection::open(db).expect("open the backup replica's file");
         conn.execute_batch(SCHEMA)
             .expect("create the replica's tables");
@@ -87,7 +113,7 @@ impl BackupReplica {
         .expect("write replicationState");
         let client = WsClient::connect_with(
             &format!(
-                "{}://{base}/replication/v6/changes?id={id}&mode=backup&replicaVersion={replica_version}&watermark={watermark}",
+                "{}://{base}/replication/v6/changes?{query}&watermark={watermark}",
                 credentials.ws()
             ),
             credentials,

@@ -22,7 +22,7 @@ use crate::vfs::{BackupReading, VfsError, VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
 /// The name of the service's one backup, in the audit's metric label and log lines.
-pub const SINGLE_BACKUP: &str = "default";
+pub const SINGLE_BACKUP: &str = "backup";
 
 /// How long one audit read may take, loading the extension included.
 const READ_LIMIT: Duration = Duration::from_secs(10);

@@ -15,6 +15,10 @@
 //! With an [`AuditConfig`] the monitor also reads its backup through the VFS now and then and
 //! compares it with what it confirmed (PROTOCOL.md §8.1d, [`audit`]).
 //!
+//! With several backups (PROTOCOL.md §8.4) there is one monitor per backup, and each hands its
+//! polls to the [`BackupQuorum`] instead ([`MonitorActor::in_quorum`]), which hands the cleanup
+//! actor what K backups hold.
+//!
 //! With the VFS source the monitor also tells the reservations what it read
 //! ([`MonitorActor::reporting_backups_to`]): a reservation's status waits for a backup at or
 //! above the change log's minWatermark (PROTOCOL.md §6.7).
@@ -29,11 +33,14 @@
 //! a half-read answer is ever recorded.
 //!
 //! This file holds the actor, its messages and its scheduling of polls; each source's poll lives
-//! in its own file: [`metrics`], [`vfs`], [`control`]; the audit in [`audit`].
+//! in its own file: [`metrics`], [`vfs`], [`control`]; the audit in [`audit`]; the quorum of
+//! several backups in [`quorum`].
 //!
 //! [`CleanupActor`]: crate::cleanup::CleanupActor
 //! [`BackupAcked`]: crate::streamer::BackupAcked
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -51,10 +58,14 @@ use crate::watermark::Watermark;
 mod audit;
 mod control;
 mod metrics;
+mod quorum;
 mod vfs;
 
 pub use audit::{AuditConfig, AuditStats, SINGLE_BACKUP};
 pub use control::{ControlSource, CONTROL_REPLICA, CONTROL_TIMEOUT};
+pub use quorum::{
+    BackupPolled, BackupQuorum, BackupState, GetQuorumState, QuorumState, MAX_OBSERVATIONS,
+};
 
 /// The replica name of the observations read through the VFS.
 pub const VFS_REPLICA: &str = "vfs";
@@ -108,6 +119,8 @@ pub struct MonitorConfig {
     pub poll_automatically: bool,
     /// The audit of this backup through the VFS (PROTOCOL.md §8.1d); `None`: no audit.
     pub audit: Option<AuditConfig>,
+    /// The backup's name among several (PROTOCOL.md §8.4), for log lines; `None`: the only one.
+    pub backup: Option<String>,
 }
 
 impl MonitorConfig {
@@ -134,6 +147,7 @@ impl MonitorConfig {
             timeout,
             poll_automatically: true,
             audit: None,
+            backup: None,
         }
     }
 }
@@ -200,6 +214,11 @@ pub struct MonitorActor {
     vfs_first_read: Option<(Watermark, i64)>,
     /// Told each watermark the VFS source reads (the reservations, PROTOCOL.md §6.7).
     backup_reads: Option<Recipient<BackupRead>>,
+    /// In a quorum of several backups (PROTOCOL.md §8.4): this backup's number and the quorum,
+    /// told each poll instead of the cleanup actor.
+    quorum: Option<(usize, Recipient<BackupPolled>)>,
+    /// In a quorum, the VFS source's read of the poll in flight, handed on with its result.
+    read: Option<BackupRead>,
     /// The control source's state (PROTOCOL.md §8.1c).
     control: control::ControlState,
     /// The audit's state (PROTOCOL.md §8.1d).
@@ -218,6 +237,8 @@ impl MonitorActor {
             vfs: None,
             vfs_first_read: None,
             backup_reads: None,
+            quorum: None,
+            read: None,
             control: control::ControlState::default(),
             audit: audit::AuditState::new(cfg.audit.as_ref()),
             in_flight: None,
@@ -232,6 +253,50 @@ impl MonitorActor {
     pub fn reporting_backups_to(mut self, recipient: Recipient<BackupRead>) -> Self {
         self.backup_reads = Some(recipient);
         self
+    }
+
+    /// Hands each poll to `quorum` as backup number `backup` ([`BackupPolled`]), instead of
+    /// to the cleanup actor (PROTOCOL.md §8.4).
+    pub fn in_quorum(mut self, backup: usize, quorum: Recipient<BackupPolled>) -> Self {
+        self.quorum = Some((backup, quorum));
+        self
+    }
+
+    /// Tells what the VFS source read: the reservations, or the quorum with the poll's result.
+    fn report_read(&mut self, read: BackupRead) {
+        if self.quorum.is_some() {
+            self.read = Some(read);
+        } else if let Some(r) = &self.backup_reads {
+            r.do_send(read);
+        }
+    }
+
+    /// Hands a poll's result on: to the quorum in one, else to the cleanup actor. The future
+    /// ends once it was acted on.
+    fn hand_on(
+        &mut self,
+        samples: Vec<BackupSample>,
+        outcome: &PollOutcome,
+    ) -> Pin<Box<dyn Future<Output = ()>>> {
+        match &self.quorum {
+            Some((backup, quorum)) => {
+                let sent = quorum.send(BackupPolled {
+                    backup: *backup,
+                    samples,
+                    outcome: outcome.clone(),
+                    read: self.read.take(),
+                });
+                Box::pin(async move {
+                    let _ = sent.await;
+                })
+            }
+            None => {
+                let sent = self.cleanup.send(PollResult { samples });
+                Box::pin(async move {
+                    let _ = sent.await;
+                })
+            }
+        }
     }
 
     /// Uses `reader`, already started (the service checks at start that the extension loads),
@@ -256,8 +321,7 @@ impl MonitorActor {
                 act.stats.last_error = None;
             }
             act.audit.note_confirmed(&samples);
-            act.cleanup
-                .send(PollResult { samples })
+            act.hand_on(samples, &outcome)
                 .into_actor(act)
                 .map(move |_, act, ctx| {
                     act.in_flight = None;
@@ -272,9 +336,17 @@ impl MonitorActor {
         self.in_flight = Some(handle);
     }
 
+    /// What is polled, for log lines: with several backups, which one.
+    fn describe(&self) -> String {
+        match &self.cfg.backup {
+            Some(name) => format!("backup {name} ({})", self.cfg.source.describe()),
+            None => self.cfg.source.describe(),
+        }
+    }
+
     /// A failed poll: a warning, a counted error, nothing observed.
     pub(super) fn failed(&mut self, reason: String) -> Observed {
-        warn!("unable to read {}: {reason}", self.cfg.source.describe());
+        warn!("unable to read {}: {reason}", self.describe());
         self.stats.poll_errors_total += 1;
         self.stats.last_poll_ok = Some(false);
         self.stats.backup_watermark = None;
@@ -289,7 +361,7 @@ impl Actor for MonitorActor {
     fn started(&mut self, ctx: &mut Context<Self>) {
         log::info!(
             "monitoring {} every {} ms",
-            self.cfg.source.describe(),
+            self.describe(),
             self.cfg.interval.as_millis()
         );
         if self.cfg.poll_automatically {
@@ -317,10 +389,7 @@ impl Handler<Stop> for MonitorActor {
     fn handle(&mut self, _: Stop, ctx: &mut Context<Self>) {
         self.stopping = true;
         if let Some(h) = self.in_flight.take() {
-            log::info!(
-                "aborting the poll in flight of {}",
-                self.cfg.source.describe()
-            );
+            log::info!("aborting the poll in flight of {}", self.describe());
             ctx.cancel_future(h);
         }
         self.waiters.clear();

@@ -61,12 +61,10 @@ impl MonitorActor {
             }
         };
         self.stats.backup_watermark = Some(watermark.clone());
-        if let Some(r) = &self.backup_reads {
-            r.do_send(BackupRead {
-                watermark: watermark.clone(),
-                replica_size,
-            });
-        }
+        self.report_read(BackupRead {
+            watermark: watermark.clone(),
+            replica_size,
+        });
         let sample = BackupSample {
             watermark,
             replica: VFS_REPLICA.to_string(),

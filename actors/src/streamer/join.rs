@@ -232,7 +232,7 @@ impl Streamer {
         let Some(sub) = self.subscribers.get_mut(&session_id) else {
             return;
         };
-        super::backup_acks::joined(&self.backup_acks, sub);
+        self.backup_acks.joined(sub);
         if sub.protocol >= 2 {
             sub.send_frame(Arc::from(STATUS_FRAME), &mut self.shared);
         }

@@ -71,7 +71,7 @@ use ingest::Txn;
 use shared::SharedFrames;
 use subscriber::Subscriber;
 
-pub use backup_acks::{BackupAcked, ReportBackupAcks};
+pub use backup_acks::{BackupAcked, ReportBackupAcks, RouteBackupAcks};
 pub use budget::QueuedBytesPeak;
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use frames::{
@@ -202,8 +202,8 @@ pub struct Streamer {
     follows: Option<Recipient<RecordSubscribers>>,
     /// Rings every second for the subscribers' rate samples ([`SampleRates`]).
     sampler: Option<Alarm>,
-    /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]).
-    backup_acks: Option<Recipient<BackupAcked>>,
+    /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]), per backup.
+    backup_acks: backup_acks::AckRoutes,
     /// The most payload held for all subscribers at the end of a turn ([`QueuedBytesPeak`]).
     queued_peak: u64,
 }
@@ -230,7 +230,7 @@ impl Streamer {
             subscribers_evicted: 0,
             follows: None,
             sampler: None,
-            backup_acks: None,
+            backup_acks: backup_acks::AckRoutes::default(),
             queued_peak: 0,
         }
     }

@@ -27,10 +27,12 @@ impl Subscriber {
     }
 
     /// Whether `self` and `other` are backup replicators of the same backup (PROTOCOL.md §7.1).
-    /// The service has one backup, so every `mode=backup` subscriber is for it, whatever its
-    /// `backup` parameter names.
-    fn same_backup(&self, other: &Subscriber) -> bool {
-        self.mode == Mode::Backup && other.mode == Mode::Backup
+    /// With one backup every `mode=backup` subscriber is for it, whatever its `backup`
+    /// parameter names; with `several`, the one it names.
+    fn same_backup(&self, other: &Subscriber, several: bool) -> bool {
+        self.mode == Mode::Backup
+            && other.mode == Mode::Backup
+            && (!several || self.backup == other.backup)
     }
 
     /// The backup it names, for log lines.
@@ -51,10 +53,12 @@ impl Streamer {
         let Some(new) = self.subscribers.get(&session_id) else {
             return;
         };
+        self.warn_if_unrouted(new);
+        let several = self.backup_acks.several();
         let older: Vec<(SessionId, String)> = self
             .subscribers
             .values()
-            .filter(|s| s.joined < new.joined && s.same_backup(new))
+            .filter(|s| s.joined < new.joined && s.same_backup(new, several))
             .map(|s| (s.session_id, s.id.clone()))
             .collect();
         let (new_id, backup) = (new.id.clone(), new.backup_name().to_string());

@@ -47,7 +47,7 @@ impl Handler<SessionProgress> for Streamer {
         };
         let before = sub.acked.clone();
         sub.progress(p.acked_messages, p.acked_bytes, p.acked_commit);
-        super::backup_acks::tell(&self.backup_acks, sub, &before);
+        self.backup_acks.tell(sub, &before);
         for token in p.tokens {
             match token {
                 Token::Broadcast(n) => self.broadcast_acked(ctx, p.session_id, n),

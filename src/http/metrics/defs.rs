@@ -115,6 +115,16 @@ pub const INVALID_WATERMARKS: Metric = counter(
     "change_streamer_invalid_watermarks_total",
     "litestream progress samples ignored for an invalid watermark or time.",
 );
+pub const BACKUP_WATERMARK: Metric = gauge(
+    "change_streamer_backup_watermark",
+    "A backup's highest held watermark, the LexiVersion read as a number (PROTOCOL.md §8.4).",
+)
+.by(&["backup"]);
+pub const BACKUP_AGE: Metric = gauge(
+    "change_streamer_backup_age_seconds",
+    "Seconds since a backup first held its highest held watermark (PROTOCOL.md §8.4).",
+)
+.by(&["backup"]);
 pub const CHANGES_STORED: Metric = counter(
     "change_streamer_changes_stored_total",
     "Changes stored in the change log since start.",
@@ -195,6 +205,8 @@ pub const OWNER_PAGE: &[Metric] = &[
     POLL_ERRORS,
     AUDIT_FAILURES,
     INVALID_WATERMARKS,
+    BACKUP_WATERMARK,
+    BACKUP_AGE,
     CHANGES_STORED,
     CHANGES_PURGED,
     CHANGE_LOG_ROWS,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use change_streamer_actors::changelog::{ChangeDbView, LogStats};
 use change_streamer_actors::cleanup::{CleanupState, PendingWatermark};
 use change_streamer_actors::instance::{InstanceId, InstanceSeen};
-use change_streamer_actors::monitor::MonitorStats;
+use change_streamer_actors::monitor::{BackupState, MonitorStats};
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::{BlockedBy, PurgeState};
 use change_streamer_actors::reservation::ReservationInfo;
@@ -22,7 +22,7 @@ use change_streamer_actors::watermark::Watermark;
 use serde::Serialize;
 
 use super::Observation;
-use crate::config::Config;
+use crate::config::{Config, SourceSpec};
 
 /// `GET /status`. Written with each object's keys in alphabetical order (PROTOCOL.md §11), which
 /// [`to_json`](Status::to_json) does.
@@ -39,6 +39,9 @@ pub struct Status {
     pub upstream: Option<Upstream>,
     /// `null` at a standby while the change DB cannot be read.
     pub backup: Option<Backup>,
+    /// The owner's: one entry per backup (PROTOCOL.md §8.4), empty without a backup monitor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backups: Option<Vec<BackupState>>,
     pub reservations: Vec<ReservationInfo>,
     pub subscribers: Vec<SubscriberInfo>,
     /// The owner's only.
@@ -94,6 +97,12 @@ pub struct Backup {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart_catch_up: Option<Option<CatchUpView>>,
     pub source: BackupSource,
+    /// K (PROTOCOL.md §8.4); the owner's, with a backup monitor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purge_quorum: Option<usize>,
+    /// The purge floor, `null` while fewer than K backups hold anything; as `purgeQuorum`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quorum_watermark: Option<Option<Watermark>>,
 }
 
 /// `backup.source`: what the backup's progress is read from (PROTOCOL.md §8.1, §8.1b, §8.1c).
@@ -139,6 +148,8 @@ struct Cleanup {
     counters: Option<(u64, MonitorStats)>,
     /// The owner's wait after a restart (PROTOCOL.md §13.1).
     catch_up: Option<Option<CatchUpView>>,
+    /// The owner's quorum: K and the purge floor.
+    quorum: Option<(usize, Option<Watermark>)>,
 }
 
 /// The cleanup delay shown by `/status` and `/metrics`: the one learned (PROTOCOL.md §8.3), never
@@ -171,6 +182,12 @@ impl Status {
             change_log: Some(ChangeLogStatus::of(&o.log)),
             upstream: Some(Upstream::of(cfg, &o.streamer)),
             backup: Some(Backup::of(cfg, Cleanup::owner(o))),
+            backups: Some(
+                o.quorum
+                    .as_ref()
+                    .map(|q| q.backups.clone())
+                    .unwrap_or_default(),
+            ),
             reservations: o.reservations.clone(),
             subscribers: o.streamer.subscribers.clone(),
             flow_control: Some(FlowControl::of(cfg, &o.streamer)),
@@ -195,6 +212,7 @@ impl Status {
             change_log: view.map(|v| ChangeLogStatus::of(&v.log)),
             upstream: None,
             backup: view.map(|v| Backup::of(cfg, Cleanup::stored(v))),
+            backups: None,
             reservations,
             subscribers,
             flow_control: None,
@@ -244,6 +262,10 @@ impl Cleanup {
                 o.monitor.clone(),
             )),
             catch_up: Some(c.and_then(|c| c.restart_catch_up.clone())),
+            quorum: o
+                .quorum
+                .as_ref()
+                .map(|q| (q.purge_quorum, q.quorum_watermark.clone())),
         }
     }
 
@@ -263,6 +285,7 @@ impl Cleanup {
                 .collect(),
             counters: None,
             catch_up: None,
+            quorum: None,
         }
     }
 }
@@ -270,8 +293,9 @@ impl Cleanup {
 impl Backup {
     fn of(cfg: &Config, c: Cleanup) -> Backup {
         let (cleanups_scheduled, monitor) = c.counters.unzip();
+        let (purge_quorum, quorum_watermark) = c.quorum.unzip();
         Backup {
-            backup_url: cfg.litestream_backup_url.clone(),
+            backup_url: cfg.backup_url(),
             metrics_url: cfg.litestream_metrics_url.clone(),
             cleanup_delay_ms: cleanup_delay(cfg, c.learned_delay).as_millis() as u64,
             paused: c.paused,
@@ -281,18 +305,22 @@ impl Backup {
             monitor,
             restart_catch_up: c.catch_up,
             source: BackupSource::of(cfg),
+            purge_quorum,
+            quorum_watermark,
         }
     }
 }
 
 impl BackupSource {
+    /// The first backup's (PROTOCOL.md §8.4: each backup's is in `backups`).
     fn of(cfg: &Config) -> BackupSource {
-        if cfg.litestream_control_url.is_some() {
-            BackupSource::Control
-        } else if cfg.litestream_vfs.is_some() {
-            BackupSource::Vfs
-        } else {
-            BackupSource::Metrics
+        match cfg.backups().first().map(|b| &b.source) {
+            Some(SourceSpec::Vfs { .. }) => BackupSource::Vfs,
+            Some(SourceSpec::Control { .. }) => BackupSource::Control,
+            Some(SourceSpec::Metrics { .. }) => BackupSource::Metrics,
+            None if cfg.litestream_control_url.is_some() => BackupSource::Control,
+            None if cfg.litestream_vfs.is_some() => BackupSource::Vfs,
+            None => BackupSource::Metrics,
         }
     }
 }

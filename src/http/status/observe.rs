@@ -5,7 +5,7 @@
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::LogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
-use change_streamer_actors::monitor::{GetMonitorStats, MonitorStats};
+use change_streamer_actors::monitor::{GetMonitorStats, GetQuorumState, MonitorStats, QuorumState};
 use change_streamer_actors::purger::{GetPurgeState, PurgeState};
 use change_streamer_actors::reservation::{
     GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
@@ -23,7 +23,10 @@ pub struct Observation {
     pub cleanup: Option<CleanupState>,
     pub reservations: Vec<ReservationInfo>,
     pub reservation_stats: ReservationStats,
+    /// The monitors' counters, summed over the backups (PROTOCOL.md §8.4).
     pub monitor: MonitorStats,
+    /// Each backup's state and the purge floor; `None` without a backup monitor.
+    pub quorum: Option<QuorumState>,
     /// Bytes the change log takes on disk, as its engine counts them
     /// ([`ChangeLog::disk_bytes`](change_streamer_actors::changelog::ChangeLog::disk_bytes)).
     pub change_log_bytes: u64,
@@ -49,23 +52,51 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         reservations: Vec::new(),
         reservation_stats: ReservationStats::default(),
         monitor: MonitorStats::default(),
+        quorum: None,
         change_log_bytes: bytes.map_err(|e| Unavailable("change log", e.to_string()))?,
     };
     if let Some(b) = &state.backup {
+        let monitors =
+            futures_util::future::join_all(b.monitors.iter().map(|m| m.send(GetMonitorStats)));
         let (c, r, m, rs) = futures_util::future::join4(
             b.cleanup.send(GetCleanupState),
             b.reservations.send(ListReservations),
-            b.monitor.send(GetMonitorStats),
+            monitors,
             b.reservations.send(GetReservationStats),
         )
         .await;
         obs.cleanup = Some(c.map_err(|e| Unavailable("cleanup", e.to_string()))?);
         obs.reservations = r.map_err(|e| Unavailable("reservations", e.to_string()))?;
         obs.reservation_stats = rs.map_err(|e| Unavailable("reservations", e.to_string()))?;
-        // The monitor stops before the others at shutdown; its counters are then unknown.
-        obs.monitor = m.unwrap_or_default();
+        // The monitors stop before the others at shutdown; their counters are then unknown.
+        let m: Vec<MonitorStats> = m.into_iter().map(Result::unwrap_or_default).collect();
+        obs.monitor = summed(m);
+        obs.quorum = b.quorum.send(GetQuorumState).await.ok();
     }
     Ok(obs)
+}
+
+/// One backup's counters as they are; several backups' summed, the latest poll ok only if
+/// every backup's was, and the first error found (PROTOCOL.md §11).
+fn summed(mut each: Vec<MonitorStats>) -> MonitorStats {
+    if each.len() == 1 {
+        return each.remove(0);
+    }
+    let mut all = MonitorStats::default();
+    for m in each {
+        all.polls_total += m.polls_total;
+        all.poll_errors_total += m.poll_errors_total;
+        all.invalid_watermarks_total += m.invalid_watermarks_total;
+        all.backup_reads_total += m.backup_reads_total;
+        all.last_poll_ok = match (all.last_poll_ok, m.last_poll_ok) {
+            (Some(false), _) | (_, Some(false)) => Some(false),
+            (Some(true), _) | (_, Some(true)) => Some(true),
+            (None, None) => None,
+        };
+        all.last_error = all.last_error.or(m.last_error);
+        all.backup_watermark = all.backup_watermark.max(m.backup_watermark);
+    }
+    all
 }
 
 /// The 503 of `/status` and `/metrics` while an actor does not answer (PROTOCOL.md §11).

@@ -1,0 +1,359 @@
+//! End to end with REAL stock litestream 0.5.17: several backups and a quorum before any purge
+//! (PROTOCOL.md §7.1, §8.4). The service runs with `--backups FILE` listing three backups
+//! (`a`, `b`, `c`), each asked through its own litestream's control socket (§8.1c), and
+//! `--purge-quorum 2`. Each backup has its own backup replicator (`mode=backup&backup=NAME`)
+//! following the service into its own SQLite file, which its own `litestream replicate` backs
+//! up to its own `file://` replica with an hourly sync interval, so that whatever a backup
+//! holds within the test was synced because the service asked that backup's litestream.
+//! Backup `c` then wedges (its litestream stopped): the purge still progresses with `a` and
+//! `b`, `c` says why in `/status` `backups[]`, and a restore from either healthy backup catches
+//! up from the change log with no gap.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::wait::wait_until;
+use serde_json::{json, Value};
+use tempfile::TempDir;
+
+/// Rows per transaction the fake change source sends.
+const ROWS: u64 = 2;
+const NAMES: [&str; 3] = ["a", "b", "c"];
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// One backup: its replicator, its litestream and where it backs up to.
+struct Backup {
+    dir: PathBuf,
+    replica: BackupReplica,
+    replication: Option<Replication>,
+}
+
+impl Backup {
+    fn url(&self) -> String {
+        format!("file://{}", self.dir.join("backup").display())
+    }
+    fn socket(&self) -> PathBuf {
+        self.dir.join("ls.sock")
+    }
+}
+
+/// `--backups` with one `control` table per name, each in its own folder under `root`.
+fn backups_file(root: &Path) -> PathBuf {
+    let mut text = String::new();
+    for name in NAMES {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("the backup's folder");
+        text += &format!(
+            "[[backup]]\nname = \"{name}\"\nurl = \"file://{}\"\nsource = \"control\"\ncontrol_url = \"unix:{}\"\ndb_path = \"{}\"\n\n",
+            dir.join("backup").display(),
+            dir.join("ls.sock").display(),
+            dir.join("replica.db").display()
+        );
+    }
+    let path = root.join("backups.toml");
+    std::fs::write(&path, text).expect("write the backups file");
+    path
+}
+
+/// The service with three backups and a quorum of two, fed by a fake change source.
+struct Quorum {
+    _root: TempDir,
+    litestream: Litestream,
+    up: FakeUpstream,
+    svc: TestService,
+    backups: Vec<Backup>,
+}
+
+impl Quorum {
+    async fn start() -> Quorum {
+        let litestream = stock_litestream::install();
+        let root = tempfile::tempdir().expect("tempdir");
+        let file = backups_file(root.path());
+        let up = FakeUpstream::start().await;
+        let up_url = up.url();
+        let file_arg = file.display().to_string();
+        let svc = TestService::start(&[
+            "--upstream",
+            &up_url,
+            "--backups",
+            &file_arg,
+            "--purge-quorum",
+            "2",
+            "--backup-check-interval-ms",
+            "3600000",
+            "--min-cleanup-delay-ms",
+            "0",
+            "--purge-delay-ms",
+            "100",
+            "--change-log-retention-ms",
+            "0",
+        ])
+        .await;
+        up.wait_connections(1).await;
+        up.send(txn(100, 1));
+        let st = svc
+            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+            .await;
+        assert_eq!(st["backup"]["purgeQuorum"], 2, "{st}");
+        let rv = w(100);
+        let mut backups = Vec::new();
+        for name in NAMES {
+            let dir = root.path().join(name);
+            let db = dir.join("replica.db");
+            let replica = BackupReplica::start_for_backup(&svc.base(), name, &rv, &rv, &db).await;
+            let mut b = Backup {
+                dir,
+                replica,
+                replication: None,
+            };
+            let replication = litestream.replicate_controlled(
+                &b.replica.db,
+                &b.url(),
+                &b.dir.join("litestream.yml"),
+                &b.socket(),
+                "1h",
+            );
+            replication
+                .wait_for_socket(&b.socket(), Duration::from_secs(20))
+                .await;
+            b.replication = Some(replication);
+            backups.push(b);
+        }
+        Quorum {
+            _root: root,
+            litestream,
+            up,
+            svc,
+            backups,
+        }
+    }
+
+    /// Sends transactions `from..=to` and waits until every backup replicator applied them.
+    async fn send(&self, from: u64, to: u64) {
+        for n in from..=to {
+            self.up.send(txn(n, ROWS));
+        }
+        let last = w(to);
+        wait_until(
+            "every backup replicator applies what was sent",
+            Duration::from_secs(20),
+            || {
+                self.backups
+                    .iter()
+                    .all(|b| b.replica.applied().as_deref() == Some(last.as_str()))
+            },
+        )
+        .await;
+    }
+
+    /// Waits until each backup named in `at` holds its watermark, as `/status` says.
+    async fn wait_backups(&self, at: &[(&str, u64)]) -> Value {
+        let want: Vec<(String, String)> = at.iter().map(|(n, x)| (n.to_string(), w(*x))).collect();
+        self.svc
+            .wait_status("the backups' watermarks", |s| {
+                want.iter().all(|(name, wm)| {
+                    s["backups"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|b| b["name"] == name.as_str() && b["watermark"] == wm.as_str())
+                })
+            })
+            .await
+    }
+}
+
+/// A replica restored from `backup` subscribes from its watermark, transactions `next` and
+/// `next + 1` are sent, and it receives every commit after its watermark up to them, and every
+/// row once (PROTOCOL.md §8.4: no gap).
+async fn restore_and_follow(q: &Quorum, backup: &Backup, next: u64, out: &str) {
+    let last = next + 1;
+    let db = backup.dir.join(out);
+    q.litestream
+        .restore(&backup.url(), &db)
+        .expect("litestream restore");
+    let (restored, rows) = read_replica(&db);
+    let restored_n = Watermark::parse(&restored)
+        .ok()
+        .and_then(|w| w.to_u64())
+        .expect("the restored stateVersion is a watermark");
+    let mut sub = WsClient::connect(&q.svc.ws(&format!(
+        "/replication/v6/changes?id={out}&mode=serving&replicaVersion={}&watermark={restored}",
+        w(100)
+    )))
+    .await;
+    let (id, first) = sub.msg().await;
+    assert_eq!(
+        first,
+        json!(["status", {"tag": "status"}]),
+        "restored at {restored}"
+    );
+    sub.ack(id).await;
+    q.send(next, last).await;
+    let mut received = Vec::new();
+    let mut commits = Vec::new();
+    while commits.last() != Some(&w(last)) {
+        let (id, msg) = sub.msg().await;
+        match msg[0].as_str() {
+            Some("data") => received.push(msg[1]["new"]["id"].as_u64().expect("row id")),
+            Some("commit") => commits.push(msg[2]["watermark"].as_str().unwrap_or("").to_string()),
+            _ => {}
+        }
+        sub.ack(id).await;
+    }
+    let expected: Vec<String> = (restored_n + 1..=last).map(w).collect();
+    assert_eq!(commits, expected, "{out}: restored at {restored}");
+    let mut all: Vec<u64> = rows.iter().filter_map(|r| r["id"].as_u64()).collect();
+    all.extend(received);
+    let unique: BTreeSet<u64> = all.iter().copied().collect();
+    assert_eq!(unique.len(), all.len(), "{out}: a row arrived twice");
+    let expected: BTreeSet<u64> = (101..=last)
+        .flat_map(|n| (0..ROWS).map(move |i| n * 1000 + i))
+        .collect();
+    assert_eq!(unique, expected, "{out}: restore + stream hold every row");
+    sub.close().await;
+}
+
+#[actix_rt::test]
+async fn quorum_of_two_of_three_purges_past_a_wedged_backup_and_either_healthy_backup_restores_without_a_gap(
+) {
+    let mut q = Quorum::start().await;
+    q.send(101, 103).await;
+    let st = q.wait_backups(&[("a", 103), ("b", 103), ("c", 103)]).await;
+    assert_eq!(st["backup"]["quorumWatermark"], w(103), "{st}");
+    q.svc
+        .wait_status("a purge below 103", |s| {
+            s["purge"]["lastPurgedBefore"] == w(103)
+        })
+        .await;
+    let subs = q.svc.status().await["subscribers"].clone();
+    let required: Vec<&Value> = subs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["required"] == true)
+        .collect();
+    assert_eq!(
+        required.len(),
+        3,
+        "each backup's replicator is required: {subs}"
+    );
+
+    // Backup c wedges: its litestream stops.
+    q.backups[2].replication = None;
+    q.send(104, 106).await;
+    let st = q.wait_backups(&[("a", 106), ("b", 106)]).await;
+    let c = &st["backups"][2];
+    assert_eq!(
+        (c["name"].clone(), c["watermark"].clone()),
+        (json!("c"), json!(w(103))),
+        "{st}"
+    );
+    let st = q
+        .svc
+        .wait_status("a purge below 106 without backup c", |s| {
+            s["purge"]["lastPurgedBefore"] == w(106)
+        })
+        .await;
+    let c = &st["backups"][2];
+    assert!(c["lastError"].is_string(), "c says why: {st}");
+    assert_eq!(st["backup"]["quorumWatermark"], w(106), "{st}");
+    let (code, metrics) = q.svc.get("/metrics").await;
+    assert_eq!(code, 200);
+    for name in NAMES {
+        assert!(
+            metrics.contains(&format!(
+                "change_streamer_backup_watermark{{backup=\"{name}\"}}"
+            )) && metrics.contains(&format!(
+                "change_streamer_backup_age_seconds{{backup=\"{name}\"}}"
+            )),
+            "{name}'s series: {metrics}"
+        );
+    }
+
+    // A restore from either healthy backup catches up from the change log with no gap.
+    restore_and_follow(&q, &q.backups[0], 107, "restored-a").await;
+    restore_and_follow(&q, &q.backups[1], 109, "restored-b").await;
+    q.svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn backup_vfs_that_cannot_be_loaded_is_a_start_error_naming_the_file_the_backup_and_the_key()
+{
+    let root = tempfile::tempdir().expect("tempdir");
+    let file = root.path().join("backups.toml");
+    let missing = root.path().join("no-such-vfs.so");
+    std::fs::write(
+        &file,
+        format!(
+            "[[backup]]\nname = \"a\"\nurl = \"file:///nowhere/a\"\n\n[[backup]]\nname = \"west\"\nurl = \"file:///nowhere/w\"\nvfs = \"{}\"\n",
+            missing.display()
+        ),
+    )
+    .expect("write the backups file");
+    let e = TestService::start_error(&["--backups", &file.display().to_string()]).await;
+    assert!(
+        e.contains("--backups")
+            && e.contains(&file.display().to_string())
+            && e.contains("\"west\"")
+            && e.contains("`vfs`"),
+        "{e}"
+    );
+}
+
+#[actix_rt::test]
+async fn single_backup_flags_are_one_backup_named_backup_with_a_quorum_of_one() {
+    use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
+    let page = FakeLitestream::start(Answer::default()).await;
+    let seconds = format!(
+        "{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    );
+    page.set_body(render_page(
+        "/db",
+        &[(Some(w(103).as_str()), "s3", seconds)],
+    ));
+    let flags = page.service_flags(3_600_000);
+    let args: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let svc = TestService::start(&args).await;
+    let st = svc
+        .wait_status("the backup's watermark", |s| {
+            s["backups"][0]["watermark"] == w(103)
+        })
+        .await;
+    assert_eq!(st["backups"].as_array().map(Vec::len), Some(1), "{st}");
+    assert_eq!(
+        (&st["backups"][0]["name"], &st["backups"][0]["source"]),
+        (&json!("backup"), &json!("metrics")),
+        "{st}"
+    );
+    assert_eq!(st["backups"][0]["lastError"], Value::Null, "{st}");
+    assert!(st["backups"][0]["ageMs"].as_i64() >= Some(0), "{st}");
+    assert_eq!(
+        (
+            &st["backup"]["purgeQuorum"],
+            &st["backup"]["quorumWatermark"]
+        ),
+        (&json!(1), &json!(w(103))),
+        "{st}"
+    );
+    // As before the quorum: the sample recorded as it is, with its replica's name.
+    assert_eq!(
+        st["backup"]["pendingWatermarks"][0]["replica"], "s3",
+        "{st}"
+    );
+    svc.stop().await;
+}
