@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use actix_web::http::header::{HeaderMap, HeaderValue, AUTHORIZATION};
 use change_streamer::http::access::{Access, Mode};
-use change_streamer_actors::secret::Secret;
+use change_streamer_actors::secret::{Secret, Secrets};
 use change_streamer_test_support::access::Credentials;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
@@ -33,7 +33,7 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 /// ns per check of `presented` against the secret, on `/replication/v6/changes`.
 fn check_ns(presented: &str) -> f64 {
-    let access = Access::new(Mode::Secret(Secret::new(SECRET).unwrap()));
+    let access = Access::new(Mode::fixed(Secrets::one(Secret::new(SECRET).unwrap())));
     let mut headers = HeaderMap::new();
     headers.insert(
         AUTHORIZATION,

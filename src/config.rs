@@ -14,7 +14,7 @@ pub use backups::{
 };
 use change_streamer_actors::changelog::ChangeDb;
 use change_streamer_actors::litestream_control::ControlUrl;
-use change_streamer_actors::secret::Secret;
+use change_streamer_actors::secret::{Secret, Secrets};
 use change_streamer_actors::streamer::StreamerConfig;
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
@@ -272,12 +272,15 @@ pub struct Config {
     /// File whose content (one trailing newline stripped) is the shared secret that clients
     /// must present as `Authorization: Bearer <secret>` on every path but /healthz, /readyz and
     /// /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
+    /// To rotate, give it twice (current and next) or write two lines: either secret is
+    /// accepted. Re-read on SIGHUP and when it changes (PROTOCOL.md §15.1).
     #[arg(
         help_heading = "Access",
         long,
-        env = "ZERO_CHANGE_STREAMER_SECRET_FILE"
+        env = "ZERO_CHANGE_STREAMER_SECRET_FILE",
+        action = clap::ArgAction::Append
     )]
-    pub secret_file: Option<PathBuf>,
+    pub secret_file: Vec<PathBuf>,
 
     /// The shared secret itself (as --secret-file); prefer the file or the variable: a flag
     /// shows in `ps`.
@@ -386,17 +389,20 @@ impl Config {
         let seconds = self.flow_control_consensus_padding_seconds;
         (seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
     }
-    /// The secret clients must present (`--secret-file` or `--secret`), checked; `None` in
-    /// protected or open mode.
-    pub fn secret(&self) -> Result<Option<Secret>, SecretFlagError> {
+    /// The secrets clients may present (`--secret-file`, once or twice, or `--secret`),
+    /// checked; `None` in protected or open mode.
+    pub fn secret(&self) -> Result<Option<Secrets>, SecretFlagError> {
         let bad = |flag| move |source| SecretFlagError::Bad { flag, source };
-        match (&self.secret, &self.secret_file) {
-            (Some(_), Some(_)) => Err(SecretFlagError::Both),
-            (Some(SecretArg(s)), None) => s.clone().map(Some).map_err(bad("secret")),
-            (None, Some(path)) => Secret::from_file(path)
+        match (&self.secret, &self.secret_file[..]) {
+            (Some(_), [_, ..]) => Err(SecretFlagError::Both),
+            (Some(SecretArg(s)), []) => s
+                .clone()
+                .map(|s| Some(Secrets::one(s)))
+                .map_err(bad("secret")),
+            (None, []) => Ok(None),
+            (None, files) => Secrets::from_files(files)
                 .map(Some)
                 .map_err(bad("secret-file")),
-            (None, None) => Ok(None),
         }
     }
     /// The secret sent to the change source (`--upstream-secret-file`), checked.

@@ -1,8 +1,9 @@
 //! What the service loads at start for its edges, before it binds or opens anything: the access
 //! rule of its port ([`crate::http::access`]), TLS for that port and for a `wss://` change
-//! source ([`crate::tls`]), and the secret it presents upstream. Loaded once, before the
-//! instance's one HTTP server starts, so that every phase (owner, standby) applies the same rule
-//! on the same port.
+//! source ([`crate::tls`]), and the secret it presents upstream. Loaded and checked once, before
+//! the instance's one HTTP server starts, so that every phase (owner, standby) applies the same
+//! rule on the same port; the secrets, the TLS pair and the upstream secret are then re-read by
+//! the [`Reloader`] (PROTOCOL.md §15.1), whose snapshots the edge's readers follow.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -11,10 +12,11 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{AppConfig, Extensions, Response, Service, ServiceFactory};
 use actix_web::rt::net::TcpStream;
 use actix_web::HttpServer;
-use change_streamer_actors::secret::Secret;
+use change_streamer_actors::secret::LiveSecret;
 
 use crate::config::Config;
 use crate::http::access::Access;
+use crate::reload::Reloader;
 use crate::start_error::StartError;
 use crate::tls;
 
@@ -26,14 +28,18 @@ pub struct Edge {
     pub tls: Option<Arc<rustls::ServerConfig>>,
     /// `Some` for a `wss://` `--upstream` or with `--upstream-ca-file`.
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
-    pub upstream_secret: Option<Secret>,
+    pub upstream_secret: Option<LiveSecret>,
 }
 
 impl Edge {
-    /// Reads and checks every file and secret the flags name.
+    /// Reads and checks every file and secret the flags name, and starts their [`Reloader`]
+    /// (from now on `SIGHUP` reloads, never stops the service).
     pub fn load(config: &Config) -> Result<Edge, StartError> {
-        let secret = config.secret()?;
-        let tls = tls::server_config(config.tls_cert.as_deref(), config.tls_key.as_deref())?;
+        let secrets = config.secret()?;
+        let pair = match tls::server_files(config.tls_cert.as_deref(), config.tls_key.as_deref())? {
+            Some((cert, key)) => Some((tls::certified_key(cert, key)?, cert.into(), key.into())),
+            None => None,
+        };
         let wss = config
             .upstream
             .as_deref()
@@ -43,12 +49,22 @@ impl Edge {
         } else {
             None
         };
-        Ok(Edge {
-            access: Arc::new(Access::from_config(config, secret)),
-            tls,
+        let upstream_secret = config
+            .upstream_secret()?
+            .zip(config.upstream_secret_file.clone());
+        let (reloader, loaded) = Reloader::new(
+            secrets.map(|s| (s, config.secret_file.clone())),
+            pair,
+            upstream_secret,
+        );
+        let edge = Edge {
+            access: Arc::new(Access::from_config(config, loaded.secrets)),
+            tls: loaded.certificate.map(tls::server_config).transpose()?,
             upstream_tls,
-            upstream_secret: config.upstream_secret()?,
-        })
+            upstream_secret: loaded.upstream_secret,
+        };
+        reloader.start();
+        Ok(edge)
     }
 
     /// `http` or `https`, as the port speaks.

@@ -1,6 +1,7 @@
 //! The `change-streamer` binary: parse the configuration, run the service (as the owner or a
 //! standby of a shared change DB, [`instance::run`]), stop it gracefully on SIGINT or
-//! SIGTERM. Also the backup monitor's VFS reader, when run with [`vfs_reader::SUBCOMMAND`].
+//! SIGTERM (SIGHUP reloads the secrets and TLS pair instead, `reload`). Also the backup
+//! monitor's VFS reader, when run with [`vfs_reader::SUBCOMMAND`].
 
 use change_streamer::config;
 use change_streamer::instance;

@@ -1,6 +1,11 @@
-//! TLS configuration, loaded once at start (PROTOCOL.md §15, §4): the server side for
-//! `--tls-cert`/`--tls-key` (HTTPS and `wss://` on `--port`), and the client side for a `wss://`
-//! change source (the system's roots plus `--upstream-ca-file`).
+//! TLS configuration (PROTOCOL.md §15, §4): the server side for `--tls-cert`/`--tls-key` (HTTPS
+//! and `wss://` on `--port`), and the client side for a `wss://` change source (the system's
+//! roots plus `--upstream-ca-file`).
+//!
+//! The server's certificate and key are re-read without a restart (PROTOCOL.md §15.1): its
+//! configuration resolves every handshake's pair through [`LiveCert`], which reads the latest
+//! pair the reloader published ([`crate::reload`]); a connection keeps the pair of its own
+//! handshake, so open ones are not touched.
 //!
 //! Both sides use rustls with `ring` as the one crypto provider, named here rather than left to
 //! a process-wide default, and TLS 1.2 or 1.3 only. Every file is read and checked here, so a
@@ -12,7 +17,10 @@ use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use tokio::sync::watch;
 
 /// A TLS file or setting that cannot be used, and the flag it came from.
 #[derive(Debug, thiserror::Error)]
@@ -49,47 +57,62 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// The server configuration for `--tls-cert` and `--tls-key`: both or neither (`None`).
-pub fn server_config(
-    cert: Option<&Path>,
-    key: Option<&Path>,
-) -> Result<Option<Arc<ServerConfig>>, TlsError> {
-    let (cert, key) = match (cert, key) {
-        (None, None) => return Ok(None),
-        (Some(_), None) => {
-            return Err(TlsError::new(
-                "tls-key",
-                "missing: --tls-cert needs its key",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(TlsError::new(
-                "tls-cert",
-                "missing: --tls-key needs its certificate chain",
-            ))
-        }
-        (Some(c), Some(k)) => (c, k),
-    };
+/// `--tls-cert` and `--tls-key`: both or neither (`None`).
+pub fn server_files<'a>(
+    cert: Option<&'a Path>,
+    key: Option<&'a Path>,
+) -> Result<Option<(&'a Path, &'a Path)>, TlsError> {
+    match (cert, key) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(TlsError::new(
+            "tls-key",
+            "missing: --tls-cert needs its key",
+        )),
+        (None, Some(_)) => Err(TlsError::new(
+            "tls-cert",
+            "missing: --tls-key needs its certificate chain",
+        )),
+        (Some(c), Some(k)) => Ok(Some((c, k))),
+    }
+}
+
+/// The certificate chain of `cert` and the key of `key`, read and checked to go together.
+pub fn certified_key(cert: &Path, key: &Path) -> Result<CertifiedKey, TlsError> {
     let chain = certificates(cert, "tls-cert")?;
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+    let der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
         TlsError::new(
             "tls-key",
             format!("no PEM private key read from {}: {e}", key.display()),
         )
     })?;
+    CertifiedKey::from_der(chain, der, &provider()).map_err(|e| {
+        TlsError::new(
+            "tls-key",
+            format!("does not go with --tls-cert {}: {e}", cert.display()),
+        )
+    })
+}
+
+/// Resolves every handshake to the pair last published on its channel (PROTOCOL.md §15.1).
+#[derive(Debug)]
+pub struct LiveCert(pub watch::Receiver<Arc<CertifiedKey>>);
+
+impl ResolvesServerCert for LiveCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.0.borrow().clone())
+    }
+}
+
+/// The server configuration whose handshakes use the pair `cert` publishes.
+pub fn server_config(
+    cert: watch::Receiver<Arc<CertifiedKey>>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(VERSIONS)
         .map_err(|e| TlsError::new("tls-cert", e.to_string()))?
         .with_no_client_auth()
-        // Checks that the key is the certificate's.
-        .with_single_cert(chain, key)
-        .map_err(|e| {
-            TlsError::new(
-                "tls-key",
-                format!("does not go with --tls-cert {}: {e}", cert.display()),
-            )
-        })?;
-    Ok(Some(Arc::new(config)))
+        .with_cert_resolver(Arc::new(LiveCert(cert)));
+    Ok(Arc::new(config))
 }
 
 /// The client configuration for a `wss://` change source: the system's trusted roots, plus

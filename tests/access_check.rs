@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use actix_web::http::header::{HeaderName, HeaderValue};
 use actix_web::test::TestRequest;
 use change_streamer::http::access::{is_loopback, Access, Mode, Refusal, OPEN_PATHS};
-use change_streamer_actors::secret::Secret;
+use change_streamer_actors::secret::{Secret, Secrets};
 use proptest::prelude::*;
 
 const SECRET: &str = "proptest-secret-0123456789";
@@ -76,7 +76,7 @@ proptest! {
     fn arbitrary_requests_never_authenticate_without_the_secret(
         path in path(), query in "[ -~]{0,60}", headers in headers(),
     ) {
-        let access = Access::new(Mode::Secret(Secret::new(SECRET).unwrap()));
+        let access = Access::new(Mode::fixed(Secrets::one(Secret::new(SECRET).unwrap())));
         let Some(req) = request(&path, &query, &headers, Ipv4Addr::LOCALHOST.into()) else {
             return Ok(());
         };
@@ -88,7 +88,7 @@ proptest! {
     fn the_secret_authenticates_whatever_else_the_request_carries(
         path in path(), query in "[ -~]{0,60}", headers in headers(),
     ) {
-        let access = Access::new(Mode::Secret(Secret::new(SECRET).unwrap()));
+        let access = Access::new(Mode::fixed(Secrets::one(Secret::new(SECRET).unwrap())));
         let mut headers: Vec<_> = headers
             .into_iter()
             .filter(|(n, _)| !n.eq_ignore_ascii_case("authorization"))

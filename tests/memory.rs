@@ -3,89 +3,28 @@
 //! `/proc/PID/status`, PROTOCOL.md §10.2), not as a counter of the service's own.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{Seen, WsClient};
-use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use serde_json::json;
-
-fn w(n: u64) -> String {
-    Watermark::from_u64(n).to_string()
-}
-
-/// `RssAnon` of process `pid`, in bytes.
-fn rss_anon(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kib: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("RssAnon:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("RssAnon");
-    kib * 1024
-}
-
-/// Transaction `n`: one insert of a ~`bytes` payload.
-fn large_txn(n: u64, bytes: usize) -> Vec<String> {
-    let wm = w(n);
-    vec![
-        format!(r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{wm}"}}]"#),
-        format!(
-            r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"t"}},"new":{{"id":{n},"s":"{}"}}}}]"#,
-            "x".repeat(bytes)
-        ),
-        format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{wm}"}}]"#),
-    ]
-}
+use change_streamer_test_support::load::{
+    large_txn, on_fake_upstream, read_through, rss_anon, subscribers,
+};
 
 #[actix_rt::test]
 async fn rss_anon_stays_bounded_while_96_mb_of_64_kib_changes_pass_a_never_reading_subscriber() {
-    let up = FakeUpstream::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let url = up.url();
-    let svc = ServiceProcess::spawn(
-        Path::new(env!("CARGO_BIN_EXE_change-streamer")),
-        0,
+    let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
+    let (svc, up) = on_fake_upstream(
+        bin,
         dir.path(),
-        &[
-            "--upstream",
-            &url,
-            "--max-subscriber-queue-bytes",
-            "4194304",
-            "--flow-control-consensus-padding-seconds",
-            "0",
-            "--slow-subscriber-grace-ms",
-            "0",
-            "--ping-interval-ms",
-            "600000",
-        ],
-    );
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    svc.wait_status("initial sync", |s| s["replicaVersion"] == json!(w(100)))
-        .await;
-    let changes_url = |id: &str| {
-        svc.ws(&format!(
-            "/replication/v6/changes?id={id}&replicaVersion={}&watermark={}",
-            w(100),
-            w(100)
-        ))
-    };
+        &["--max-subscriber-queue-bytes", "4194304"],
+    )
+    .await;
     // One connects, then never reads its socket again; two read and ack everything (with
     // two subscribers the majority is both, and the stalled one would hold the first tracked
     // send for good: eviction is off).
-    let never = WsClient::connect(&changes_url("never")).await;
-    let mut healthy = Vec::new();
-    for id in ["h1", "h2"] {
-        healthy.push(WsClient::connect(&changes_url(id)).await);
-    }
-    svc.wait_status("all live", |s| {
-        s["subscribers"]
-            .as_array()
-            .is_some_and(|a| a.len() == 3 && a.iter().all(|s| s["phase"] == "live"))
-    })
-    .await;
+    let mut clients = subscribers(&svc, &["never", "h1", "h2"]).await;
+    let healthy = clients.split_off(1);
+    let never = clients;
     let last = 100 + 1500;
     let pid = svc.pid();
     let readers: Vec<_> = healthy
@@ -93,18 +32,8 @@ async fn rss_anon_stays_bounded_while_96_mb_of_64_kib_changes_pass_a_never_readi
         .map(|mut c| {
             actix_rt::spawn(async move {
                 let mut peak = 0;
-                loop {
-                    peak = peak.max(rss_anon(pid));
-                    match c.next(Duration::from_secs(30)).await {
-                        Some(Seen::Msg { id, msg }) => {
-                            c.ack(id).await;
-                            if msg[0] == "commit" && msg[2]["watermark"] == json!(w(last)) {
-                                return peak;
-                            }
-                        }
-                        other => panic!("healthy subscriber: {other:?}"),
-                    }
-                }
+                read_through(&mut c, last, || peak = peak.max(rss_anon(pid))).await;
+                peak
             })
         })
         .collect();

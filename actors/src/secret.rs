@@ -5,6 +5,9 @@
 //! bytes. Its `Debug` and `Display` write `<redacted>`, so a configuration that holds one can be
 //! logged or `{:?}`-printed whole; the bytes leave only as a header value
 //! ([`Secret::bearer_header`]) or through a comparison in constant time ([`Secret::matches`]).
+//!
+//! [`Secrets`] are the one or two secrets clients may present while one is rotated (PROTOCOL.md
+//! §15.1): read from one or two files, or two lines of one.
 
 use std::fmt;
 use std::path::Path;
@@ -32,6 +35,14 @@ pub enum SecretError {
     Byte(usize),
     #[error("cannot read {path}: {reason}")]
     File { path: String, reason: String },
+    #[error("{0} secrets given; at most {MAX_SECRETS} (the current one and the next)")]
+    TooMany(usize),
+    #[error("line {line} of {path}: {source}")]
+    Line {
+        path: String,
+        line: usize,
+        source: Box<SecretError>,
+    },
 }
 
 impl Secret {
@@ -54,17 +65,7 @@ impl Secret {
     /// The content of the file at `path`, one trailing newline (`\n` or `\r\n`) stripped, as
     /// editors and `echo` leave one.
     pub fn from_file(path: &Path) -> Result<Secret, SecretError> {
-        let mut bytes = std::fs::read(path).map_err(|e| SecretError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        if bytes.last() == Some(&b'\n') {
-            bytes.pop();
-            if bytes.last() == Some(&b'\r') {
-                bytes.pop();
-            }
-        }
-        Secret::new(bytes)
+        Secret::new(read_trimmed(path)?)
     }
 
     /// Whether `presented` is this secret. The time taken depends on the lengths only, never
@@ -78,6 +79,86 @@ impl Secret {
     pub fn bearer_header(&self) -> String {
         // `new` admits visible ASCII only, so this is the bytes unchanged.
         format!("Bearer {}", String::from_utf8_lossy(&self.0))
+    }
+}
+
+/// The content of `path` without one trailing newline (`\n` or `\r\n`).
+fn read_trimmed(path: &Path) -> Result<Vec<u8>, SecretError> {
+    let mut bytes = std::fs::read(path).map_err(|e| SecretError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    if bytes.last() == Some(&b'\n') {
+        bytes.pop();
+        if bytes.last() == Some(&b'\r') {
+            bytes.pop();
+        }
+    }
+    Ok(bytes)
+}
+
+/// A secret as last published by its owner (the service's reloader, PROTOCOL.md §15.1): a
+/// reader takes the current one each time it needs it.
+pub type LiveSecret = tokio::sync::watch::Receiver<Secret>;
+
+/// The most secrets accepted at once: the current one and the next (PROTOCOL.md §15.1).
+pub const MAX_SECRETS: usize = 2;
+
+/// The secrets clients may present, 1 or [`MAX_SECRETS`] of them, numbered from 1 in the order
+/// given (PROTOCOL.md §15.1).
+#[derive(Clone, Debug)]
+pub struct Secrets(Vec<Secret>);
+
+impl Secrets {
+    /// One secret.
+    pub fn one(secret: Secret) -> Secrets {
+        Secrets(vec![secret])
+    }
+
+    /// The secrets of `paths` in order, each file holding one secret a line (one trailing
+    /// newline dropped; an empty line is invalid).
+    pub fn from_files(paths: &[impl AsRef<Path>]) -> Result<Secrets, SecretError> {
+        let mut all = Vec::new();
+        for path in paths {
+            let path = path.as_ref();
+            let bytes = read_trimmed(path)?;
+            for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                all.push(Secret::new(line).map_err(|e| SecretError::Line {
+                    path: path.display().to_string(),
+                    line: i + 1,
+                    source: Box::new(e),
+                })?);
+            }
+        }
+        match all.len() {
+            0 => Err(SecretError::Length(0)),
+            1..=MAX_SECRETS => Ok(Secrets(all)),
+            n => Err(SecretError::TooMany(n)),
+        }
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never: there is at least one.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Which secret (numbered from 1) `presented` is, if any. Every secret is compared, each in
+    /// constant time ([`Secret::matches`]), whichever matches, so the time taken tells nothing
+    /// about which one did.
+    pub fn which(&self, presented: &[u8]) -> Option<usize> {
+        let mut found = None;
+        for (i, s) in self.0.iter().enumerate() {
+            if s.matches(presented) {
+                found = found.or(Some(i + 1));
+            }
+        }
+        found
     }
 }
 
@@ -162,5 +243,28 @@ mod tests {
         }
         let e = Secret::from_file(&dir.path().join("absent")).unwrap_err();
         assert!(matches!(e, SecretError::File { .. }), "{e}");
+    }
+
+    #[test]
+    fn two_secrets_come_from_two_files_or_two_lines_of_one_and_never_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let next = "fedcba9876543210-secret";
+        std::fs::write(&a, format!("{GOOD}\r\n{next}\n")).unwrap();
+        let two = Secrets::from_files(&[&a]).unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two.which(GOOD.as_bytes()), Some(1));
+        assert_eq!(two.which(next.as_bytes()), Some(2));
+        assert_eq!(two.which(b"0123456789abcdef-secreX"), None);
+        std::fs::write(&b, format!("{next}\n")).unwrap();
+        std::fs::write(&a, GOOD).unwrap();
+        let files = Secrets::from_files(&[&a, &b]).unwrap();
+        assert_eq!(files.which(next.as_bytes()), Some(2));
+        std::fs::write(&a, format!("{GOOD}\n{next}")).unwrap();
+        let e = Secrets::from_files(&[&a, &b]).unwrap_err();
+        assert_eq!(e, SecretError::TooMany(3));
+        std::fs::write(&a, format!("{GOOD}\n\n{next}")).unwrap();
+        let e = Secrets::from_files(&[&a]).unwrap_err().to_string();
+        assert!(e.starts_with("line 2 of ") && !e.contains(GOOD), "{e}");
     }
 }

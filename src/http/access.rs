@@ -3,7 +3,10 @@
 //!
 //! Three modes, chosen at start from the flags:
 //! - **secret** (`--secret-file` or `--secret`): a request must carry
-//!   `Authorization: Bearer <secret>`; otherwise 401 with `WWW-Authenticate: Bearer`;
+//!   `Authorization: Bearer <secret>`, one of the one or two secrets configured (PROTOCOL.md
+//!   §15.1); otherwise 401 with `WWW-Authenticate: Bearer`. The secrets are the reloader's
+//!   latest snapshot ([`crate::reload`]), read through a `watch` receiver: the rule never
+//!   waits for a reload, and a reload never sees a request half-checked;
 //! - **protected** (no secret): only loopback peers are served; others get 403 naming the two
 //!   flags that change it;
 //! - **open** (`--allow-unauthenticated`, no secret): everyone is served.
@@ -14,7 +17,8 @@
 //! The path compared is the router's own (percent-decoded) one.
 //!
 //! Each refusal is counted (`change_streamer_auth_failures_total{reason}`) and logged with the
-//! peer's address, never with anything the client presented.
+//! peer's address, never with anything the client presented; each admission with a secret is
+//! counted by which one (`change_streamer_auth_success_total{secret}`).
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,8 +27,9 @@ use std::sync::Arc;
 use actix_web::dev::{Service, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{HeaderMap, AUTHORIZATION, WWW_AUTHENTICATE};
 use actix_web::HttpResponse;
-use change_streamer_actors::secret::Secret;
+use change_streamer_actors::secret::{Secrets, MAX_SECRETS};
 use futures_util::future::{ready, Either, Ready};
+use tokio::sync::watch;
 
 use crate::config::Config;
 
@@ -34,9 +39,17 @@ pub const OPEN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
 /// The access mode of the service.
 #[derive(Debug)]
 pub enum Mode {
-    Secret(Secret),
+    /// The secrets as last loaded (PROTOCOL.md §15.1).
+    Secret(watch::Receiver<Arc<Secrets>>),
     Protected,
     Open,
+}
+
+impl Mode {
+    /// Secret mode with `secrets` for good (nothing reloads them).
+    pub fn fixed(secrets: Secrets) -> Mode {
+        Mode::Secret(watch::channel(Arc::new(secrets)).1)
+    }
 }
 
 /// Why a request was refused; the `reason` label of its metric.
@@ -79,20 +92,24 @@ impl Refusal {
     }
 }
 
-/// The access rule and its refusal counts (atomics: every HTTP worker thread counts here, and
-/// `/metrics` reads them; nothing else is shared).
+/// The access rule and its refusal and admission counts (atomics: every HTTP worker thread
+/// counts here, and `/metrics` reads them; nothing else is shared).
 #[derive(Debug)]
 pub struct Access {
     mode: Mode,
     refused: [AtomicU64; 3],
+    /// Admissions by the secret presented (1 and 2, PROTOCOL.md §15.1).
+    admitted: [AtomicU64; MAX_SECRETS],
 }
 
-/// Refusals since start, by reason.
+/// Refusals since start, by reason, and admissions with a secret, by which.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AuthFailures {
     pub missing: u64,
     pub wrong: u64,
     pub not_loopback: u64,
+    /// Admitted with secret 1, and with secret 2.
+    pub successes: [u64; MAX_SECRETS],
 }
 
 impl Access {
@@ -100,12 +117,13 @@ impl Access {
         Access {
             mode,
             refused: Default::default(),
+            admitted: Default::default(),
         }
     }
 
-    /// The mode the flags ask for (a secret already loaded and checked).
-    pub fn from_config(config: &Config, secret: Option<Secret>) -> Access {
-        Access::new(match secret {
+    /// The mode the flags ask for: `secrets` as the reloader publishes them, if any.
+    pub fn from_config(config: &Config, secrets: Option<watch::Receiver<Arc<Secrets>>>) -> Access {
+        Access::new(match secrets {
             Some(s) => Mode::Secret(s),
             None if config.allow_unauthenticated => Mode::Open,
             None => Mode::Protected,
@@ -143,34 +161,53 @@ impl Access {
         headers: &HeaderMap,
         peer: Option<IpAddr>,
     ) -> Result<(), Refusal> {
+        self.check_which(path, headers, peer).map(|_| ())
+    }
+
+    /// [`check`](Self::check), answering which secret (1 or 2) was presented, if one was.
+    fn check_which(
+        &self,
+        path: &str,
+        headers: &HeaderMap,
+        peer: Option<IpAddr>,
+    ) -> Result<Option<usize>, Refusal> {
         if OPEN_PATHS.contains(&path) {
-            return Ok(());
+            return Ok(None);
         }
         match &self.mode {
-            Mode::Open => Ok(()),
+            Mode::Open => Ok(None),
             Mode::Protected => match peer {
-                Some(ip) if is_loopback(ip) => Ok(()),
+                Some(ip) if is_loopback(ip) => Ok(None),
                 _ => Err(Refusal::NotLoopback),
             },
-            Mode::Secret(secret) => {
+            Mode::Secret(secrets) => {
                 let mut values = headers.get_all(AUTHORIZATION);
                 let Some(first) = values.next() else {
                     return Err(Refusal::Missing);
                 };
                 // Two headers are one too many: which one counts would be a guess.
-                match (values.next(), bearer_token(first.as_bytes())) {
-                    (None, Some(token)) if secret.matches(token) => Ok(()),
-                    _ => Err(Refusal::Wrong),
-                }
+                let token = match (values.next(), bearer_token(first.as_bytes())) {
+                    (None, Some(token)) => token,
+                    _ => return Err(Refusal::Wrong),
+                };
+                // The snapshot is taken (an `Arc`) and the lock let go before comparing.
+                let secrets = secrets.borrow().clone();
+                secrets.which(token).map(Some).ok_or(Refusal::Wrong)
             }
         }
     }
 
-    /// [`check`](Self::check) on a request, counting and logging a refusal.
+    /// [`check`](Self::check) on a request, counting an admission with a secret, and counting
+    /// and logging a refusal.
     pub fn admit(&self, req: &ServiceRequest) -> Result<(), Refusal> {
         let path = req.match_info().as_str();
         let peer = req.peer_addr();
-        self.check(path, req.headers(), peer.map(|a| a.ip()))
+        self.check_which(path, req.headers(), peer.map(|a| a.ip()))
+            .map(|which| {
+                if let Some(n) = which {
+                    self.admitted[n - 1].fetch_add(1, Ordering::Relaxed);
+                }
+            })
             .inspect_err(|refusal| {
                 self.refused[*refusal as usize].fetch_add(1, Ordering::Relaxed);
                 let peer = peer.map_or_else(|| "an unknown peer".into(), |a| a.to_string());
@@ -192,6 +229,7 @@ impl Access {
             missing: n(Refusal::Missing),
             wrong: n(Refusal::Wrong),
             not_loopback: n(Refusal::NotLoopback),
+            successes: self.admitted.each_ref().map(|a| a.load(Ordering::Relaxed)),
         }
     }
 }

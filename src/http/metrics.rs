@@ -85,6 +85,12 @@ fn who_answers(m: &Scrape, owner: bool, failures: &AuthFailures) -> prometheus::
     m.set_each(
         &AUTH_FAILURES,
         Refusal::ALL.map(|r| ([r.reason()], failures.get(r) as f64)),
+    )?;
+    m.set_each(
+        &AUTH_SUCCESSES,
+        [["1"], ["2"]]
+            .into_iter()
+            .zip(failures.successes.map(|n| n as f64)),
     )
 }
 

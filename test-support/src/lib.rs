@@ -11,6 +11,7 @@ pub mod feed;
 pub mod fixtures;
 pub mod forward;
 pub mod litestream;
+pub mod load;
 pub mod own_thread;
 pub mod peer;
 pub mod pg;

@@ -31,6 +31,7 @@
 use actix::prelude::*;
 use log::info;
 
+use super::budget::Budget;
 use super::change::Change;
 use super::frames::Token;
 use super::shared::SharedFrames;
@@ -47,10 +48,6 @@ const FIRST_READ_ROWS: usize = 16;
 
 /// With an ack to come, a read waits until this share of the window is free.
 const READ_WHEN_FREE: u64 = 4;
-
-/// What a subscriber that holds nothing may read past the global budget, so that a healthy
-/// subscriber moved to catch-up while stalled ones fill the budget still progresses.
-const BUDGET_ALLOWANCE: u64 = 64 * 1024;
 
 /// Where a catch-up stands.
 pub(super) struct Catchup {
@@ -85,7 +82,7 @@ impl Streamer {
     /// little room, the acks that make some call it again
     /// ([`SessionProgress`](super::SessionProgress)).
     pub(super) fn read_catchup(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let global_room = self.catchup_global_room(session_id);
+        let budget = self.budget();
         let at_boundary = self.txn.is_none();
         let last_commit = self.last_commit.clone();
         let window = self.cfg.catchup_window_bytes as u64;
@@ -126,8 +123,10 @@ impl Streamer {
             return;
         }
         let room = sub.room();
-        let byte_room = window_room(sub, window, global_room);
-        if room == 0 || (byte_room == 0 && sub.held_bytes() > 0) {
+        let byte_room = window_room(sub, window, budget.room());
+        // With no byte room, one that holds nothing may still take one change while the
+        // budget is within its bound (PROTOCOL.md §10.2); otherwise acks make room.
+        if room == 0 || (byte_room == 0 && !(sub.held_bytes() == 0 && budget.within())) {
             return;
         }
         let rows = match c.row_bytes.or(known_row_bytes) {
@@ -158,7 +157,7 @@ impl Streamer {
     /// (what is unacked may then be the start of a transaction whose commit a client acking
     /// only at commits waits for, and no ack would come).
     pub(super) fn read_catchup_on_ack(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
-        let global_room = self.catchup_global_room(session_id);
+        let global_room = self.budget().room();
         let window = self.cfg.catchup_window_bytes as u64;
         let (Some(sub), Some(c)) = (
             self.subscribers.get(&session_id),
@@ -172,16 +171,6 @@ impl Streamer {
             return;
         }
         self.read_catchup(ctx, session_id);
-    }
-
-    /// What `--max-queued-bytes` leaves for the catch-up of `session_id`; a subscriber that
-    /// holds nothing may read [`BUDGET_ALLOWANCE`] past it.
-    fn catchup_global_room(&self, session_id: SessionId) -> u64 {
-        let room = (self.cfg.max_queued_bytes as u64).saturating_sub(self.queued_bytes());
-        match self.subscribers.get(&session_id) {
-            Some(sub) if sub.held_bytes() == 0 => room.max(BUDGET_ALLOWANCE),
-            _ => room,
-        }
     }
 
     fn catchup_failed(&mut self, ctx: &mut Context<Self>, session_id: SessionId, e: String) {
@@ -252,7 +241,7 @@ impl Streamer {
         read_up_to: Watermark,
     ) {
         let now = self.now_ms();
-        let global_room = self.catchup_global_room(session_id);
+        let budget = self.budget();
         let window = self.cfg.catchup_window_bytes as u64;
         let last_commit = self.last_commit.clone().filter(|_| self.txn.is_none());
         let (Some(sub), Some(c)) = (
@@ -286,8 +275,7 @@ impl Streamer {
         let row_bytes = (read_bytes / rows.len().max(1)) as u64 + 48;
         c.row_bytes = Some(row_bytes);
         self.catchup_row_bytes = Some(row_bytes);
-        let bytes_left = window_room(sub, window, global_room);
-        let taken = send_rows(sub, &rows, bytes_left, &mut self.shared);
+        let taken = send_rows(sub, &rows, window, budget, &mut self.shared);
         if taken == 0 {
             // No room for the next change. With nothing in flight no ack will make some: its
             // backlog fills it, and is read from the change log instead (at a transaction
@@ -307,6 +295,7 @@ impl Streamer {
             last.token = last.token.or(Some(Token::Progress));
         }
         sub.flush(now, &self.shared);
+        self.note_queued_peak();
         self.read_catchup(ctx, session_id);
     }
 }
@@ -337,16 +326,19 @@ fn go_live(sub: &mut Subscriber, shared: &mut SharedFrames, now: f64) {
     sub.flush(now, shared);
 }
 
-/// Sends `rows` in order while `bytes_left` lasts; one change larger than that still goes
-/// alone to a subscriber that holds nothing. Answers how many rows were taken (sent, or
-/// filtered for the subscriber).
+/// Sends `rows` in order while the window's room (within its byte bound and what `budget`,
+/// `--max-queued-bytes`, leaves) lasts; one change larger than that still goes alone to a
+/// subscriber that holds nothing, while the budget is within its bound (PROTOCOL.md §10.2).
+/// Answers how many rows were taken (sent, or filtered for the subscriber).
 fn send_rows(
     sub: &mut Subscriber,
     rows: &[StoredChange],
-    mut bytes_left: u64,
+    window: u64,
+    budget: Budget,
     shared: &mut SharedFrames,
 ) -> usize {
-    let holds_nothing = sub.held_bytes() == 0;
+    let holds_nothing = sub.held_bytes() == 0 && budget.within();
+    let mut bytes_left = window_room(sub, window, budget.room());
     let mut taken = 0;
     for row in rows {
         let change = Change::from_stored(row);

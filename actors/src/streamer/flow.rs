@@ -28,11 +28,7 @@
 //!
 //! ### The global budget (PROTOCOL.md §10.2)
 //! Each subscriber's bounds keep what one costs; `--max-queued-bytes` keeps what all of them
-//! together cost, so that many stalled subscribers cannot add up. Before each change is
-//! forwarded, if the subscribers together hold more, the one holding the most among those
-//! still receiving live changes overflows: it gets nothing more of the transaction and reads
-//! from the change log at its end, like a subscriber past its own bound. Its catch-up then reads
-//! only within what the budget leaves ([`Streamer::read_catchup`]).
+//! together cost, checked at every admission ([`budget`](super::budget)).
 //!
 //! [`StreamerConfig::flow_control_bytes`]: super::StreamerConfig::flow_control_bytes
 
@@ -101,7 +97,7 @@ impl Streamer {
     ) -> Option<oneshot::Receiver<()>> {
         let change = Arc::new(change);
         let limit = self.cfg.max_queue_changes;
-        self.keep_within_budget(change.message.len());
+        let mut budget = self.keep_within_budget(change.message.len());
         self.flow.bytes_since_tracked += change.payload_len;
         let tracked = self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
             && self.flow.tracked_send.is_none();
@@ -109,7 +105,7 @@ impl Streamer {
         let progress = self.shared.progress_mark(every);
         if !tracked {
             for sub in self.subscribers.values_mut() {
-                sub.send_live(&change, progress, &mut self.shared);
+                sub.send_live(&change, progress, &mut self.shared, &mut budget);
             }
             return None;
         }
@@ -125,7 +121,8 @@ impl Streamer {
             .collect();
         let mut broadcast = Broadcast::new(active.map(|s| s.session_id), required, now);
         for sub in self.subscribers.values_mut() {
-            let delivery = sub.send_live(&change, Some(Token::Broadcast(token)), &mut self.shared);
+            let token = Some(Token::Broadcast(token));
+            let delivery = sub.send_live(&change, token, &mut self.shared, &mut budget);
             // A lagging subscriber counts as finished for every later tracked send.
             if (delivery != Delivery::Sent || sub.lagging.is_some()) && sub.is_active() {
                 broadcast.mark_completed(sub.session_id, now);
@@ -145,35 +142,6 @@ impl Streamer {
         });
         self.set_release_alarm(ctx);
         Some(rx)
-    }
-
-    /// Keeps what all subscribers hold within `--max-queued-bytes` before a change of `len`
-    /// bytes goes to them (see the module documentation): past it, the one holding the most
-    /// of those still receiving live changes overflows.
-    fn keep_within_budget(&mut self, len: usize) {
-        let receiving = self
-            .subscribers
-            .values()
-            .filter(|s| s.receives_live())
-            .count() as u64;
-        let budget = self.cfg.max_queued_bytes as u64;
-        if receiving == 0 || self.queued_bytes() + len as u64 * receiving <= budget {
-            return;
-        }
-        let total = self.queued_bytes();
-        if let Some(sub) = self
-            .subscribers
-            .values_mut()
-            .filter(|s| s.receives_live())
-            .max_by_key(|s| s.held_bytes())
-        {
-            info!(
-                "subscribers hold {total} bytes, over --max-queued-bytes {budget}: subscriber {} ({} bytes) reads from the change log from the end of this transaction",
-                sub.id,
-                sub.held_bytes()
-            );
-            sub.overflowed = true;
-        }
     }
 
     /// Sets the alarm for the consensus release of the current broadcast, if it has a moment

@@ -99,8 +99,9 @@ impl Streamer {
                     txn.changes.len() as i64,
                     r#"{"tag":"rollback"}"#,
                 ));
+                let mut budget = self.budget();
                 for sub in self.subscribers.values_mut() {
-                    sub.send_live(&rollback, None, &mut self.shared);
+                    sub.send_live(&rollback, None, &mut self.shared, &mut budget);
                 }
                 self.flush_all();
             }

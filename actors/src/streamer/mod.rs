@@ -18,8 +18,9 @@
 //! ### Bounded memory per subscriber
 //! What the service holds for one subscriber (sent and not acked, and its backlog) never exceeds
 //! [`StreamerConfig::max_queue_changes`] nor [`StreamerConfig::max_queue_bytes`], and all of
-//! them together [`StreamerConfig::max_queued_bytes`]: past a bound, the subscriber reads from
-//! the change log instead (PROTOCOL.md §10.2, [`catchup`]; the global budget in [`flow`]).
+//! them together [`StreamerConfig::max_queued_bytes`], checked at every admission: past a bound,
+//! the subscriber reads from the change log instead (PROTOCOL.md §10.2, [`catchup`]; the global
+//! budget in [`budget`]).
 //!
 //! ### Purge
 //! The streamer knows every subscriber's acked watermark, so the purge check is answered here
@@ -39,6 +40,7 @@
 
 mod backup_acks;
 mod broadcast;
+mod budget;
 mod catchup;
 mod change;
 mod flow;
@@ -70,6 +72,7 @@ use shared::SharedFrames;
 use subscriber::Subscriber;
 
 pub use backup_acks::{BackupAcked, ReportBackupAcks, RouteBackupAcks};
+pub use budget::QueuedBytesPeak;
 pub use follow::{Ingest, Rebase, RecordLapsed, RecordSubscribers, LAPSED_REASON, REBASE_REASON};
 pub use frames::{
     Batch, FrameList, Outgoing, ToSession, Token, BATCH_MAX_BYTES, BATCH_MAX_PAYLOADS,
@@ -201,6 +204,8 @@ pub struct Streamer {
     sampler: Option<Alarm>,
     /// Told each commit a `mode=backup` subscriber acks ([`backup_acks`]), per backup.
     backup_acks: backup_acks::AckRoutes,
+    /// The most payload held for all subscribers at the end of a turn ([`QueuedBytesPeak`]).
+    queued_peak: u64,
 }
 
 impl Streamer {
@@ -226,6 +231,7 @@ impl Streamer {
             follows: None,
             sampler: None,
             backup_acks: backup_acks::AckRoutes::default(),
+            queued_peak: 0,
         }
     }
 
@@ -260,6 +266,7 @@ impl Streamer {
         for sub in self.subscribers.values_mut() {
             sub.flush_turn(now, &batch);
         }
+        self.note_queued_peak();
     }
 
     /// Forgets a subscriber (its session stopped, or it is being closed): it no longer holds
@@ -272,6 +279,10 @@ impl Streamer {
         let sub = self.subscribers.remove(&session_id);
         self.catchup.remove(&session_id);
         self.broadcast_completed(ctx, session_id, None);
+        if sub.is_some() {
+            // What it held is free: catch-ups waiting for the budget read on (§10.2).
+            self.read_waiting_catchups(ctx);
+        }
         sub
     }
 

@@ -54,8 +54,10 @@ impl Handler<SessionProgress> for Streamer {
                 Token::Progress => {}
             }
         }
-        // The acks made room in its window: a catch-up reads on.
+        // The acks made room in its window: a catch-up reads on; and in the budget: the
+        // catch-ups waiting for it read on (PROTOCOL.md §10.2).
         self.read_catchup_on_ack(ctx, p.session_id);
+        self.read_waiting_catchups(ctx);
     }
 }
 

@@ -46,6 +46,7 @@ mod tests {
     //! the iteration.
     use super::*;
     use crate::session_end::SessionId;
+    use crate::streamer::budget::Budget;
     use crate::streamer::change::{Change, Kind};
     use crate::streamer::frames::ToSession;
     use crate::streamer::subscriber::{Bounds, Mode, Phase, Subscriber};
@@ -110,9 +111,10 @@ mod tests {
         for order in [[0, 1, 2], [1, 0, 2], [1, 2, 0]] {
             let mut subs = [live(1, 4), live(2, 6), live(3, 6)];
             let mut shared = SharedFrames::default();
+            let mut budget = Budget::new(u64::MAX / 2, 0);
             for c in &changes {
                 for &i in &order {
-                    subs[i].0.send_live(c, None, &mut shared);
+                    subs[i].0.send_live(c, None, &mut shared, &mut budget);
                 }
             }
             let batch = shared.take();

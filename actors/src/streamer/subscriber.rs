@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 use actix::prelude::*;
 
+use super::budget::Budget;
 use super::change::{Change, Kind};
 use super::frames::ToSession;
 use super::frames::{FrameList, Outgoing, Token};
@@ -186,31 +187,51 @@ impl Subscriber {
     }
 
     /// Hands a live change over: backlogged while catching up, otherwise sent if not filtered,
-    /// as long as what it holds stays within its [`Bounds`] (PROTOCOL.md §10.2). Out of room, it
-    /// overflows:
+    /// as long as what it holds stays within its [`Bounds`] and `budget` (`--max-queued-bytes`)
+    /// admits it (PROTOCOL.md §10.2). Out of room, it overflows:
     /// nothing more of the transaction reaches it live, and at the transaction's end it reads
     /// the rest from the change log ([`Streamer::bound_queues`](super::Streamer)). A live
-    /// subscriber keeps one place for the `rollback` that must close a transaction it began.
+    /// subscriber keeps one place for the `rollback` that must close a transaction it began
+    /// (never stored, so it goes whatever the budget). What it admits is added to `budget`.
     /// Sent frames join this turn's [`SharedFrames`] when they can.
     pub fn send_live(
         &mut self,
         change: &Arc<Change>,
         token: Option<Token>,
         shared: &mut SharedFrames,
+        budget: &mut Budget,
+    ) -> Delivery {
+        let len = change.message.len();
+        let delivery = self.admit_live(change, token, shared, budget);
+        if matches!(delivery, Delivery::Sent | Delivery::Backlogged) {
+            budget.add(len);
+        }
+        delivery
+    }
+
+    fn admit_live(
+        &mut self,
+        change: &Arc<Change>,
+        token: Option<Token>,
+        shared: &mut SharedFrames,
+        budget: &Budget,
     ) -> Delivery {
         let limit = self.bounds.changes as u64;
+        let len = change.message.len();
+        let admitted = budget.admits(len, self.held_bytes() == 0);
         match self.phase {
             Phase::CatchingUp => {
                 if change.watermark <= self.watermark {
                     Delivery::Filtered
                 } else if self.overflowed
                     || self.held() >= limit
-                    || !self.has_bytes_for(change.message.len())
+                    || !self.has_bytes_for(len)
+                    || !admitted
                 {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {
-                    self.backlog_bytes += change.message.len() as u64;
+                    self.backlog_bytes += len as u64;
                     self.backlog.push(change.clone());
                     Delivery::Backlogged
                 }
@@ -224,11 +245,17 @@ impl Subscriber {
                 }
             }
             Phase::Live => {
-                let closing = matches!(change.kind, Kind::Commit | Kind::Rollback);
-                if !closing
-                    && (self.held() + 2 > limit
-                        || !self.has_bytes_for(change.message.len() + CLOSING_RESERVE))
-                {
+                let over = match change.kind {
+                    Kind::Rollback => false,
+                    // A commit past the budget is read from the change log like the rest.
+                    Kind::Commit => !admitted,
+                    _ => {
+                        self.held() + 2 > limit
+                            || !self.has_bytes_for(len + CLOSING_RESERVE)
+                            || !admitted
+                    }
+                };
+                if over {
                     self.overflowed = true;
                     Delivery::Overflowed
                 } else {

@@ -32,7 +32,7 @@ use log::{info, warn};
 use tokio::sync::oneshot;
 
 use crate::changelog::{ChangeLog, ChangeLogError};
-use crate::secret::Secret;
+use crate::secret::LiveSecret;
 use crate::session_end::truncate_reason;
 use crate::streamer::{Streamer, UpstreamBatch, UpstreamEvent};
 use protocol::{parse_frame, UpstreamMessage};
@@ -49,8 +49,10 @@ pub struct UpstreamConfig {
     pub url: String,
     pub first_backoff: Duration,
     pub max_backoff: Duration,
-    /// Sent as `Authorization: Bearer <secret>` on every handshake.
-    pub secret: Option<Secret>,
+    /// Sent as `Authorization: Bearer <secret>` on every handshake: the one last published
+    /// when the handshake begins, so a secret re-read (PROTOCOL.md §15.1) is used from the next
+    /// connect.
+    pub secret: Option<LiveSecret>,
     /// The roots a `wss://` change source is verified against (its ALPN must offer http/1.1
     /// only); `None`: awc's own (webpki).
     pub tls: Option<Arc<rustls::ClientConfig>>,
@@ -213,7 +215,8 @@ async fn connect(
     };
     let mut request = client.ws(url).max_frame_size(MAX_FRAME);
     if let Some(secret) = &cfg.secret {
-        request = request.header(awc::http::header::AUTHORIZATION, secret.bearer_header());
+        let header = secret.borrow().bearer_header();
+        request = request.header(awc::http::header::AUTHORIZATION, header);
     }
     request.connect().await
 }

@@ -64,6 +64,11 @@ pub const AUTH_FAILURES: Metric = counter(
     "Requests refused by the access rule (PROTOCOL.md §15), by reason.",
 )
 .by(&["reason"]);
+pub const AUTH_SUCCESSES: Metric = counter(
+    "change_streamer_auth_success_total",
+    "Requests admitted with a secret (PROTOCOL.md §15.1), by which one: 1 or 2.",
+)
+.by(&["secret"]);
 pub const RESERVATIONS: Metric = gauge(
     "change_streamer_reservations",
     "Open snapshot reservations.",
@@ -188,6 +193,7 @@ pub const PROCESS_RATE: Metric = gauge(
 pub const OWNER_PAGE: &[Metric] = &[
     OWNER,
     AUTH_FAILURES,
+    AUTH_SUCCESSES,
     RESERVATIONS,
     RESERVATION_OLDEST,
     RESERVATIONS_EXPIRED,
@@ -220,4 +226,4 @@ pub const OWNER_PAGE: &[Metric] = &[
 ];
 
 /// Every metric of a standby's page (PROTOCOL.md §11).
-pub const STANDBY_PAGE: &[Metric] = &[OWNER, AUTH_FAILURES];
+pub const STANDBY_PAGE: &[Metric] = &[OWNER, AUTH_FAILURES, AUTH_SUCCESSES];
