@@ -164,7 +164,10 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     let late = dir.path().join("late");
     copy_dir(&replica_dir, &late);
 
-    // The lie: the backup rolled back to 102 while 105 was confirmed.
+    // The lie: the backup rolled back to 102 while 105 was confirmed. litestream is frozen
+    // first, so that nothing it does (a sync, a compaction) can mend the lie before an audit
+    // reads it.
+    replication.signal("-STOP");
     replace_dir(&replica_dir, &early);
     let st = svc
         .wait_status("the audit catches the rolled-back backup", |s| {
@@ -198,6 +201,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
 
     // The backup as it was: a read reaches 105 again, and the purge resumes.
     replace_dir(&replica_dir, &late);
+    replication.signal("-CONT");
     let st = svc
         .wait_status("the block lifted and 105 purged", |s| {
             s["purge"]["lastPurgedBefore"] == json!(w(105))

@@ -7,7 +7,6 @@
 //! is confirmed (without any new commit), and both follow.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
@@ -21,14 +20,6 @@ use serde_json::json;
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-fn signal(pid: u32, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(ok.success(), "kill {sig} {pid}");
 }
 
 #[actix_rt::test]
@@ -89,7 +80,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         .await;
 
     // litestream frozen: what the replica applies from now on is an upload pending.
-    signal(replication.pid(), "-STOP");
+    replication.signal("-STOP");
     for n in 104..=105 {
         up.send(txn(n, 2));
     }
@@ -152,7 +143,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
     );
 
     let thawed = Instant::now();
-    signal(replication.pid(), "-CONT");
+    replication.signal("-CONT");
     let (id, status) = res.msg().await;
     assert_eq!(status[0], json!("status"), "{status}");
     assert_eq!(status[1]["minWatermark"], json!(w(100)), "{status}");

@@ -237,6 +237,15 @@ impl Replication {
         self.child.id()
     }
 
+    /// Sends `sig` (`-STOP` to freeze it, `-CONT` to let it go on) to `litestream replicate`.
+    pub fn signal(&self, sig: &str) {
+        let sent = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill {sig} litestream");
+    }
+
     /// Waits (up to `limit`) until litestream listens on its control socket `socket`.
     pub async fn wait_for_socket(&self, socket: &Path, limit: Duration) {
         let deadline = Instant::now() + limit;
