@@ -80,7 +80,7 @@ async fn purge_blocked(svc: &TestService) -> HashMap<String, f64> {
 }
 
 fn only(reason: Option<&str>) -> HashMap<String, f64> {
-    ["subscriber", "no-subscriber", "retention"]
+    ["subscriber", "no-subscriber", "retention", "audit"]
         .into_iter()
         .map(|r| (r.to_string(), if Some(r) == reason { 1.0 } else { 0.0 }))
         .collect()
@@ -139,7 +139,7 @@ async fn purge_blocked_by_names_no_subscriber_then_a_subscriber_then_nothing() {
     assert_eq!(
         purge_blocked(&svc).await,
         only(None),
-        "all three series are exported while nothing blocks"
+        "all four series are exported while nothing blocks"
     );
     report_backup_of_104(&lite);
     svc.wait_status("blocked by no subscriber", |s| {
