@@ -3,8 +3,8 @@
 //! shared change DB's once it took ownership), and stopped again.
 //!
 //! [`Owner::start`] reads back the safety state a previous run (or owner) wrote (PROTOCOL.md
-//! §3, §13), starts the actors (streamer and purger always; the backup monitor's three actors
-//! when `--litestream-backup-url` is set) and the upstream client when `--upstream` is set. A
+//! §3, §13), starts the actors (streamer and purger always; the backup's actors, in
+//! [`backup`], when `--litestream-backup-url` or `--backups` is set) and the upstream client when `--upstream` is set. A
 //! standby that took over hands it its streamer with every subscriber ([`Kept`]): the streamer
 //! switches to ingesting before the upstream client starts, so its subscribers go on with what
 //! the new owner ingests, with no close, gap or duplicate (PROTOCOL.md §14.1); its
@@ -27,35 +27,30 @@
 //! the instance's ([`crate::instance`]), not the owner's: it outlives every phase.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix::prelude::*;
 use change_streamer_actors::changelog::{ChangeLog, LogStats, SafetyState};
-use change_streamer_actors::cleanup::CleanupActor;
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{Holders, InstanceRecorder, Serve, StandBy};
 use change_streamer_actors::instance::InstanceId;
-use change_streamer_actors::monitor::{
-    AuditConfig, BackupQuorum, BackupSource, ControlSource, MonitorActor, MonitorConfig,
-};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
-use change_streamer_actors::reservation::standby::{HandOver, StandbyReservations};
-use change_streamer_actors::reservation::ReservationActor;
-use change_streamer_actors::restart_catch_up::RestartCatchUp;
+use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::session_end::SessionEnd;
-use change_streamer_actors::streamer::{Ingest, ReportBackupAcks, RouteBackupAcks, Streamer};
+use change_streamer_actors::streamer::{Ingest, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
-use change_streamer_actors::vfs::{HelperCommand, VfsError, VfsReader, VfsSource};
 use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
 use log::{info, warn};
 
-use crate::config::{BackupSpec, Config, SourceSpec};
+use crate::config::Config;
 use crate::edge::Edge;
 use crate::http::standby::STANDBY_REASON;
 use crate::http::{AppState, BackupActors};
 use crate::shutdown::{Drain, StopMode, SESSION_DRAIN};
 use crate::start_error::StartError;
+
+mod backup;
+use backup::{check_vfs, Watched};
 
 /// A standby's streamer, its reservations and the guards of its sessions, handed to the
 /// owner it becomes.
@@ -94,17 +89,6 @@ struct ReadBack {
     safety: SafetyState,
     /// Each backup's source (PROTOCOL.md §8.4), its VFS reader loaded when it has one.
     sources: Vec<Watched>,
-}
-
-/// One backup as its monitor will watch it.
-struct Watched {
-    spec: BackupSpec,
-    source: BackupSource,
-    /// The VFS source's reader, loaded at start.
-    reader: Option<VfsReader>,
-    /// A control backup's audit (PROTOCOL.md §8.1d): what it reads, and how often. Its
-    /// extension was loaded at start; each audit read starts a reader of its own.
-    audit: Option<(VfsSource, Duration)>,
 }
 
 impl Owner {
@@ -226,67 +210,12 @@ impl OwnerStart<'_> {
             let query = self.config.backup_watermark_query.clone();
             check_vfs(path, String::new(), query).await?;
         }
-        let mut sources = Vec::with_capacity(backups.len());
-        for spec in backups {
-            let (source, reader, audit) = match &spec.source {
-                SourceSpec::Metrics { url } => {
-                    (BackupSource::Metrics { url: url.clone() }, None, None)
-                }
-                SourceSpec::Control {
-                    url,
-                    db_path,
-                    audit,
-                } => {
-                    let audit = match audit {
-                        Some(a) => {
-                            let (vfs, _) = self.load_vfs(&spec, &a.extension, &a.query).await?;
-                            a.interval.map(|every| (vfs, every))
-                        }
-                        None => None,
-                    };
-                    let source = BackupSource::Control(ControlSource {
-                        url: url.clone(),
-                        db_path: db_path.clone(),
-                    });
-                    (source, None, audit)
-                }
-                SourceSpec::Vfs { extension, query } => {
-                    let (source, reader) = self.load_vfs(&spec, extension, query).await?;
-                    (BackupSource::Vfs(source), Some(reader), None)
-                }
-            };
-            sources.push(Watched {
-                spec,
-                source,
-                reader,
-                audit,
-            });
-        }
+        let sources = self.watched(backups).await?;
         Ok(ReadBack {
             stats,
             safety,
             sources,
         })
-    }
-
-    /// `spec`'s VFS extension, loaded and checked (PROTOCOL.md §2): a start error naming the
-    /// file, the backup and the key when it came from `--backups`.
-    async fn load_vfs(
-        &self,
-        spec: &BackupSpec,
-        extension: &std::path::Path,
-        query: &str,
-    ) -> Result<(VfsSource, VfsReader), StartError> {
-        let checked = check_vfs(extension, spec.url.clone(), query.to_string()).await;
-        match (checked, &self.config.backups) {
-            (Ok(loaded), _) => Ok(loaded),
-            (Err(StartError::LitestreamVfs(source)), Some(file)) => Err(StartError::BackupVfs {
-                file: file.path.display().to_string(),
-                backup: spec.name.clone(),
-                source,
-            }),
-            (Err(e), _) => Err(e),
-        }
     }
 
     /// A standby that takes over keeps its streamer and every subscriber of it; it ingests
@@ -327,175 +256,6 @@ impl OwnerStart<'_> {
         )
         .restore(&safety.scheduled)
         .start()
-    }
-
-    /// The backup monitor's actors, with `--litestream-backup-url` or `--backups`: cleanup,
-    /// reservations, the quorum and a monitor per backup; they adopt the reservations of a
-    /// standby that took over.
-    async fn backup(
-        &self,
-        streamer: &Addr<Streamer>,
-        purger: &Addr<Purger>,
-        read: ReadBack,
-        kept: Option<Addr<StandbyReservations>>,
-    ) -> Option<BackupActors> {
-        let Some(url) = read.sources.first().map(|w| w.spec.url.clone()) else {
-            warn!("no --litestream-backup-url: the backup monitor is off, nothing will be purged, and snapshot reservations are refused");
-            return None;
-        };
-        let url = &url;
-        // The reservation actor's address first: on a shared change DB the cleanup actor asks
-        // it at each poll for the other instances' reservations.
-        let reservations_ctx = Context::<ReservationActor>::new();
-        let cleanup = self.cleanup(purger, &read.safety, &reservations_ctx);
-        let reservations = self.reservations(url, streamer, &cleanup, &read, reservations_ctx);
-        // The standby's reservations are this actor's now (adopted before anything the owner's
-        // door could send it), their sessions' messages forwarded to it.
-        if let Some(r) = kept {
-            let to = reservations.clone();
-            if let Ok(n) = r.send(HandOver { to }).await {
-                info!(
-                    "{n} snapshot reservation(s) of the standby phase adopted, their sockets kept"
-                );
-            }
-        }
-        let (monitors, quorum) =
-            self.monitors(read.sources, streamer, purger, &cleanup, &reservations);
-        Some(BackupActors {
-            reservations,
-            cleanup,
-            monitors,
-            quorum,
-        })
-    }
-
-    fn cleanup(
-        &self,
-        purger: &Addr<Purger>,
-        safety: &SafetyState,
-        reservations: &Context<ReservationActor>,
-    ) -> Addr<CleanupActor> {
-        let mut cleanup = CleanupActor::new(
-            self.clock.clone(),
-            self.config.initial_cleanup_delay(),
-            self.config.min_cleanup_delay(),
-            purger.clone().recipient(),
-        )
-        .restore(safety, self.log.clone())
-        .telling_covered(reservations.address().recipient());
-        if self.recorder.is_some() {
-            cleanup = cleanup.with_others(reservations.address().recipient());
-        }
-        cleanup.start()
-    }
-
-    fn reservations(
-        &self,
-        url: &str,
-        streamer: &Addr<Streamer>,
-        cleanup: &Addr<CleanupActor>,
-        read: &ReadBack,
-        ctx: Context<ReservationActor>,
-    ) -> Addr<ReservationActor> {
-        // Orphans end after the delay this start goes on with: the learned one, never below
-        // this run's starting delay (as the cleanup actor restores it).
-        let cleanup_delay = read
-            .safety
-            .cleanup_delay
-            .unwrap_or_default()
-            .max(self.config.starting_cleanup_delay());
-        let mut reservations = ReservationActor::new(
-            self.clock.clone(),
-            url.to_string(),
-            streamer.clone().recipient(),
-            cleanup.clone(),
-        )
-        .with_max_reservation(self.config.max_reservation())
-        .restore(&read.safety.reservations, cleanup_delay, self.log.clone());
-        if read.sources.iter().any(|w| w.reader.is_some()) {
-            reservations = reservations.verifying_backups();
-        }
-        if RestartCatchUp::from_state(&read.safety).is_some() {
-            reservations = reservations.held_until_backup_covers();
-        }
-        if let Some(r) = &self.recorder {
-            reservations = reservations.with_records(r.clone());
-        }
-        ctx.run(reservations)
-    }
-
-    /// One monitor per backup, each handing its polls to the quorum, which hands the cleanup
-    /// actor what K backups hold (PROTOCOL.md §8.4). A monitor polls the metrics; or reads the
-    /// backup itself through the VFS, and the quorum tells the reservations (PROTOCOL.md §6.7);
-    /// or asks litestream's control API to sync at each commit its backup replicator acks,
-    /// which the streamer reports to it (PROTOCOL.md §8.1c): with several backups, each
-    /// backup's replicator's acks to its own monitor (PROTOCOL.md §7.1).
-    fn monitors(
-        &self,
-        sources: Vec<Watched>,
-        streamer: &Addr<Streamer>,
-        purger: &Addr<Purger>,
-        cleanup: &Addr<CleanupActor>,
-        reservations: &Addr<ReservationActor>,
-    ) -> (Vec<Addr<MonitorActor>>, Addr<BackupQuorum>) {
-        let interval = self.config.backup_check_interval();
-        let several = sources.len() > 1;
-        let names = sources
-            .iter()
-            .map(|w| (w.spec.name.clone(), w.source.name().to_string()))
-            .collect();
-        let mut quorum = BackupQuorum::new(
-            self.clock.clone(),
-            self.config.purge_quorum(),
-            names,
-            cleanup.clone(),
-        );
-        if sources.iter().any(|w| w.reader.is_some()) {
-            quorum = quorum.reporting_backups_to(reservations.clone().recipient());
-        }
-        let quorum = quorum.start();
-        let mut monitors = Vec::with_capacity(sources.len());
-        for (i, w) in sources.into_iter().enumerate() {
-            let Watched {
-                spec,
-                source,
-                reader,
-                audit,
-            } = w;
-            let control = matches!(source, BackupSource::Control(_));
-            if let (BackupSource::Control(c), None) = (&source, &audit) {
-                info!(
-                    "no audit of backup {}: it needs a VFS to read it through (PROTOCOL.md §8.1d); {} is trusted as it answers",
-                    spec.name, c.url
-                );
-            }
-            let mut cfg = MonitorConfig::with_source(source, interval);
-            cfg.clock = self.clock.clone();
-            cfg.backup = several.then(|| spec.name.clone());
-            cfg.audit = audit.map(|(vfs, interval)| AuditConfig {
-                backup: spec.name.clone(),
-                vfs,
-                interval,
-            });
-            let mut monitor = MonitorActor::new(cfg, cleanup.clone())
-                .in_quorum(i, quorum.clone().recipient())
-                .auditing_to(purger.clone().recipient());
-            if let Some(reader) = reader {
-                monitor = monitor.with_vfs_reader(reader);
-            }
-            let monitor = monitor.start();
-            let to = monitor.clone().recipient();
-            if several {
-                streamer.do_send(RouteBackupAcks {
-                    backup: spec.name,
-                    to,
-                });
-            } else if control {
-                streamer.do_send(ReportBackupAcks { to });
-            }
-            monitors.push(monitor);
-        }
-        (monitors, quorum)
     }
 
     fn upstream(&self, streamer: &Addr<Streamer>) -> Option<UpstreamHandle> {
@@ -573,35 +333,3 @@ async fn stop_purging(state: &AppState) {
     }
     let _ = state.purger.send(purger::Stop).await;
 }
-
-/// PROTOCOL.md §2: a `--litestream-vfs` that cannot be loaded stops the start. The reader that loaded
-/// it is kept for the monitor's polls. Without `--litestream-backup-url` nothing will read the
-/// backup, but a bad path is still an error, not a surprise for later.
-async fn check_vfs(
-    extension: &std::path::Path,
-    backup_url: String,
-    query: String,
-) -> Result<(VfsSource, VfsReader), StartError> {
-    let helper = HelperCommand::for_service().map_err(|e| {
-        StartError::LitestreamVfs(VfsError::Spawn {
-            program: "change-streamer".into(),
-            reason: e.to_string(),
-        })
-    })?;
-    let source = VfsSource {
-        helper,
-        extension: extension.to_path_buf(),
-        backup_url,
-        query,
-    };
-    let mut reader = VfsReader::new(source.clone());
-    reader
-        .start(VFS_LOAD_LIMIT)
-        .await
-        .map_err(StartError::LitestreamVfs)?;
-    info!("loaded litestream's VFS extension {}", extension.display());
-    Ok((source, reader))
-}
-
-/// How long loading the VFS extension at start may take (it takes ~0.3 s).
-const VFS_LOAD_LIMIT: Duration = Duration::from_secs(10);
