@@ -89,11 +89,6 @@ impl Unreachable {
             None => Said::Nothing,
         }
     }
-
-    /// Whether the last attempt failed.
-    pub fn failing(&self) -> bool {
-        self.since.is_some()
-    }
 }
 
 #[cfg(test)]

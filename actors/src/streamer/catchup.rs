@@ -157,6 +157,11 @@ impl Streamer {
     /// (what is unacked may then be the start of a transaction whose commit a client acking
     /// only at commits waits for, and no ack would come).
     pub(super) fn read_catchup_on_ack(&mut self, ctx: &mut Context<Self>, session_id: SessionId) {
+        // Every live subscriber's ack comes here: the budget's sum over every subscriber only
+        // for the ones catching up.
+        if !self.catchup.contains_key(&session_id) {
+            return;
+        }
         let global_room = self.budget().room();
         let window = self.cfg.catchup_window_bytes as u64;
         let (Some(sub), Some(c)) = (
