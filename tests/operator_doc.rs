@@ -207,6 +207,10 @@ fn observation() -> Observation {
             }),
             ..MonitorStats::default()
         },
+        audits: vec![AuditStats {
+            backup: SINGLE_BACKUP.into(),
+            ..AuditStats::default()
+        }],
         quorum: Some(QuorumState {
             purge_quorum: 1,
             quorum_watermark: Some(w(14)),

@@ -248,6 +248,9 @@ impl CleanupActor {
         }
         self.store = Some(store);
         self.catch_up = RestartCatchUp::from_state(state);
+        if let Some(c) = &self.catch_up {
+            info!("waiting for the backup to cover watermark={}, recorded before the restart, before any snapshot status or readiness", c.view().recorded);
+        }
         self
     }
 

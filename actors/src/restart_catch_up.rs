@@ -63,7 +63,6 @@ impl RestartCatchUp {
             .chain(state.last_scheduled.as_ref())
             .max()?
             .clone();
-        info!("waiting for the backup to cover watermark={recorded}, recorded before the restart, before any snapshot status or readiness");
         Some(RestartCatchUp {
             view: CatchUpView {
                 recorded,

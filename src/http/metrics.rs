@@ -120,8 +120,7 @@ fn backup(m: &Scrape, o: &Observation, delay: Duration) -> prometheus::Result<()
     m.set(&POLL_ERRORS, o.monitor.poll_errors_total as f64)?;
     m.set_each(
         &AUDIT_FAILURES,
-        o.monitor
-            .audit
+        o.audits
             .iter()
             .map(|a| ([a.backup.as_str()], a.failures_total as f64)),
     )?;

@@ -5,7 +5,9 @@
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::LogStats;
 use change_streamer_actors::cleanup::{CleanupState, GetCleanupState};
-use change_streamer_actors::monitor::{GetMonitorStats, GetQuorumState, MonitorStats, QuorumState};
+use change_streamer_actors::monitor::{
+    AuditStats, GetMonitorStats, GetQuorumState, MonitorStats, QuorumState,
+};
 use change_streamer_actors::purger::{GetPurgeState, PurgeState};
 use change_streamer_actors::reservation::{
     GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
@@ -25,6 +27,8 @@ pub struct Observation {
     pub reservation_stats: ReservationStats,
     /// The monitors' counters, summed over the backups (PROTOCOL.md §8.4).
     pub monitor: MonitorStats,
+    /// Each backup's audit (PROTOCOL.md §8.1d), one `/metrics` series each.
+    pub audits: Vec<AuditStats>,
     /// Each backup's state and the purge floor; `None` without a backup monitor.
     pub quorum: Option<QuorumState>,
     /// Bytes the change log takes on disk, as its engine counts them
@@ -52,6 +56,7 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         reservations: Vec::new(),
         reservation_stats: ReservationStats::default(),
         monitor: MonitorStats::default(),
+        audits: Vec::new(),
         quorum: None,
         change_log_bytes: bytes.map_err(|e| Unavailable("change log", e.to_string()))?,
     };
@@ -70,6 +75,7 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         obs.reservation_stats = rs.map_err(|e| Unavailable("reservations", e.to_string()))?;
         // The monitors stop before the others at shutdown; their counters are then unknown.
         let m: Vec<MonitorStats> = m.into_iter().map(Result::unwrap_or_default).collect();
+        obs.audits = m.iter().filter_map(|s| s.audit.clone()).collect();
         obs.monitor = summed(m);
         obs.quorum = b.quorum.send(GetQuorumState).await.ok();
     }
@@ -77,7 +83,8 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
 }
 
 /// One backup's counters as they are; several backups' summed, the latest poll ok only if
-/// every backup's was, and the first error found (PROTOCOL.md §11).
+/// every backup's was, the first error found, and the first audit that blocks the purge (else
+/// the first audit) (PROTOCOL.md §11).
 fn summed(mut each: Vec<MonitorStats>) -> MonitorStats {
     if each.len() == 1 {
         return each.remove(0);
@@ -95,6 +102,10 @@ fn summed(mut each: Vec<MonitorStats>) -> MonitorStats {
         };
         all.last_error = all.last_error.or(m.last_error);
         all.backup_watermark = all.backup_watermark.max(m.backup_watermark);
+        let blocks = |a: &Option<AuditStats>| a.as_ref().is_some_and(|a| a.blocked_below.is_some());
+        if all.audit.is_none() || (!blocks(&all.audit) && blocks(&m.audit)) {
+            all.audit = m.audit.or(all.audit);
+        }
     }
     all
 }
@@ -104,4 +115,39 @@ pub fn unavailable(e: Unavailable) -> HttpResponse {
     HttpResponse::ServiceUnavailable()
         .content_type("text/plain")
         .body(format!("{e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use change_streamer_actors::watermark::Watermark;
+
+    use super::*;
+
+    fn audited(backup: &str, blocked_below: Option<u64>) -> MonitorStats {
+        MonitorStats {
+            audit: Some(AuditStats {
+                backup: backup.into(),
+                blocked_below: blocked_below.map(Watermark::from_u64),
+                ..AuditStats::default()
+            }),
+            ..MonitorStats::default()
+        }
+    }
+
+    /// PROTOCOL.md §11: with several backups `backup.monitor.audit` is the first audit that
+    /// blocks the purge, else the first audit; none is lost for want of a slot.
+    #[test]
+    fn several_backups_show_the_audit_that_blocks() {
+        let all = summed(vec![
+            audited("east", None),
+            audited("west", Some(105)),
+            audited("north", Some(104)),
+        ]);
+        assert_eq!(all.audit.map(|a| a.backup), Some("west".to_string()));
+        let none_blocks = summed(vec![MonitorStats::default(), audited("west", None)]);
+        assert_eq!(
+            none_blocks.audit.map(|a| a.backup),
+            Some("west".to_string())
+        );
+    }
 }
