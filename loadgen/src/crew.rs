@@ -4,7 +4,8 @@
 //! subscribers at 2,000 txns/s are that many, and a generator that falls behind measures its
 //! own delay as the service's latency. Inside a thread everything stays `Rc`/`Cell`
 //! ([`Ctx`], [`Tally`](crate::tally::Tally)); what crosses is the [`Run`], each thread's [`Counters`], and the
-//! [`Received`] figures it hands back once the run stops.
+//! [`Received`] figures it hands back once the run stops. Churning joiners (`--churn-subs`)
+//! are spread the same way, each thread driving its share ([`churn::drive`]).
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
+use crate::churn;
 use crate::ctx::{Ctx, Setup};
 use crate::shared::{Phases, Run};
 use crate::subscriber;
@@ -62,8 +64,12 @@ pub fn plan(
     plan
 }
 
-/// Starts `jobs` on the current thread's `LocalSet`.
-pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>) {
+/// Starts `jobs` on the current thread's `LocalSet`, thread `t` of `threads`, and that
+/// thread's share of the churn (`--churn-subs`).
+pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>, t: usize, threads: usize) {
+    if let Some(c) = &ctx.churn {
+        tokio::task::spawn_local(churn::drive(ctx.clone(), c.clone(), t, threads));
+    }
     for job in jobs {
         match job {
             Job::Read {
@@ -90,12 +96,14 @@ pub fn launch(
     counters: &[Arc<Counters>],
 ) -> Vec<oneshot::Receiver<Received>> {
     let mut reports = Vec::new();
+    let threads = plan.len();
+    let churns = |t: usize| setup.churn.as_ref().is_some_and(|c| c.share(t, threads) > 0);
     for (t, jobs) in plan.into_iter().enumerate() {
         if t == 0 {
-            start(main, jobs);
+            start(main, jobs, t, threads);
             continue;
         }
-        if jobs.is_empty() {
+        if jobs.is_empty() && !churns(t) {
             continue;
         }
         let Some(counters) = counters.get(t).cloned() else {
@@ -107,7 +115,7 @@ pub fn launch(
         let (run, setup) = (main.run.clone(), setup.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("lg-subs-{t}"))
-            .spawn(move || thread(t, setup.ctx(run, counters), jobs, tx));
+            .spawn(move || thread(t, threads, setup.ctx(run, counters), jobs, tx));
         match spawned {
             Ok(_) => reports.push(rx),
             Err(e) => main
@@ -120,7 +128,13 @@ pub fn launch(
 
 /// Body of subscriber thread `t`: its runtime runs its subscribers until the run stops, then
 /// hands back what they received (the tasks are dropped with the runtime).
-fn thread(t: usize, ctx: Ctx, jobs: Vec<Job>, done: oneshot::Sender<Received>) {
+fn thread(
+    t: usize,
+    threads: usize,
+    ctx: Ctx,
+    jobs: Vec<Job>,
+    done: oneshot::Sender<Received>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -136,7 +150,7 @@ fn thread(t: usize, ctx: Ctx, jobs: Vec<Job>, done: oneshot::Sender<Received>) {
     let local = tokio::task::LocalSet::new();
     let received = local.block_on(&rt, async move {
         let ctx = Rc::new(ctx);
-        start(&ctx, jobs);
+        start(&ctx, jobs, t, threads);
         ctx.run.phases.until(Phases::stopped).await;
         ctx.tally.take()
     });

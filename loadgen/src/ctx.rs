@@ -1,10 +1,11 @@
 //! What the subscriber tasks of one thread share ([`Ctx`], built from the run's [`Setup`]), and
-//! how they subscribe ([`Framing`]): what the crew (`crew.rs`) hands the subscribers
+//! how they subscribe ([`Framing`]) and churn: what the crew (`crew.rs`) hands the subscribers
 //! (`subscriber.rs`) it starts.
 
 use std::sync::Arc;
 use std::time::Instant;
 
+use crate::churn::Churn;
 use crate::shared::{Run, ServiceAccess};
 use crate::tally::{Counters, Tally};
 
@@ -27,6 +28,8 @@ pub struct Ctx {
     pub framing: Framing,
     /// Subscribing is given up after this.
     pub deadline: Instant,
+    /// Subscribers that join and leave (`--churn-subs`), if any.
+    pub churn: Option<Churn>,
 }
 
 /// How every thread's subscribers subscribe (each thread gets its copy).
@@ -36,6 +39,7 @@ pub struct Setup {
     pub changes: usize,
     pub framing: Framing,
     pub deadline: Instant,
+    pub churn: Option<Churn>,
 }
 
 impl Setup {
@@ -47,6 +51,7 @@ impl Setup {
             changes: self.changes,
             framing: self.framing,
             deadline: self.deadline,
+            churn: self.churn.clone(),
         }
     }
 }

@@ -14,9 +14,17 @@
 //! subscribes them at the start of the measured window, from the replicaVersion: they catch
 //! up from the change log while it is measured.
 //!
+//! `--churn-subs N --churn-rate R` adds N subscribers that join and leave, R a second, each from
+//! a stored commit, while the flood runs ([`churn`]): the steady subscribers' figures are
+//! theirs alone, the joiners' (joins, leaves, what they received, any gap as an error) apart.
+//! `--idle-s S` measures the service's memory per idle subscriber: its `RssAnon` once the
+//! initial sync is stored and before anyone subscribes, then S seconds after every subscriber
+//! has its `status` (connected, caught up, no traffic yet).
+//!
 //! Everything runs on the main thread by default; `--threads N` spreads the subscribers over N
 //! threads (the main one and N-1 more, [`crew`]) for the loads one thread cannot read.
 
+mod churn;
 mod cpu;
 mod crew;
 mod ctx;
@@ -110,6 +118,19 @@ struct Args {
     /// is the subscribers' catch-up (their commit-to-receipt latencies are the catch-up's age).
     #[arg(long)]
     join_late: bool,
+    /// Churning subscribers: a pool of this many joins and leaves while the flood runs (from a
+    /// commit the service stored; each must get every transaction after it), not counted in
+    /// the deliveries or latencies.
+    #[arg(long, default_value_t = 0)]
+    churn_subs: usize,
+    /// Joins per second of the churning pool (as many leave once it is full).
+    #[arg(long, default_value_t = 50.0)]
+    churn_rate: f64,
+    /// Measure the service's RssAnon with every subscriber connected and idle: before they
+    /// subscribe (once the initial sync is stored) and this many seconds after the last has
+    /// its `status`, before the flood; 0 = not measured.
+    #[arg(long, default_value_t = 0.0)]
+    idle_s: f64,
     /// Seconds to wait for the service and every subscriber's `status`.
     #[arg(long, default_value_t = 120.0)]
     setup_timeout_s: f64,
@@ -221,6 +242,11 @@ async fn run(args: Args) -> i32 {
         changes: args.changes,
         framing,
         deadline,
+        churn: (args.churn_subs > 0).then(|| churn::Churn {
+            subs: args.churn_subs,
+            rate: args.churn_rate,
+            services: services.clone(),
+        }),
     };
     // Subscriber k reads from service address k mod n on thread k mod --threads; this thread's
     // share runs beside the change source.
@@ -240,6 +266,16 @@ async fn run(args: Args) -> i32 {
         )
     };
     let mut reports = Vec::new();
+    let mut idle = None;
+    if args.idle_s > 0.0 {
+        while run.stored() < workload::FIRST_SEQ {
+            if Instant::now() > deadline {
+                fail("the service did not store the initial sync");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        idle = Some((memory::rss_anon_kib(pid).unwrap_or(0), 0));
+    }
     if !args.join_late {
         reports = subscribe_all();
         while run.subs_ready() < args.subs + args.never_reading {
@@ -250,6 +286,10 @@ async fn run(args: Args) -> i32 {
                 _ = run.subs_ready_changed.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             }
+        }
+        if let Some((before, _)) = idle {
+            tokio::time::sleep(Duration::from_secs_f64(args.idle_s)).await;
+            idle = Some((before, memory::rss_anon_kib(pid).unwrap_or(0)));
         }
     }
     go_at.set(Some(Instant::now()));
@@ -284,6 +324,8 @@ async fn run(args: Args) -> i32 {
         source: &source,
         received: &received,
         service_rss_anon_peak_kib: rss_peak.get(),
+        service_rss_anon_idle_kib: idle,
+        churn: setup.churn.as_ref(),
     };
     report.print();
     if run.error_count() > 0 {

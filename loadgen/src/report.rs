@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use crate::churn::Churn;
 use crate::cpu;
+use crate::memory;
 use crate::shared::Run;
 use crate::tally::{Counters, Counts, Received};
 use crate::upstream::SourceStats;
@@ -61,6 +63,10 @@ pub struct Report<'a> {
     /// The window's latencies and longest gap, merged over the subscriber threads.
     pub received: &'a Received,
     pub service_rss_anon_peak_kib: u64,
+    /// The service's RssAnon (KiB) before the subscribers subscribed and once they were all
+    /// connected and idle (`--idle-s`).
+    pub service_rss_anon_idle_kib: Option<(u64, u64)>,
+    pub churn: Option<&'a Churn>,
 }
 
 /// The `q` quantile of sorted values (nearest rank).
@@ -168,6 +174,9 @@ impl Report<'_> {
             "firstErrors": self.run.first_errors(),
             "services": services,
             "processes": processes,
+            "loadgenRssAnonMiB": r2(memory::rss_anon_kib(std::process::id()).unwrap_or(0) as f64 / 1024.0),
+            "idle": self.idle_json(),
+            "churn": self.churn_json(secs),
         });
         println!("{j}");
         println!(
@@ -185,6 +194,28 @@ impl Report<'_> {
             self.service_rss_anon_peak_kib as f64 / 1024.0,
             self.run.error_count()
         );
+        if let Some((before, after)) = self.service_rss_anon_idle_kib.filter(|i| i.1 > 0) {
+            println!(
+                "  idle: service RssAnon {:.1} MiB before subscribing, {:.1} MiB with {} idle subscribers: {:.1} KiB each",
+                before as f64 / 1024.0,
+                after as f64 / 1024.0,
+                self.subs + self.never_reading,
+                self.idle_json()["kibPerSub"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        if let Some(c) = self.churn {
+            let (a, b) = (&a.got, &b.got);
+            println!(
+                "  churn: {} joiners at {}/s: {} joined, {} left in the window, {} left with no transaction; joiners received {:.0} txns/s in all; gaps are errors ({} in all)",
+                c.subs,
+                c.rate,
+                b.churn_joins - a.churn_joins,
+                b.churn_leaves - a.churn_leaves,
+                b.churn_empty,
+                (b.churn_commits - a.churn_commits) as f64 / secs,
+                self.run.error_count()
+            );
+        }
         if self.services.len() > 1 || self.pid_files.len() > 1 {
             let by_service: Vec<String> = (j["services"].as_array().into_iter().flatten())
                 .map(|s| {
@@ -207,5 +238,37 @@ impl Report<'_> {
                 by_process.join(", ")
             );
         }
+    }
+}
+
+impl Report<'_> {
+    /// `{"beforeKiB", "afterKiB", "kibPerSub"}` of `--idle-s`, or null.
+    fn idle_json(&self) -> serde_json::Value {
+        match self.service_rss_anon_idle_kib {
+            Some((before, after)) if after > 0 => {
+                let subs = (self.subs + self.never_reading).max(1) as f64;
+                json!({"beforeKiB": before, "afterKiB": after,
+                       "kibPerSub": r2((after as f64 - before as f64) / subs)})
+            }
+            _ => serde_json::Value::Null,
+        }
+    }
+
+    /// The churning joiners' figures: in the measured window, and over the run so far; or null.
+    fn churn_json(&self, secs: f64) -> serde_json::Value {
+        let Some(c) = self.churn else {
+            return serde_json::Value::Null;
+        };
+        let (a, b) = (&self.a.got, &self.b.got);
+        json!({
+            "subs": c.subs,
+            "rate": c.rate,
+            "joins": b.churn_joins - a.churn_joins,
+            "leaves": b.churn_leaves - a.churn_leaves,
+            "joinsTotal": b.churn_joins,
+            "leftEmptyTotal": b.churn_empty,
+            "txnsPerS": r2((b.churn_commits - a.churn_commits) as f64 / secs),
+            "deliveriesPerS": r2((b.churn_changes - a.churn_changes) as f64 / secs),
+        })
     }
 }

@@ -21,6 +21,9 @@ pub struct Run {
     sent: SentTimes,
     subs_ready: AtomicUsize,
     pub subs_ready_changed: Notify,
+    /// Highest sequence number the service acked upstream (stored durably): where a churning
+    /// joiner (`--churn-subs`) subscribes from, a commit every replica could hold.
+    stored: AtomicU64,
     /// Rare (a broken rule ends a subscription), so a lock is cheap here; kept in the order seen.
     errors: Mutex<Vec<String>>,
     error_count: AtomicU64,
@@ -34,6 +37,7 @@ impl Run {
             sent: SentTimes::new(),
             subs_ready: AtomicUsize::new(0),
             subs_ready_changed: Notify::new(),
+            stored: AtomicU64::new(0),
             errors: Mutex::new(Vec::new()),
             error_count: AtomicU64::new(0),
         }
@@ -66,6 +70,16 @@ impl Run {
 
     pub fn subs_ready(&self) -> usize {
         self.subs_ready.load(Ordering::Acquire)
+    }
+
+    /// The service acked (stored) every transaction up to `seq`.
+    pub fn set_stored(&self, seq: u64) {
+        self.stored.store(seq, Ordering::Release);
+    }
+
+    /// The highest transaction the service acked as stored; 0 before its first ack.
+    pub fn stored(&self) -> u64 {
+        self.stored.load(Ordering::Acquire)
     }
 
     /// A broken rule seen by the change source or a subscriber; the first few are kept verbatim.

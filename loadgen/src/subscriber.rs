@@ -7,8 +7,12 @@
 //! With `--batched` it subscribes with `wsBatched=true`, reads both frame shapes
 //! (`{"msg":P,"id":n}` and `{"batch":[P1,…],"id":n}`) and sends one cumulative ack for all the
 //! frames read in one go: the id of the last. A never-reading subscriber ([`hold`]) subscribes,
-//! acks its `status` and then never reads its socket again.
+//! acks its `status` and then never reads its socket again. A churning joiner ([`join`],
+//! `--churn-subs`) subscribes from a given watermark, is checked the same way from there (its
+//! first `begin` must be the one right after it), and leaves when told; its figures are kept
+//! apart from the steady subscribers'.
 
+use std::future::Future;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +29,15 @@ use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// Whose figures a subscriber's receipts go to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// A steady subscriber (`--subs`): deliveries, latencies and gaps.
+    Steady,
+    /// A churning joiner (`--churn-subs`): its own counters only.
+    Joiner,
+}
+
 /// Where a subscriber is in the stream it checks.
 struct Check {
     name: String,
@@ -37,32 +50,81 @@ struct Check {
     last_commit_at: Option<Instant>,
     /// Index of the service address read from (in `--service`'s list).
     service: usize,
+    role: Role,
+}
+
+impl Check {
+    fn new(ctx: &Ctx, name: String, service: usize, from: u64, role: Role) -> Self {
+        Check {
+            name,
+            last_id: 1,
+            last_commit: from,
+            open: None,
+            changes: ctx.changes,
+            last_commit_at: None,
+            service,
+            role,
+        }
+    }
 }
 
 /// Connects to `base`, service address number `service` (retrying while the service is not up
 /// or not initialised), waits for `status`, reports ready, then reads until the run stops.
 pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
     let (shared, framing) = (&*ctx.run, ctx.framing);
-    let Some(mut ws) = subscribe(shared, &ctx.access, &base, &name, framing, ctx.deadline).await
-    else {
+    let subscribed = subscribe(shared, &ctx.access, &base, &name, framing, ctx.deadline, FIRST_SEQ);
+    let Some(mut ws) = subscribed.await else {
         return;
     };
-    let mut check = Check {
-        name,
-        last_id: 1,
-        last_commit: FIRST_SEQ,
-        open: None,
-        changes: ctx.changes,
-        last_commit_at: None,
-        service,
+    shared.sub_ready();
+    let mut check = Check::new(&ctx, name, service, FIRST_SEQ, Role::Steady);
+    read(&ctx, &mut ws, &mut check).await;
+}
+
+/// A churning joiner: subscribes once from watermark `from` (a commit the service stored),
+/// checks its stream from there and reads until `leave` completes (or the run stops), then
+/// closes. A failed subscription is an error: a joiner is never refused.
+pub async fn join(
+    ctx: Rc<Ctx>,
+    base: String,
+    service: usize,
+    name: String,
+    from: u64,
+    leave: impl Future<Output = ()>,
+) {
+    let (shared, framing) = (&*ctx.run, ctx.framing);
+    let at_once = Instant::now();
+    let subscribed = subscribe(shared, &ctx.access, &base, &name, framing, at_once, from);
+    let Some(mut ws) = subscribed.await else {
+        return;
     };
+    let counters = &ctx.tally.counters;
+    counters.churn_joins.add(1);
+    let mut check = Check::new(&ctx, name, service, from, Role::Joiner);
+    let left = tokio::select! {
+        _ = read(&ctx, &mut ws, &mut check) => false,
+        _ = leave => true,
+    };
+    if left {
+        counters.churn_leaves.add(1);
+        if check.last_commit == from {
+            counters.churn_empty.add(1);
+        }
+        // Leaving: a close frame, then the socket is dropped (the reply is not awaited).
+        let _ = ws.close(None).await;
+    }
+}
+
+/// Reads, checks and acks until the stream ends or the run stops.
+async fn read(ctx: &Ctx, ws: &mut Ws, check: &mut Check) {
+    let (shared, framing) = (&*ctx.run, ctx.framing);
     while !shared.phases.stopped() {
         let Some(first) = ws.next().await else { break };
         let mut next = Some(first);
         let mut last_read = None;
         while let Some(m) = next {
             match m {
-                Ok(Message::Text(t)) => match check.frame(&ctx, t.as_str()) {
+                Ok(Message::Text(t)) => match check.frame(ctx, t.as_str()) {
                     Some(id) if framing == Framing::Batched => last_read = Some(id),
                     Some(id) => {
                         if ws.feed(Message::text(ack_text(id))).await.is_err() {
@@ -100,8 +162,8 @@ pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
     }
 }
 
-/// Subscribes (retrying while the service is not up or not initialised) and reports the
-/// subscriber ready once it has its `status`.
+/// Subscribes from watermark `from` (retrying while the service is not up or not initialised,
+/// until `deadline`) and hands back the socket once it has its `status`.
 async fn subscribe(
     shared: &Run,
     access: &ServiceAccess,
@@ -109,15 +171,16 @@ async fn subscribe(
     name: &str,
     framing: Framing,
     deadline: Instant,
+    from: u64,
 ) -> Option<Ws> {
-    let rv = lexi(FIRST_SEQ);
+    let (rv, wm) = (lexi(FIRST_SEQ), lexi(from));
     let batched = if framing == Framing::Batched {
         "&wsBatched=true"
     } else {
         ""
     };
     let url = format!(
-        "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={rv}&initial=false{batched}"
+        "{base}/replication/v6/changes?id={name}&taskID=&mode=serving&replicaVersion={rv}&watermark={wm}&initial=false{batched}"
     );
     let ws = loop {
         match connect(&url, access).await {
@@ -132,7 +195,6 @@ async fn subscribe(
             }
         }
     };
-    shared.sub_ready();
     Some(ws)
 }
 
@@ -147,10 +209,12 @@ pub async fn hold(ctx: Rc<Ctx>, base: String, name: String) {
         &name,
         Framing::PerFrame,
         ctx.deadline,
+        FIRST_SEQ,
     );
     let Some(ws) = subscribed.await else {
         return;
     };
+    shared.sub_ready();
     shared.phases.until(Phases::stopped).await;
     drop(ws);
 }
@@ -242,16 +306,23 @@ impl Check {
             shared.error(format!("{}: id {} after {}", self.name, id, self.last_id));
         }
         self.last_id = id;
-        ctx.tally.counters.frames.add(1);
+        if self.role == Role::Steady {
+            ctx.tally.counters.frames.add(1);
+        }
         Some(id)
     }
 
     /// Checks one payload; `None` when the subscription cannot go on.
     fn message(&mut self, ctx: &Ctx, msg: &str) -> Option<()> {
-        let shared = &*ctx.run;
-        ctx.tally.counters.msgs.add(1);
+        let (shared, counters) = (&*ctx.run, &ctx.tally.counters);
+        if self.role == Role::Steady {
+            counters.msgs.add(1);
+        }
         if msg.starts_with(r#"["data""#) {
-            ctx.tally.change(self.service);
+            match self.role {
+                Role::Steady => ctx.tally.change(self.service),
+                Role::Joiner => counters.churn_changes.add(1),
+            }
             match &mut self.open {
                 Some((_, n)) => *n += 1,
                 None => shared.error(format!("{}: data outside a transaction", self.name)),
@@ -285,8 +356,13 @@ impl Check {
                 )),
             }
             self.last_commit = seq;
-            ctx.tally.counters.commits.add(1);
-            self.commit_received(ctx, seq);
+            match self.role {
+                Role::Steady => {
+                    counters.commits.add(1);
+                    self.commit_received(ctx, seq);
+                }
+                Role::Joiner => counters.churn_commits.add(1),
+            }
         } else {
             shared.error(format!("{}: unexpected message {msg}", self.name));
         }
@@ -342,6 +418,7 @@ mod measure {
                 changes: 10,
                 framing: Framing::Batched,
                 deadline: Instant::now(),
+                churn: None,
             };
             let ctx = setup.ctx(Arc::new(Run::new()), Arc::new(Counters::new(1)));
             ctx.run.phases.record(true);
@@ -356,15 +433,7 @@ mod measure {
                 })
                 .collect();
             ctx.run.mark_sent(FIRST_SEQ, FIRST_SEQ + 4 * frames);
-            let mut check = Check {
-                name: "measure".into(),
-                last_id: 1,
-                last_commit: FIRST_SEQ,
-                open: None,
-                changes: 10,
-                last_commit_at: None,
-                service: 0,
-            };
+            let mut check = Check::new(&ctx, "measure".into(), 0, FIRST_SEQ, Role::Steady);
             let mut best = f64::MAX;
             for _ in 0..200 {
                 (check.last_id, check.last_commit) = (1, FIRST_SEQ);

@@ -34,6 +34,13 @@ pub struct Counters {
     pub commits: Line,
     /// `data` changes per service address (the index in `--service`'s list).
     pub service_changes: Box<[Line]>,
+    /// Churning joiners (`--churn-subs`): subscribed, left when told, left having received no
+    /// transaction; and the commits and `data` changes they received.
+    pub churn_joins: Line,
+    pub churn_leaves: Line,
+    pub churn_empty: Line,
+    pub churn_commits: Line,
+    pub churn_changes: Line,
 }
 
 impl Counters {
@@ -44,6 +51,11 @@ impl Counters {
             changes: Line::default(),
             commits: Line::default(),
             service_changes: (0..services).map(|_| Line::default()).collect(),
+            churn_joins: Line::default(),
+            churn_leaves: Line::default(),
+            churn_empty: Line::default(),
+            churn_commits: Line::default(),
+            churn_changes: Line::default(),
         }
     }
 }
@@ -56,6 +68,11 @@ pub struct Counts {
     pub changes: u64,
     pub commits: u64,
     pub service_changes: Vec<u64>,
+    pub churn_joins: u64,
+    pub churn_leaves: u64,
+    pub churn_empty: u64,
+    pub churn_commits: u64,
+    pub churn_changes: u64,
 }
 
 impl Counts {
@@ -66,6 +83,11 @@ impl Counts {
             c.msgs += t.msgs.get();
             c.changes += t.changes.get();
             c.commits += t.commits.get();
+            c.churn_joins += t.churn_joins.get();
+            c.churn_leaves += t.churn_leaves.get();
+            c.churn_empty += t.churn_empty.get();
+            c.churn_commits += t.churn_commits.get();
+            c.churn_changes += t.churn_changes.get();
             if c.service_changes.len() < t.service_changes.len() {
                 c.service_changes.resize(t.service_changes.len(), 0);
             }
@@ -183,6 +205,7 @@ mod tests {
                 changes: 3,
                 commits: 3,
                 service_changes: vec![1, 2],
+                ..Counts::default()
             }
         );
         let mut merged = Received::merge([ta.take(), tb.take()]);

@@ -74,6 +74,7 @@ impl SourceStats {
             }
         }
         self.acked.set(seq);
+        run.set_stored(seq);
     }
 }
 
@@ -136,6 +137,7 @@ async fn connection(
         None => FIRST_SEQ - 1,
     };
     stats.acked.set(resume);
+    run.set_stored(resume);
     {
         let (run, stats) = (run.clone(), stats.clone());
         let (closed, wake) = (closed.clone(), wake.clone());
