@@ -1,4 +1,5 @@
-# Shared by the end-to-end scripts (benches/e2e_vs_original.sh, benches/standby_serving.sh);
+# Shared by the end-to-end scripts (benches/e2e_vs_original.sh, benches/standby_serving.sh,
+# benches/scale.sh);
 # sourced, not run. Needs ROOT (the repository) and OUT (the run's folder) set.
 #
 #   e2e_build            builds the release service and load generator; sets BIN (kept if set:
@@ -10,6 +11,11 @@
 #                        after a run whose load generator wrote DIR/loadgen.out and exited RC:
 #                        appends its JSON line to $OUT/results.jsonl, prints its human lines,
 #                        and says so when RC is not 0
+#   e2e_ours TAG LOADGEN_ARGS...
+#                        one run of our service ($BIN, plain ws, change log in $OUT/TAG/data,
+#                        removed after; SERVICE_FLAGS: more flags of the service) driven by the
+#                        load generator with the given flags (it gets --listen, --service and
+#                        --service-pid-file here), then e2e_collect; returns its exit code
 
 e2e_build() {
   (cd "$ROOT" && nice cargo build --release --bin change-streamer -p change-streamer >&2 \
@@ -31,4 +37,22 @@ e2e_collect() {
   grep '^{' "$dir/loadgen.out" >> "$OUT/results.jsonl" || true
   grep -v '^{' "$dir/loadgen.out" || true
   ((rc == 0)) || echo "$tag: loadgen exit $rc (see $dir/loadgen.err)" >&2
+}
+
+e2e_ours() {
+  local tag=$1 up sp dir lg pid rc=0 flags=()
+  shift
+  read -r up sp <<< "$(free_ports 2)"; dir=$OUT/$tag; mkdir -p "$dir"
+  read -r -a flags <<< "${SERVICE_FLAGS:-}"
+  "$LOADGEN" --listen 127.0.0.1:"$up" --service ws://127.0.0.1:"$sp" --service-pid-file "$dir/pid" \
+    "$@" > "$dir/loadgen.out" 2> "$dir/loadgen.err" &
+  lg=$!
+  RUST_LOG=${RUST_LOG:-warn} "$BIN" --host 127.0.0.1 --port "$sp" --data-dir "$dir/data" \
+    "${flags[@]}" --upstream ws://127.0.0.1:"$up"/changes > "$dir/service.log" 2>&1 &
+  pid=$!; echo "$pid" > "$dir/pid"
+  wait "$lg" || rc=$?
+  kill -TERM "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
+  rm -rf "$dir/data"   # the change log: only the figures are kept
+  e2e_collect "$dir" "$tag" "$rc"
+  return "$rc"
 }

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# How our service scales with its subscribers (issue 31), end to end over loopback: the release
+# binary driven by the load generator (crate `loadgen`, --threads sized to the machine, batched
+# frames), for each subscriber count N of NS:
+#
+#   rate-N   N subscribers at the fixed rate of RATES (txns/s), after measuring the service's
+#            RssAnon with them connected, caught up and idle (`--idle-s`)
+#   sat-N    N subscribers, saturated (as many transactions as the window allows)
+#
+# then the churn pair, at CHURN_TXNS txns/s to CHURN_STEADY steady subscribers:
+#
+#   steady   no churn
+#   churn    CHURN_SUBS more subscribers joining and leaving, CHURN_RATE joins a second (as
+#            many leave), each from a commit the service stored; every joiner's stream is
+#            checked for gaps (ids, whole transactions, watermarks: an error of the run)
+#
+# Cases run alternately, round by round (RUNS rounds), so every ratio is taken in one
+# invocation. Each run prints its human line; then, per case, the medians of service CPU per
+# delivery, RssAnon (peak, and idle per subscriber), commit→receipt p50/p99/p99.9 and the
+# longest gap; the least-squares fits of how CPU and memory grow with N (µs per delivery, KiB
+# per subscriber); the goals of issue 31 met or not; and a sizing table (Markdown) derived
+# from the fits.
+#
+#   benches/scale.sh                                  # ~6 min on 2 cores: 3 rounds of 8 runs
+#   NS="64 256 1024" RATES="64:2000 256:2000 1024:200" RATE=2000 (for an N not in RATES)
+#   SAT=1 (0: no saturated runs) CHURN=1 (0: no churn pair) CHURN_STEADY=64 CHURN_TXNS=2000
+#   CHURN_SUBS=64 CHURN_RATE=50 RUNS=3 WARM_S=3 MEAS_S=8 IDLE_S=2 WINDOW=256
+#   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags) SERVICE_FLAGS= (more service
+#   flags) BIN=path/to/change-streamer (another build: the load generator is still built)
+#
+# It runs from a clean checkout: it builds the release service and load generator (through
+# benches/e2e_lib.sh). Each subscriber is a socket on both sides of loopback, in one process
+# each: the script raises its own open-file limit (ulimit -n, inherited by both) to what the
+# largest N needs and says so; it stops if the hard limit is lower.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+NS=${NS:-64 256 1024} RATES=${RATES:-64:2000 256:2000 1024:200} RATE=${RATE:-2000}
+SAT=${SAT:-1} CHURN=${CHURN:-1} CHURN_STEADY=${CHURN_STEADY:-64} CHURN_TXNS=${CHURN_TXNS:-2000}
+CHURN_SUBS=${CHURN_SUBS:-64} CHURN_RATE=${CHURN_RATE:-50}
+RUNS=${RUNS:-3} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-8} IDLE_S=${IDLE_S:-2} WINDOW=${WINDOW:-256}
+LG_THREADS=${LG_THREADS:-$(nproc)}
+read -r -a LG_EXTRA <<< "${LG_FLAGS:-}"
+OUT=$(mktemp -d /tmp/cs-scale.XXXXXX)
+echo "logs and results in $OUT" >&2
+
+# Open files: per subscriber one socket in the service and one in the generator; the change
+# log, the upstream and the runtime a few hundred more.
+max_n=$CHURN_STEADY
+for n in $NS; do ((n > max_n)) && max_n=$n; done
+need=$((max_n + CHURN_SUBS + 512))
+soft=$(ulimit -Sn) hard=$(ulimit -Hn)
+if [[ $soft != unlimited ]] && ((soft < need)); then
+  if [[ $hard != unlimited ]] && ((hard < need)); then
+    echo "scale: $max_n subscribers need ~$need open files per process; the hard limit is $hard (raise it, e.g. in /etc/security/limits.conf)" >&2
+    exit 2
+  fi
+  ulimit -n "$need"
+  echo "scale: raised the open-file limit (ulimit -n) from $soft to $need for $max_n subscribers" >&2
+else
+  echo "scale: open-file limit $soft is enough for $max_n subscribers (~$need needed)" >&2
+fi
+
+# shellcheck source=benches/e2e_lib.sh
+source "$ROOT/benches/e2e_lib.sh"
+e2e_build
+
+rate_of() { # the fixed rate of N
+  local kv
+  for kv in $RATES; do [[ ${kv%%:*} == "$1" ]] && { echo "${kv#*:}"; return; }; done
+  echo "$RATE"
+}
+lg() { # TAG LOADGEN_FLAGS...: one run; a failed run is reported and the script goes on
+  local tag=$1
+  shift
+  e2e_ours "$tag-r$r" --label "$tag" --batched --threads "$LG_THREADS" --window "$WINDOW" \
+    --warm-s "$WARM_S" --meas-s "$MEAS_S" "${LG_EXTRA[@]}" "$@" || true
+}
+
+echo "machine: $(nproc) CPUs; load before: $(cut -d' ' -f1-3 /proc/loadavg); commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')"
+for r in $(seq "$RUNS"); do
+  for n in $NS; do
+    lg "rate-$n" --subs "$n" --rate "$(rate_of "$n")" --idle-s "$IDLE_S"
+    ((SAT)) && lg "sat-$n" --subs "$n" --rate 0
+  done
+  if ((CHURN)); then
+    lg steady --subs "$CHURN_STEADY" --rate "$CHURN_TXNS"
+    lg churn --subs "$CHURN_STEADY" --rate "$CHURN_TXNS" --churn-subs "$CHURN_SUBS" --churn-rate "$CHURN_RATE"
+  fi
+  echo "round $r done; load $(cut -d' ' -f1-3 /proc/loadavg)"
+done
+
+python3 "$ROOT/benches/scale_fit.py" "$OUT/results.jsonl"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
