@@ -82,7 +82,11 @@ def main(path):
               + (f", idle {idle:.1f} KiB/sub" if idle == idle else "")
               + f"; p50 {lat('p50'):.2f} p99 {lat('p99'):.2f} p99.9 {lat('p999'):.2f} ms, "
               f"longest gap {med(rs, lambda r: r['longestCommitGapMs']):.1f} ms; "
-              f"errors {sum(r['errors'] for r in rs)}; runs p99 {[r['latencyMs']['p99'] for r in rs]}")
+              f"errors {sum(r['errors'] for r in rs)}; runs p99 {[r['latencyMs']['p99'] for r in rs]}"
+              + (f"; waiting runnable: service {med(rs, lambda r: r['serviceSched']['waitMsPerS']):.0f} ms/s"
+                 f" (runs {med(rs, lambda r: r['serviceSched']['runMsPerS']):.0f}), loadgen"
+                 f" {med(rs, lambda r: r['loadgenSched']['waitMsPerS']):.0f} ms/s"
+                 f" (runs {med(rs, lambda r: r['loadgenSched']['runMsPerS']):.0f})" if "serviceSched" in rs[0] else ""))
 
     scale = [r for c, rs in cases.items() if c.split("-")[0] in ("rate", "sat") for r in rs]
     fit = {}

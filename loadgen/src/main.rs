@@ -31,6 +31,7 @@ mod ctx;
 mod frames;
 mod memory;
 mod report;
+mod sched;
 mod sent;
 mod shared;
 mod subscriber;

@@ -11,6 +11,7 @@ use serde_json::json;
 use crate::churn::Churn;
 use crate::cpu;
 use crate::memory;
+use crate::sched;
 use crate::shared::Run;
 use crate::tally::{Counters, Counts, Received};
 use crate::upstream::SourceStats;
@@ -21,6 +22,9 @@ pub struct Snapshot {
     /// CPU seconds of the process trees each `--service-pid-file` lists, in its order.
     service_cpu_s: Vec<HashMap<u32, f64>>,
     own_cpu_s: f64,
+    /// Run and run-queue wait ns of the first `--service-pid-file`'s processes, and of this one.
+    service_sched: (u64, u64),
+    own_sched: (u64, u64),
     txns_sent: u64,
     acked: u64,
     /// What the subscribers received, summed over the threads.
@@ -38,6 +42,8 @@ impl Snapshot {
             at: run.since_t0(),
             service_cpu_s: pid_files.iter().map(|f| cpu::listed_cpu_s(f)).collect(),
             own_cpu_s: cpu::own_cpu_s(),
+            service_sched: pid_files.first().map_or((0, 0), |f| sched::listed_run_wait_ns(f)),
+            own_sched: sched::run_wait_ns(std::process::id()),
             txns_sent: source.txns_sent.get(),
             acked: source.acked.get(),
             got: Counts::sum(counters),
@@ -176,6 +182,8 @@ impl Report<'_> {
             "processes": processes,
             "loadgenRssAnonMiB": r2(memory::rss_anon_kib(std::process::id()).unwrap_or(0) as f64 / 1024.0),
             "idle": self.idle_json(),
+            "serviceSched": sched::json(a.service_sched, b.service_sched, secs),
+            "loadgenSched": sched::json(a.own_sched, b.own_sched, secs),
             "churn": self.churn_json(secs),
         });
         println!("{j}");
@@ -193,6 +201,11 @@ impl Report<'_> {
             per_delivery_us(own_cpu),
             self.service_rss_anon_peak_kib as f64 / 1024.0,
             self.run.error_count()
+        );
+        println!(
+            "  threads waiting runnable (CPUs held by other work): service {} ms/s beside {} ms/s run, loadgen {} ms/s beside {} ms/s run",
+            j["serviceSched"]["waitMsPerS"], j["serviceSched"]["runMsPerS"],
+            j["loadgenSched"]["waitMsPerS"], j["loadgenSched"]["runMsPerS"]
         );
         if let Some((before, after)) = self.service_rss_anon_idle_kib.filter(|i| i.1 > 0) {
             println!(
