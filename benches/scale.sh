@@ -21,7 +21,7 @@
 # per subscriber); the goals of issue 31 met or not; and a sizing table (Markdown) derived
 # from the fits.
 #
-#   benches/scale.sh                                  # ~6 min on 2 cores: 3 rounds of 8 runs
+#   benches/scale.sh                                  # 7-10 min on 2 cores: 3 rounds of 8 runs
 #   NS="64 256 1024" RATES="64:2000 256:2000 1024:200" RATE=2000 (for an N not in RATES)
 #   SAT=1 (0: no saturated runs) CHURN=1 (0: no churn pair) CHURN_STEADY=64 CHURN_TXNS=2000
 #   CHURN_SUBS=64 CHURN_RATE=50 RUNS=3 WARM_S=3 MEAS_S=8 IDLE_S=2 WINDOW=256
