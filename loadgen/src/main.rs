@@ -29,6 +29,7 @@ mod cpu;
 mod crew;
 mod ctx;
 mod frames;
+mod limits;
 mod memory;
 mod report;
 mod sched;
@@ -178,6 +179,14 @@ async fn run(args: Args) -> i32 {
     let services = list("service", &args.service);
     let pid_files = list("service-pid-file", &args.service_pid_file);
     let threads = usize::from(args.threads);
+    let sockets = args.subs + args.never_reading + args.churn_subs + 1;
+    match limits::raise_nofile(limits::needed(sockets)) {
+        Ok(Some((from, to))) => {
+            eprintln!("loadgen: raised the open-file limit from {from} to {to} for {sockets} sockets")
+        }
+        Ok(None) => {}
+        Err(e) => fail(&e),
+    }
     let run = Arc::new(Run::new());
     let source = Rc::new(SourceStats::new());
     let counters: Vec<Arc<Counters>> = (0..threads)
