@@ -97,7 +97,12 @@ pub fn launch(
 ) -> Vec<oneshot::Receiver<Received>> {
     let mut reports = Vec::new();
     let threads = plan.len();
-    let churns = |t: usize| setup.churn.as_ref().is_some_and(|c| c.share(t, threads) > 0);
+    let churns = |t: usize| {
+        setup
+            .churn
+            .as_ref()
+            .is_some_and(|c| c.share(t, threads) > 0)
+    };
     for (t, jobs) in plan.into_iter().enumerate() {
         if t == 0 {
             start(main, jobs, t, threads);
@@ -128,13 +133,7 @@ pub fn launch(
 
 /// Body of subscriber thread `t`: its runtime runs its subscribers until the run stops, then
 /// hands back what they received (the tasks are dropped with the runtime).
-fn thread(
-    t: usize,
-    threads: usize,
-    ctx: Ctx,
-    jobs: Vec<Job>,
-    done: oneshot::Sender<Received>,
-) {
+fn thread(t: usize, threads: usize, ctx: Ctx, jobs: Vec<Job>, done: oneshot::Sender<Received>) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

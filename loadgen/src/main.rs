@@ -182,7 +182,9 @@ async fn run(args: Args) -> i32 {
     let sockets = args.subs + args.never_reading + args.churn_subs + 1;
     match limits::raise_nofile(limits::needed(sockets)) {
         Ok(Some((from, to))) => {
-            eprintln!("loadgen: raised the open-file limit from {from} to {to} for {sockets} sockets")
+            eprintln!(
+                "loadgen: raised the open-file limit from {from} to {to} for {sockets} sockets"
+            )
         }
         Ok(None) => {}
         Err(e) => fail(&e),

@@ -42,7 +42,9 @@ impl Snapshot {
             at: run.since_t0(),
             service_cpu_s: pid_files.iter().map(|f| cpu::listed_cpu_s(f)).collect(),
             own_cpu_s: cpu::own_cpu_s(),
-            service_sched: pid_files.first().map_or((0, 0), |f| sched::listed_run_wait_ns(f)),
+            service_sched: pid_files
+                .first()
+                .map_or((0, 0), |f| sched::listed_run_wait_ns(f)),
             own_sched: sched::run_wait_ns(std::process::id()),
             txns_sent: source.txns_sent.get(),
             acked: source.acked.get(),

@@ -47,6 +47,9 @@ mod tests {
         assert!(run > 0);
         assert_eq!(run_wait_ns(u32::MAX), (0, 0));
         let j = json((0, 0), (2_000_000, 600_000), 2.0);
-        assert_eq!((j["runMsPerS"].as_f64(), j["waitMsPerS"].as_f64()), (Some(1.0), Some(0.3)));
+        assert_eq!(
+            (j["runMsPerS"].as_f64(), j["waitMsPerS"].as_f64()),
+            (Some(1.0), Some(0.3))
+        );
     }
 }

@@ -72,7 +72,15 @@ impl Check {
 /// or not initialised), waits for `status`, reports ready, then reads until the run stops.
 pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
     let (shared, framing) = (&*ctx.run, ctx.framing);
-    let subscribed = subscribe(shared, &ctx.access, &base, &name, framing, ctx.deadline, FIRST_SEQ);
+    let subscribed = subscribe(
+        shared,
+        &ctx.access,
+        &base,
+        &name,
+        framing,
+        ctx.deadline,
+        FIRST_SEQ,
+    );
     let Some(mut ws) = subscribed.await else {
         return;
     };
