@@ -96,10 +96,11 @@ impl Streamer {
         if c.reading {
             return;
         }
-        let full = sub.room() == 0 || sub.byte_room(u64::MAX) == 0;
-        if full && sub.in_flight() == 0 && at_boundary {
-            // Its backlog alone fills its room and no ack will come to make more: read the
-            // backlog's transactions from storage instead.
+        // Out of room in its bounds or in the budget (`--max-queued-bytes`), with a backlog
+        // and no ack sure to come to make more: read the backlog's transactions from storage
+        // instead, rather than wait for the next upstream transaction to overflow it.
+        let full = sub.room() == 0 || sub.byte_room(budget.room()) == 0;
+        if full && !ack_to_come(sub) && !sub.backlog.is_empty() && at_boundary {
             if let Some(last) = last_commit {
                 drop_backlog(sub, c, last);
             }
@@ -133,8 +134,10 @@ impl Streamer {
             Some(size) => (byte_room / size.max(1)) as usize,
             None => FIRST_READ_ROWS,
         };
-        if rows == 0 && sub.in_flight() > 0 {
-            // No room for a row of the usual size: the acks in flight make more.
+        if rows == 0 && ack_to_come(sub) {
+            // No room for a row of the usual size: the ack of a commit in flight makes more.
+            // With none to come (what is unacked is the start of a transaction, whose commit a
+            // client acking only at commits waits for), one row is read: it may well fit.
             return;
         }
         let rows = rows.max(1);
@@ -170,9 +173,8 @@ impl Streamer {
         ) else {
             return;
         };
-        let ack_to_come = sub.watermark > sub.acked;
         let little = window_room(sub, window, global_room) < window / READ_WHEN_FREE;
-        if c.reading || (little && ack_to_come) {
+        if c.reading || (little && ack_to_come(sub)) {
             return;
         }
         self.read_catchup(ctx, session_id);
@@ -282,11 +284,13 @@ impl Streamer {
         self.catchup_row_bytes = Some(row_bytes);
         let taken = send_rows(sub, &rows, window, budget, &mut self.shared);
         if taken == 0 {
-            // No room for the next change. With nothing in flight no ack will make some: its
-            // backlog fills it, and is read from the change log instead (at a transaction
+            // No room for the next change. With no ack sure to come, none will make some: its
+            // backlog, if it has one, is read from the change log instead (at a transaction
             // boundary; inside one, the backlog overflows and is dropped at its end).
-            // Otherwise the acks that make room read on.
-            if let (0, Some(last)) = (sub.in_flight(), last_commit) {
+            // Otherwise the acks that make room read on (its own, or, for the budget, anyone's).
+            if let (false, false, Some(last)) =
+                (ack_to_come(sub), sub.backlog.is_empty(), last_commit)
+            {
                 drop_backlog(sub, c, last);
                 self.read_catchup(ctx, session_id);
             }
@@ -303,6 +307,13 @@ impl Streamer {
         self.note_queued_peak();
         self.read_catchup(ctx, session_id);
     }
+}
+
+/// Whether an ack is sure to come: a commit it was sent is unacked. What is unacked otherwise is
+/// at most the start of a transaction, whose commit a client acking only at commits (PROTOCOL.md
+/// §5) waits for: no ack may come until more is sent.
+pub(super) fn ack_to_come(sub: &Subscriber) -> bool {
+    sub.in_flight() > 0 && sub.watermark > sub.acked
 }
 
 /// The bytes a catch-up may send a subscriber now: what the window leaves of its unacked
