@@ -253,3 +253,19 @@ async fn a_window_with_less_room_than_a_row_still_reads_when_no_commit_ack_is_to
         }
     }
 }
+
+/// The first read of a fresh service's first catch-up is as large as the window allows, not a
+/// probe of a few rows (PROTOCOL.md §10.2): with a 64 KiB window and ~140-byte changes, the
+/// first frame of changes is a full batch of 256 payloads (PROTOCOL.md §5).
+#[actix_rt::test]
+async fn the_first_read_of_a_fresh_service_is_as_large_as_the_window_allows() {
+    let (svc, _up) = stored(150, 40).await;
+    let mut c = WsClient::connect(&batched_url(&svc, "first")).await;
+    let first = loop {
+        let (_, ps) = payloads(&frame(&mut c).await);
+        if ps.iter().any(|p| p[0] == "begin") {
+            break ps;
+        }
+    };
+    assert_eq!(first.len(), 256, "the first frame of changes: {first:?}");
+}

@@ -10,11 +10,15 @@
 //! followed at once by the next while a row of the usual size fits; once the window is full,
 //! an ack report reads on when a quarter of the window is free, or, when every commit sent is
 //! acked (what is unacked may be the start of a transaction whose commit the client waits
-//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Reads are in rows, sized from the window's room and the size of the rows read before (this subscriber's,
-//! else the last catch-up's of any subscriber); only the streamer's first catch-up, knowing no
-//! size, starts with a probe of [`FIRST_READ_ROWS`], and the next read follows at once. The last
+//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Each read is limited in bytes
+//! to the room left (the change log's readers stop there, [`ChangeLog::read_within`]), so every
+//! read, the first included, is as large as the window allows whatever the size of the rows;
+//! the size of the rows read before (this subscriber's, else the last catch-up's of any
+//! subscriber) only says whether the room is worth a read while an ack is to come. The last
 //! frame of each read asks the session to report its ack at once ([`Token::Progress`]), so the
 //! window reopens as soon as the client has read it.
+//!
+//! [`ChangeLog::read_within`]: crate::changelog::ChangeLog::read_within
 //!
 //! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
 //! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
@@ -40,11 +44,6 @@ use super::Streamer;
 use crate::changelog::StoredChange;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
-
-/// Rows of the streamer's first catch-up read, before any row's size is known: a probe, so
-/// that a change log of large changes is not read thousands of rows at a time only to send a
-/// few of them. The next read, sized from it, follows at once.
-const FIRST_READ_ROWS: usize = 16;
 
 /// With an ack to come, a read waits until this share of the window is free.
 const READ_WHEN_FREE: u64 = 4;
@@ -130,23 +129,22 @@ impl Streamer {
         if room == 0 || (byte_room == 0 && !(sub.held_bytes() == 0 && budget.within())) {
             return;
         }
-        let rows = match c.row_bytes.or(known_row_bytes) {
-            Some(size) => (byte_room / size.max(1)) as usize,
-            None => FIRST_READ_ROWS,
-        };
-        if rows == 0 && ack_to_come(sub) {
+        let row_bytes = c.row_bytes.or(known_row_bytes);
+        if ack_to_come(sub) && row_bytes.is_some_and(|size| byte_room < size) {
             // No room for a row of the usual size: the ack of a commit in flight makes more.
             // With none to come (what is unacked is the start of a transaction, whose commit a
-            // client acking only at commits waits for), one row is read: it may well fit.
+            // client acking only at commits waits for), a row is read: it may well fit.
             return;
         }
-        let rows = rows.max(1);
         c.reading = true;
         let up_to = c.up_to.clone();
-        let read = self.log.read(
+        // As much as the room allows, in bytes of messages (at least one change).
+        let max_bytes = usize::try_from(byte_room.max(1)).unwrap_or(usize::MAX);
+        let read = self.log.read_within(
             c.after.clone(),
             up_to.clone(),
-            self.cfg.catchup_batch.min(room).min(rows),
+            self.cfg.catchup_batch.min(room),
+            max_bytes,
         );
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
@@ -277,9 +275,8 @@ impl Streamer {
             return;
         }
         rows.truncate(room);
-        let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
-        // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
-        let row_bytes = (read_bytes / rows.len().max(1)) as u64 + 48;
+        let read_bytes: usize = rows.iter().map(StoredChange::message_len).sum();
+        let row_bytes = (read_bytes / rows.len().max(1)) as u64;
         c.row_bytes = Some(row_bytes);
         self.catchup_row_bytes = Some(row_bytes);
         let taken = send_rows(sub, &rows, window, budget, &mut self.shared);
