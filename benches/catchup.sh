@@ -32,6 +32,7 @@
 #                   examples/python (benches/catchup_python.sh, its interpreter found or
 #                   made by scripts/install-python-websockets.sh)
 #   KEEP=1          keep the run's folder (logs, the filled change log)
+#   FILLED=dir      catch up the change log of a kept folder (dir/data) instead of filling one
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -114,38 +115,58 @@ json_field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; 
 
 # Fill: the "after" build on loopback, fed by the load generator with no subscriber, until the
 # change log holds CHANGES changes.
-DATA=$OUT/data
-mkdir -p "$DATA"
-read -r PORT LPORT < <(free_ports 2)
-"$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" \
-  --upstream "ws://127.0.0.1:$LPORT" > "$OUT/fill-service.log" 2>&1 &
-SERVICE_PID=$!
-echo "$SERVICE_PID" > "$OUT/fill.pid"
-TXNS=$(( (CHANGES + 11) / 12 ))
-echo "filling $TXNS transactions ($((TXNS * 12)) changes)..." >&2
-"$LOADGEN" --listen "127.0.0.1:$LPORT" --service "ws://127.0.0.1:$PORT" \
-  --service-pid-file "$OUT/fill.pid" --subs 0 --warm-s 0 --meas-s 3600 \
-  > "$OUT/fill-loadgen.log" 2>&1 &
-LOADGEN_PID=$!
-# Transactions are counted by watermark: the load generator's are consecutive LexiVersions (a
-# length digit, then base-36 digits).
-lexi() { python3 -c "import sys; print(int(sys.argv[1][1:], 36))" "$1"; }
-RV=None
-while [[ $RV == None ]]; do
-  sleep 0.2
-  RV=$(status "127.0.0.1:$PORT" | json_field 'd["replicaVersion"]' || echo None)
-done
-while :; do
-  sleep 0.2
-  kill -0 "$LOADGEN_PID" 2>/dev/null || { cat "$OUT/fill-loadgen.log" >&2; exit 1; }
+if [[ -n ${FILLED:-} ]]; then
+  # A change log kept by an earlier run (KEEP=1): its replicaVersion and last commit.
+  DATA=$FILLED/data
+  PORT=$(free_port)
+  "$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" > "$OUT/filled-service.log" 2>&1 &
+  SERVICE_PID=$!
+  STORED=None
+  while [[ $STORED == None ]]; do
+    sleep 0.2
+    kill -0 "$SERVICE_PID" 2>/dev/null || { cat "$OUT/filled-service.log" >&2; exit 1; }
+    STORED=$(status "127.0.0.1:$PORT" 2>/dev/null | json_field 'd["changeLog"]["maxWatermark"]' 2>/dev/null || echo None)
+  done
+  RV=$(status "127.0.0.1:$PORT" | json_field 'd["replicaVersion"]')
+  kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+else
+  DATA=$OUT/data
+  mkdir -p "$DATA"
+  read -r PORT LPORT < <(free_ports 2)
+  "$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" \
+    --upstream "ws://127.0.0.1:$LPORT" > "$OUT/fill-service.log" 2>&1 &
+  SERVICE_PID=$!
+  echo "$SERVICE_PID" > "$OUT/fill.pid"
+  TXNS=$(( (CHANGES + 11) / 12 ))
+  echo "filling $TXNS transactions ($((TXNS * 12)) changes)..." >&2
+  "$LOADGEN" --listen "127.0.0.1:$LPORT" --service "ws://127.0.0.1:$PORT" \
+    --service-pid-file "$OUT/fill.pid" --subs 0 --warm-s 0 --meas-s 3600 \
+    > "$OUT/fill-loadgen.log" 2>&1 &
+  LOADGEN_PID=$!
+  # Transactions are counted by watermark: the load generator's are consecutive LexiVersions (a
+  # length digit, then base-36 digits).
+  lexi() { python3 -c "import sys; print(int(sys.argv[1][1:], 36))" "$1"; }
+  RV=None
+  while [[ $RV == None ]]; do
+    sleep 0.2
+    # Either may have failed to start (a port taken meanwhile, say): say so rather than wait.
+    for pid in "$SERVICE_PID" "$LOADGEN_PID"; do
+      kill -0 "$pid" 2>/dev/null || { cat "$OUT/fill-service.log" "$OUT/fill-loadgen.log" >&2; exit 1; }
+    done
+    RV=$(status "127.0.0.1:$PORT" 2>/dev/null | json_field 'd["replicaVersion"]' 2>/dev/null || echo None)
+  done
+  while :; do
+    sleep 0.2
+    kill -0 "$LOADGEN_PID" 2>/dev/null || { cat "$OUT/fill-loadgen.log" >&2; exit 1; }
+    STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]' 2>/dev/null || echo None)
+    [[ $STORED == None ]] && continue
+    (( $(lexi "$STORED") - $(lexi "$RV") >= TXNS )) && break
+  done
+  kill "$LOADGEN_PID"; wait "$LOADGEN_PID" 2>/dev/null || true; LOADGEN_PID=
+  sleep 1
   STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]')
-  [[ $STORED == None ]] && continue
-  (( $(lexi "$STORED") - $(lexi "$RV") >= TXNS )) && break
-done
-kill "$LOADGEN_PID"; wait "$LOADGEN_PID" 2>/dev/null || true; LOADGEN_PID=
-sleep 1
-STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]')
-kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+  kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+fi
 echo "stored: replicaVersion $RV, last commit $STORED" >&2
 
 # One catch-up: start `bin` in the service namespace on the filled change log (no change
