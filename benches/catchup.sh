@@ -28,8 +28,11 @@
 #                   subscription URL, wsBatched=true) and CATCHUP_UNTIL (the last commit's
 #                   watermark) set; it must ack only at commits and print one line
 #                   {"changes":N,"seconds":S,...} once it has the last commit (default:
-#                   loadgen's catchup-client)
+#                   loadgen's catchup-client); CLIENT=python: the Python replica client of
+#                   examples/python (benches/catchup_python.sh, its interpreter found or
+#                   made by scripts/install-python-websockets.sh)
 #   KEEP=1          keep the run's folder (logs, the filled change log)
+#   FILLED=dir      catch up the change log of a kept folder (dir/data) instead of filling one
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,13 +50,16 @@ fi
 
 e2e_build
 CLIENT=${CLIENT:-"$ROOT/target/release/catchup-client"}
+if [[ $CLIENT == python ]]; then
+  CLIENT="$ROOT/benches/catchup_python.sh $("$ROOT/scripts/install-python-websockets.sh")"
+fi
 if [[ -n ${BEFORE:-} ]]; then BUILDS="before after"; else BUILDS="after"; fi
 bin_of() { if [[ $1 == before ]]; then echo "$BEFORE"; else echo "$BIN"; fi; }
 
-# Namespaces and the veth pair: names unique to this run.
+# Namespaces and the veth pair: names unique to this run (all begin with csc).
 TAG=$$
-NS_S=cs-bench-s-$TAG
-NS_C=cs-bench-c-$TAG
+NS_S=csc-bench-s-$TAG
+NS_C=csc-bench-c-$TAG
 SUBNET=10.231.$((TAG % 250)).
 SERVICE_IP=${SUBNET}1
 SERVICE_PID=
@@ -70,20 +76,20 @@ trap cleanup EXIT
 trap 'exit 143' TERM INT
 ip netns add "$NS_S"
 ip netns add "$NS_C"
-ip link add "vs$TAG" type veth peer name "vc$TAG"
-ip link set "vs$TAG" netns "$NS_S"
-ip link set "vc$TAG" netns "$NS_C"
-ip -n "$NS_S" addr add "${SUBNET}1/24" dev "vs$TAG"
-ip -n "$NS_C" addr add "${SUBNET}2/24" dev "vc$TAG"
+ip link add "cscs$TAG" type veth peer name "cscc$TAG"
+ip link set "cscs$TAG" netns "$NS_S"
+ip link set "cscc$TAG" netns "$NS_C"
+ip -n "$NS_S" addr add "${SUBNET}1/24" dev "cscs$TAG"
+ip -n "$NS_C" addr add "${SUBNET}2/24" dev "cscc$TAG"
 for ns in "$NS_S" "$NS_C"; do ip -n "$ns" link set lo up; done
-ip -n "$NS_S" link set "vs$TAG" up
-ip -n "$NS_C" link set "vc$TAG" up
+ip -n "$NS_S" link set "cscs$TAG" up
+ip -n "$NS_C" link set "cscc$TAG" up
 
 # RTT in ms: half of it on each side's egress with netem, if the kernel has it; else
 # PROXY_MS is set for the delay proxy.
-if tc -n "$NS_S" qdisc replace dev "vs$TAG" root netem delay 0ms 2>/dev/null; then
+if tc -n "$NS_S" qdisc replace dev "cscs$TAG" root netem delay 0ms 2>/dev/null; then
   NETEM=1
-  tc -n "$NS_S" qdisc del dev "vs$TAG" root
+  tc -n "$NS_S" qdisc del dev "cscs$TAG" root
 else
   NETEM=
   echo "no sch_netem in this kernel: the client goes through benches/delay_proxy.py" >&2
@@ -94,11 +100,11 @@ set_rtt() {
   half=$(python3 -c "print($1 / 2)")
   PROXY_MS=0
   if [[ $1 == 0 ]]; then
-    tc -n "$NS_S" qdisc del dev "vs$TAG" root 2>/dev/null || true
-    tc -n "$NS_C" qdisc del dev "vc$TAG" root 2>/dev/null || true
+    tc -n "$NS_S" qdisc del dev "cscs$TAG" root 2>/dev/null || true
+    tc -n "$NS_C" qdisc del dev "cscc$TAG" root 2>/dev/null || true
   elif [[ -n $NETEM ]]; then
-    tc -n "$NS_S" qdisc replace dev "vs$TAG" root netem delay "${half}ms" limit 100000
-    tc -n "$NS_C" qdisc replace dev "vc$TAG" root netem delay "${half}ms" limit 100000
+    tc -n "$NS_S" qdisc replace dev "cscs$TAG" root netem delay "${half}ms" limit 100000
+    tc -n "$NS_C" qdisc replace dev "cscc$TAG" root netem delay "${half}ms" limit 100000
   else
     PROXY_MS=$half
   fi
@@ -109,38 +115,58 @@ json_field() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; 
 
 # Fill: the "after" build on loopback, fed by the load generator with no subscriber, until the
 # change log holds CHANGES changes.
-DATA=$OUT/data
-mkdir -p "$DATA"
-read -r PORT LPORT < <(free_ports 2)
-"$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" \
-  --upstream "ws://127.0.0.1:$LPORT" > "$OUT/fill-service.log" 2>&1 &
-SERVICE_PID=$!
-echo "$SERVICE_PID" > "$OUT/fill.pid"
-TXNS=$(( (CHANGES + 11) / 12 ))
-echo "filling $TXNS transactions ($((TXNS * 12)) changes)..." >&2
-"$LOADGEN" --listen "127.0.0.1:$LPORT" --service "ws://127.0.0.1:$PORT" \
-  --service-pid-file "$OUT/fill.pid" --subs 0 --warm-s 0 --meas-s 3600 \
-  > "$OUT/fill-loadgen.log" 2>&1 &
-LOADGEN_PID=$!
-# Transactions are counted by watermark: the load generator's are consecutive LexiVersions (a
-# length digit, then base-36 digits).
-lexi() { python3 -c "import sys; print(int(sys.argv[1][1:], 36))" "$1"; }
-RV=None
-while [[ $RV == None ]]; do
-  sleep 0.2
-  RV=$(status "127.0.0.1:$PORT" | json_field 'd["replicaVersion"]' || echo None)
-done
-while :; do
-  sleep 0.2
-  kill -0 "$LOADGEN_PID" 2>/dev/null || { cat "$OUT/fill-loadgen.log" >&2; exit 1; }
+if [[ -n ${FILLED:-} ]]; then
+  # A change log kept by an earlier run (KEEP=1): its replicaVersion and last commit.
+  DATA=$FILLED/data
+  PORT=$(free_port)
+  "$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" > "$OUT/filled-service.log" 2>&1 &
+  SERVICE_PID=$!
+  STORED=None
+  while [[ $STORED == None ]]; do
+    sleep 0.2
+    kill -0 "$SERVICE_PID" 2>/dev/null || { cat "$OUT/filled-service.log" >&2; exit 1; }
+    STORED=$(status "127.0.0.1:$PORT" 2>/dev/null | json_field 'd["changeLog"]["maxWatermark"]' 2>/dev/null || echo None)
+  done
+  RV=$(status "127.0.0.1:$PORT" | json_field 'd["replicaVersion"]')
+  kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+else
+  DATA=$OUT/data
+  mkdir -p "$DATA"
+  read -r PORT LPORT < <(free_ports 2)
+  "$BIN" --host 127.0.0.1 --port "$PORT" --data-dir "$DATA" \
+    --upstream "ws://127.0.0.1:$LPORT" > "$OUT/fill-service.log" 2>&1 &
+  SERVICE_PID=$!
+  echo "$SERVICE_PID" > "$OUT/fill.pid"
+  TXNS=$(( (CHANGES + 11) / 12 ))
+  echo "filling $TXNS transactions ($((TXNS * 12)) changes)..." >&2
+  "$LOADGEN" --listen "127.0.0.1:$LPORT" --service "ws://127.0.0.1:$PORT" \
+    --service-pid-file "$OUT/fill.pid" --subs 0 --warm-s 0 --meas-s 3600 \
+    > "$OUT/fill-loadgen.log" 2>&1 &
+  LOADGEN_PID=$!
+  # Transactions are counted by watermark: the load generator's are consecutive LexiVersions (a
+  # length digit, then base-36 digits).
+  lexi() { python3 -c "import sys; print(int(sys.argv[1][1:], 36))" "$1"; }
+  RV=None
+  while [[ $RV == None ]]; do
+    sleep 0.2
+    # Either may have failed to start (a port taken meanwhile, say): say so rather than wait.
+    for pid in "$SERVICE_PID" "$LOADGEN_PID"; do
+      kill -0 "$pid" 2>/dev/null || { cat "$OUT/fill-service.log" "$OUT/fill-loadgen.log" >&2; exit 1; }
+    done
+    RV=$(status "127.0.0.1:$PORT" 2>/dev/null | json_field 'd["replicaVersion"]' 2>/dev/null || echo None)
+  done
+  while :; do
+    sleep 0.2
+    kill -0 "$LOADGEN_PID" 2>/dev/null || { cat "$OUT/fill-loadgen.log" >&2; exit 1; }
+    STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]' 2>/dev/null || echo None)
+    [[ $STORED == None ]] && continue
+    (( $(lexi "$STORED") - $(lexi "$RV") >= TXNS )) && break
+  done
+  kill "$LOADGEN_PID"; wait "$LOADGEN_PID" 2>/dev/null || true; LOADGEN_PID=
+  sleep 1
   STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]')
-  [[ $STORED == None ]] && continue
-  (( $(lexi "$STORED") - $(lexi "$RV") >= TXNS )) && break
-done
-kill "$LOADGEN_PID"; wait "$LOADGEN_PID" 2>/dev/null || true; LOADGEN_PID=
-sleep 1
-STORED=$(status "127.0.0.1:$PORT" | json_field 'd["changeLog"]["maxWatermark"]')
-kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+  kill "$SERVICE_PID"; wait "$SERVICE_PID" 2>/dev/null || true; SERVICE_PID=
+fi
 echo "stored: replicaVersion $RV, last commit $STORED" >&2
 
 # One catch-up: start `bin` in the service namespace on the filled change log (no change

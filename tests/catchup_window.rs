@@ -202,3 +202,70 @@ async fn a_window_above_the_subscriber_bound_is_a_start_error_naming_both_flags(
     let (code, _) = svc.get("/readyz").await;
     assert!(code == 200 || code == 503, "{code}");
 }
+
+/// A transaction of `rows` inserts of about `bytes` bytes each, at watermark `n`.
+fn wide_txn(n: u64, rows: u64, bytes: usize) -> Vec<String> {
+    let w = Watermark::from_u64(n);
+    let mut f = vec![format!(
+        r#"["begin",{{"tag":"begin"}},{{"commitWatermark":"{w}"}}]"#
+    )];
+    for i in 0..rows {
+        f.push(format!(
+            r#"["data",{{"tag":"insert","relation":{{"schema":"public","name":"items","keyColumns":["id"]}},"new":{{"id":{},"v":"{}"}}}}]"#,
+            n * 1000 + i,
+            "v".repeat(bytes)
+        ));
+    }
+    f.push(format!(
+        r#"["commit",{{"tag":"commit"}},{{"watermark":"{w}"}}]"#
+    ));
+    f
+}
+
+/// When the room left in the window is under a row of the usual size but no commit waits for
+/// its ack (what is unacked is the start of a transaction), the catch-up still reads a row
+/// (PROTOCOL.md §10.2): a client acking only at commits would otherwise wait for the commit,
+/// and the catch-up for its ack. Transactions of 15 inserts of ~4.2 KiB fill a 64 KiB window
+/// but for less than one of their rows, so a read that ends before a commit leaves too little
+/// room for the size of a row read before.
+#[actix_rt::test]
+async fn a_window_with_less_room_than_a_row_still_reads_when_no_commit_ack_is_to_come() {
+    let (svc, up) = service_with_upstream(&["--catchup-window-bytes", &WINDOW.to_string()]).await;
+    let last = 110;
+    for n in 101..=last {
+        up.send(wide_txn(n, 15, 4200));
+    }
+    svc.wait_status("stored", |s| {
+        s["changeLog"]["maxWatermark"] == json!(w(last))
+    })
+    .await;
+    let mut c = WsClient::connect(&batched_url(&svc, "commit-acker")).await;
+    let mut next = 101;
+    while next <= last {
+        let (id, ps) = payloads(&frame(&mut c).await);
+        let commits: Vec<u64> = ps.iter().filter_map(commit_of).collect();
+        for n in &commits {
+            assert_eq!(*n, next, "out of order");
+            next += 1;
+        }
+        if !commits.is_empty() {
+            c.ack(id).await;
+        }
+    }
+}
+
+/// The first read of a fresh service's first catch-up is as large as the window allows, not a
+/// probe of a few rows (PROTOCOL.md §10.2): with a 64 KiB window and ~140-byte changes, the
+/// first frame of changes is a full batch of 256 payloads (PROTOCOL.md §5).
+#[actix_rt::test]
+async fn the_first_read_of_a_fresh_service_is_as_large_as_the_window_allows() {
+    let (svc, _up) = stored(150, 40).await;
+    let mut c = WsClient::connect(&batched_url(&svc, "first")).await;
+    let first = loop {
+        let (_, ps) = payloads(&frame(&mut c).await);
+        if ps.iter().any(|p| p[0] == "begin") {
+            break ps;
+        }
+    };
+    assert_eq!(first.len(), 256, "the first frame of changes: {first:?}");
+}

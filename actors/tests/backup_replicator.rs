@@ -19,7 +19,7 @@ use change_streamer_actors::streamer::{
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use common::*;
 
-/// Tracked sends of every change, `padding_ms` of padding, evicting after `grace_ms` (0: never).
+/// Tracked sends of every commit, `padding_ms` of padding, evicting after `grace_ms` (0: never).
 fn config(padding_ms: u64, grace_ms: u64) -> StreamerConfig {
     StreamerConfig {
         padding: Some(Duration::from_millis(padding_ms)),
@@ -46,7 +46,7 @@ async fn a_stalled_backup_replicator_is_never_lagging_nor_evicted_and_ingest_wai
         &[(SERVING, false), (SERVING, false), (BACKUP, true)],
     )
     .await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(
         &mut release,
         60_000,
@@ -66,8 +66,8 @@ async fn a_stalled_backup_replicator_is_never_lagging_nor_evicted_and_ingest_wai
     // It acks: the send goes at once, and so does every later one, at its pace.
     s.sessions[2].send(AckNow).await.unwrap();
     released(release, "released by the backup replicator's ack").await;
-    for m in [data(1), commit(101)] {
-        let mut release = send_one(&s, m).await.expect("waits");
+    for n in [102, 103] {
+        let mut release = send_txn(&s, n).await.expect("waits");
         still_held(&mut release, 5_000, "waits for the backup replicator").await;
         s.sessions[2].send(AckNow).await.unwrap();
         released(release, "at its ack").await;
@@ -93,14 +93,14 @@ async fn a_tracked_send_waits_for_the_backup_replicator_as_for_a_majority() {
     let s = setup_modes(config(500, 0), &subs).await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     let before = (st.releases_consensus, st.releases_all);
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(&mut release, 10_000, "two of five acked").await;
     // The backup replicator's ack makes the majority: one padding from it, and no sooner.
     s.sessions[0].send(AckNow).await.unwrap();
     still_held(&mut release, 450, "the padding runs from its ack").await;
     released(release, "released by consensus").await;
     // The stalled serving ones lag now and hold nothing more; the backup replicator does.
-    let mut release = send_one(&s, data(1)).await.expect("waits");
+    let mut release = send_txn(&s, 102).await.expect("waits");
     still_held(&mut release, 10_000, "waits for the backup replicator").await;
     s.sessions[0].send(AckNow).await.unwrap();
     released(release, "at its ack").await;
@@ -120,7 +120,7 @@ async fn a_stalled_serving_subscriber_is_evicted_while_a_stalled_backup_replicat
         &[(SERVING, false), (SERVING, true), (BACKUP, true)],
     )
     .await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(&mut release, 1_500, "waits for the backup replicator").await;
     let evicted = closed(&s, 1)
         .await
@@ -145,8 +145,8 @@ async fn a_newer_backup_replicator_replaces_its_ghost_with_1000_and_never_waits_
     tokio::time::pause();
     // Never evicting: only the replacement frees the tracked send the ghost holds.
     let s = setup_modes(config(100, 0), &[(SERVING, false), (BACKUP, true)]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
-    still_held(&mut release, 10_000, "the ghost holds the transaction").await;
+    let mut release = send_txn(&s, 101).await.expect("waits");
+    still_held(&mut release, 10_000, "the ghost holds the commit").await;
     let (restarted, answer) = subscribe(
         &s.streamer,
         SessionId(1005),
@@ -166,12 +166,7 @@ async fn a_newer_backup_replicator_replaces_its_ghost_with_1000_and_never_waits_
         )
     );
     released(release, "the ghost no longer holds it").await;
-    // The transaction ends; the restarted one joins and catches up from the change log.
-    for m in [data(1), commit(101)] {
-        if let Some(release) = send_one(&s, m).await {
-            released(release, "only the serving one is waited for").await;
-        }
-    }
+    // The restarted one catches up 101 from the change log.
     until("the restarted one to get 101 and go live", || {
         let (restarted, streamer) = (restarted.clone(), s.streamer.clone());
         async move {

@@ -1,7 +1,7 @@
 //! Actor-level tests of consensus flow control (PROTOCOL.md §10): the real [`Streamer`] and change
 //! log, fed upstream batches directly, broadcasting to fake subscriber sessions that ack at once
-//! or never. Every change is sent tracked here (a 1-byte flow-control budget), so each batch
-//! waits for its release, and the release time can be measured.
+//! or never. Every commit is sent tracked here (a 1-byte flow-control budget; only commits are
+//! tracked), so each transaction waits for its release, and the release time can be measured.
 //!
 //! The flow-control tests pause the runtime's clock (`tokio::time::pause()`): the streamer's
 //! timers and "now" run on it, so a release due `padding` after the third ack comes exactly
@@ -28,14 +28,12 @@ async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
     let s = setup(Some(padding), &[false, false, false, true, true]).await;
     let mut latencies = Vec::new();
     for n in 101..106 {
-        for m in [begin(n), data(n), commit(n)] {
-            let t0 = Instant::now();
-            let release = send_one(&s, m)
-                .await
-                .expect("a tracked send waits for the acks");
-            release.await.expect("released");
-            latencies.push(t0.elapsed());
-        }
+        let t0 = Instant::now();
+        let release = send_txn(&s, n)
+            .await
+            .expect("a tracked send waits for the acks");
+        release.await.expect("released");
+        latencies.push(t0.elapsed());
     }
     // The first tracked send: the three fast ones ack at once (the clock is paused), the
     // release comes padding after the third ack, give or take the timer's millisecond.
@@ -65,7 +63,7 @@ async fn a_stalled_minority_costs_one_padding_then_counts_as_finished() {
 async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
     tokio::time::pause();
     let s = setup(Some(Duration::ZERO), &[true]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(
         &mut release,
         300,
@@ -75,15 +73,15 @@ async fn a_lone_stalled_subscriber_holds_the_release_until_it_acks() {
     s.sessions[0].send(AckNow).await.unwrap();
     released(release, "released after the ack").await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
-    // Three releases of the initial sync (no subscriber: released at once), then this one.
-    assert_eq!((st.releases_all, st.releases_consensus), (4, 0));
+    // The release of the initial sync's commit (no subscriber: released at once), then this one.
+    assert_eq!((st.releases_all, st.releases_consensus), (2, 0));
 }
 
 #[actix_rt::test]
 async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
     tokio::time::pause();
     let s = setup(Some(Duration::ZERO), &[true]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(&mut release, 200, "released too early").await;
     s.streamer
         .send(SessionGone {
@@ -98,7 +96,7 @@ async fn a_lone_stalled_subscriber_that_drops_releases_the_send() {
 async fn negative_padding_waits_for_all() {
     tokio::time::pause();
     let s = setup(None, &[false, false, true]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(
         &mut release,
         500,
@@ -120,7 +118,7 @@ async fn no_subscribers_means_no_wait() {
 async fn two_subscribers_one_stalled_never_release_early() {
     tokio::time::pause();
     let s = setup(Some(Duration::ZERO), &[false, true]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(&mut release, 300, "majority of 2 is 2").await;
     s.sessions[1].send(AckNow).await.unwrap();
     released(release, "released").await;

@@ -17,7 +17,7 @@ use change_streamer_actors::streamer::{
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use common::*;
 
-/// Tracked sends of every change, `padding_ms` of padding, evicting after `grace_ms` (0: never).
+/// Tracked sends of every commit, `padding_ms` of padding, evicting after `grace_ms` (0: never).
 fn config(padding_ms: u64, grace_ms: u64) -> StreamerConfig {
     StreamerConfig {
         padding: Some(Duration::from_millis(padding_ms)),
@@ -32,7 +32,7 @@ fn config(padding_ms: u64, grace_ms: u64) -> StreamerConfig {
 async fn a_subscriber_lagging_past_the_grace_is_evicted_with_1013() {
     tokio::time::pause();
     let s = setup_with(config(100, 5000), &[false, false, true]).await;
-    let release = send_one(&s, begin(101)).await.expect("waits");
+    let release = send_txn(&s, 101).await.expect("waits");
     released(release, "released by consensus").await;
     let st = s.streamer.send(GetStreamerState).await.unwrap();
     let lag = st.subscribers[2]
@@ -64,7 +64,7 @@ async fn a_subscriber_lagging_past_the_grace_is_evicted_with_1013() {
 async fn acking_the_send_it_lagged_on_ends_the_lag_and_the_eviction() {
     tokio::time::pause();
     let s = setup_with(config(100, 5000), &[false, false, true]).await;
-    released(send_one(&s, begin(101)).await.expect("waits"), "released").await;
+    released(send_txn(&s, 101).await.expect("waits"), "released").await;
     tokio::time::sleep(Duration::from_millis(2000)).await;
     s.sessions[2].send(SetStalled(false)).await.unwrap();
     let st = s.streamer.send(GetStreamerState).await.unwrap();
@@ -81,10 +81,14 @@ async fn a_lagging_subscriber_holds_only_the_send_it_lags_on() {
     let padding = 500;
     let s = setup_with(config(padding, 0), &[false, false, true]).await;
     let t0 = tokio::time::Instant::now();
-    released(send_one(&s, begin(101)).await.expect("waits"), "first").await;
+    released(send_txn(&s, 101).await.expect("waits"), "first").await;
     assert!(t0.elapsed() >= Duration::from_millis(500));
     // Later sends: released as soon as the two healthy ones ack, without the padding.
-    for m in (0..50).map(data).chain([commit(101)]) {
+    for m in [begin(102)]
+        .into_iter()
+        .chain((0..50).map(data))
+        .chain([commit(102)])
+    {
         let t = tokio::time::Instant::now();
         if let Some(r) = send_one(&s, m).await {
             released(r, "later").await;
@@ -102,7 +106,7 @@ async fn a_lagging_subscriber_holds_only_the_send_it_lags_on() {
 async fn with_two_subscribers_a_stalled_one_holds_the_first_send_until_evicted() {
     tokio::time::pause();
     let s = setup_with(config(0, 1000), &[false, true]).await;
-    let mut release = send_one(&s, begin(101)).await.expect("waits");
+    let mut release = send_txn(&s, 101).await.expect("waits");
     still_held(&mut release, 900, "the majority of two is both").await;
     released(release, "released by the eviction").await;
     let (_, closed) = s.sessions[1].send(Received).await.unwrap();
@@ -113,7 +117,7 @@ async fn with_two_subscribers_a_stalled_one_holds_the_first_send_until_evicted()
 async fn a_lagging_subscriber_that_leaves_before_the_grace_is_not_counted_as_evicted() {
     tokio::time::pause();
     let s = setup_with(config(0, 1000), &[false, false, true]).await;
-    released(send_one(&s, begin(101)).await.expect("waits"), "released").await;
+    released(send_txn(&s, 101).await.expect("waits"), "released").await;
     s.streamer
         .send(SessionGone {
             session_id: SessionId(1002),

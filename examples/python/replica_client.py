@@ -5,8 +5,9 @@ It subscribes to /replication/v6/changes with batched frames (PROTOCOL.md §5, �
 stream (single `msg` frames and `batch` frames alike), applies each transaction once its `commit`
 arrives, acks cumulatively at commits, and after a drop resubscribes from the last commit it
 applied, so that it sees every transaction once: no gap, no duplicate. When the stream goes
-quiet inside a transaction it acks what it received (--idle-ack-ms): flow control may be
-waiting for an ack of a change inside it (§10), and would wait for ever for a commit-only ack.
+quiet inside a transaction it acks what it received (--idle-ack-ms): a catch-up may be waiting
+for an ack inside a transaction larger than its window (§10.2), and would wait for ever for a
+commit-only ack.
 
 Its "replica" is a list in memory; --print writes each applied transaction as a JSON line
 {"watermark": W, "changes": [payload, ...]} on stdout. It exits after --exit-after changes or
@@ -106,7 +107,7 @@ async def follow(args, replica, stats, headers):
         while True:
             try:
                 # Acks go at commits. When the stream goes quiet inside a transaction, ack what was
-                # received: the service may be waiting for an ack to go on (§10).
+                # received: a catch-up's window may be waiting for an ack to go on (§10.2).
                 quiet = args.idle_ack_ms / 1000 if replica.open and received > acked else None
                 if quiet == 0:
                     quiet = None

@@ -39,12 +39,53 @@ pub(super) enum WriteCommand {
 }
 
 /// A catch-up read: up to `limit` stored changes after `after` (exclusive) and at or below
-/// `up_to`, in order.
+/// `up_to`, in order, and no more once they reach `max_bytes` of downstream messages
+/// ([`StoredChange::message_len`]; the change that reaches it is the last).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RangeQuery {
     pub after: (Watermark, i64),
     pub up_to: Watermark,
     pub limit: usize,
+    pub max_bytes: usize,
+}
+
+/// A read's answer as it is read: its rows, and whether its limits are reached.
+pub(super) struct ReadRows {
+    pub rows: Vec<StoredChange>,
+    bytes: usize,
+    limit: usize,
+    max_bytes: usize,
+}
+
+impl ReadRows {
+    pub fn new(query: &RangeQuery) -> ReadRows {
+        ReadRows {
+            rows: Vec::with_capacity(query.limit.min(4096)),
+            bytes: 0,
+            limit: query.limit,
+            max_bytes: query.max_bytes,
+        }
+    }
+
+    /// The query's limit in changes or in bytes is reached: nothing more is read.
+    pub fn full(&self) -> bool {
+        self.rows.len() >= self.limit || self.bytes >= self.max_bytes
+    }
+
+    /// The changes the limit in changes still leaves.
+    pub fn left(&self) -> usize {
+        self.limit.saturating_sub(self.rows.len())
+    }
+
+    /// The bytes the byte limit still leaves.
+    pub fn bytes_left(&self) -> usize {
+        self.max_bytes.saturating_sub(self.bytes)
+    }
+
+    pub fn push(&mut self, change: StoredChange) {
+        self.bytes += change.message_len();
+        self.rows.push(change);
+    }
 }
 
 pub(super) enum ReadCommand {

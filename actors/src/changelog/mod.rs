@@ -276,10 +276,25 @@ impl ChangeLog {
         up_to: Watermark,
         limit: usize,
     ) -> impl std::future::Future<Output = Result<Vec<StoredChange>, ChangeLogError>> {
+        self.read_within(after, up_to, limit, usize::MAX)
+    }
+
+    /// [`ChangeLog::read`], stopping once the changes reach `max_bytes` of downstream messages
+    /// ([`StoredChange::message_len`]; the change that reaches it is the last, so a read
+    /// returns at least one change when there is one): a catch-up's read is as large as its
+    /// window's room, whatever the size of the changes (PROTOCOL.md §10.2).
+    pub fn read_within(
+        &self,
+        after: (Watermark, i64),
+        up_to: Watermark,
+        limit: usize,
+        max_bytes: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<StoredChange>, ChangeLogError>> {
         let query = RangeQuery {
             after,
             up_to,
             limit,
+            max_bytes,
         };
         self.ask_reader(|reply| ReadCommand::Range(query, reply))
     }

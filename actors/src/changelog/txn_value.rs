@@ -34,6 +34,7 @@
 
 use std::sync::Arc;
 
+use super::commands::ReadRows;
 use super::types::{ChangeKind, ChangeLogError, StoredChange};
 use crate::watermark::Watermark;
 
@@ -224,14 +225,13 @@ pub(in crate::changelog) struct TxnRow<'a> {
     pub body: &'a [u8],
 }
 
-/// Appends to `out` the changes of `row` after `after`, until `out` holds `limit`: what both
+/// Appends to `out` the changes of `row` after `after`, until `out` is full: what both
 /// engines' readers do with each transaction row. A row read whole must decode to as many
 /// changes as it says it holds, or the change log is corrupt.
 pub(in crate::changelog) fn append_row(
     row: TxnRow<'_>,
     after: &(Watermark, i64),
-    limit: usize,
-    out: &mut Vec<StoredChange>,
+    out: &mut ReadRows,
 ) -> Result<(), ChangeLogError> {
     let mut decoded = 0i64;
     for change in decode(row.body, row.first_pos, row.w) {
@@ -240,7 +240,7 @@ pub(in crate::changelog) fn append_row(
         if *row.watermark == after.0 && pos <= after.1 {
             continue;
         }
-        if out.len() >= limit {
+        if out.full() {
             return Ok(());
         }
         out.push(StoredChange {

@@ -109,6 +109,23 @@ pub struct StoredChange {
     pub json: Arc<str>,
 }
 
+impl StoredChange {
+    /// The length of the downstream message it becomes (PROTOCOL.md §7): its JSON in its
+    /// envelope, `["begin",J,{"commitWatermark":"W"}]`, `["data",J]` or
+    /// `["commit",J,{"watermark":"W"}]`. What a read's byte limit counts ([`ChangeLog::read`]).
+    ///
+    /// [`ChangeLog::read`]: super::ChangeLog::read
+    pub fn message_len(&self) -> usize {
+        let w = self.watermark.as_str().len();
+        self.json.len()
+            + match self.kind {
+                ChangeKind::Begin => 33 + w,
+                ChangeKind::Data => 9,
+                ChangeKind::Commit => 28 + w,
+            }
+    }
+}
+
 /// A whole committed transaction: its commit watermark and its messages, begin to commit.
 #[derive(Debug, Clone)]
 pub struct Transaction {

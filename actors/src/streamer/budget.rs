@@ -115,15 +115,20 @@ impl Streamer {
         self.queued_peak = self.queued_peak.max(self.queued_bytes());
     }
 
-    /// Acks or a departure made room in the budget: the catch-ups with nothing out and
-    /// nothing in flight read on. (One with changes in flight waits for its own acks, which
-    /// read on for it: woken at every other ack it would read the same rows again and again.)
+    /// Acks or a departure made room in the budget: the catch-ups with nothing out and no ack
+    /// sure to come read on. (One with a commit in flight waits for its own acks, which read
+    /// on for it: woken at every other ack it would read the same rows again and again. One
+    /// with only the start of a transaction in flight may get no ack before its commit.)
     pub(super) fn read_waiting_catchups(&mut self, ctx: &mut Context<Self>) {
         let waiting: Vec<_> = self
             .catchup
             .iter()
             .filter(|(k, c)| {
-                !c.reading && self.subscribers.get(k).is_some_and(|s| s.in_flight() == 0)
+                !c.reading
+                    && self
+                        .subscribers
+                        .get(k)
+                        .is_some_and(|s| !super::catchup::ack_to_come(s))
             })
             .map(|(&k, _)| k)
             .collect();

@@ -10,11 +10,15 @@
 //! followed at once by the next while a row of the usual size fits; once the window is full,
 //! an ack report reads on when a quarter of the window is free, or, when every commit sent is
 //! acked (what is unacked may be the start of a transaction whose commit the client waits
-//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Reads are in rows, sized from the window's room and the size of the rows read before (this subscriber's,
-//! else the last catch-up's of any subscriber); only the streamer's first catch-up, knowing no
-//! size, starts with a probe of [`FIRST_READ_ROWS`], and the next read follows at once. The last
+//! for), whenever a row fits ([`Streamer::read_catchup_on_ack`]). Each read is limited in bytes
+//! to the room left (the change log's readers stop there, [`ChangeLog::read_within`]), so every
+//! read, the first included, is as large as the window allows whatever the size of the rows;
+//! the size of the rows read before (this subscriber's, else the last catch-up's of any
+//! subscriber) only says whether the room is worth a read while an ack is to come. The last
 //! frame of each read asks the session to report its ack at once ([`Token::Progress`]), so the
 //! window reopens as soon as the client has read it.
+//!
+//! [`ChangeLog::read_within`]: crate::changelog::ChangeLog::read_within
 //!
 //! ### Back to catch-up when it holds too much (PROTOCOL.md §10.2)
 //! What the service holds for a subscriber (sent and not acked, and its backlog) stays within
@@ -40,11 +44,6 @@ use super::Streamer;
 use crate::changelog::StoredChange;
 use crate::session_end::{SessionEnd, SessionId};
 use crate::watermark::Watermark;
-
-/// Rows of the streamer's first catch-up read, before any row's size is known: a probe, so
-/// that a change log of large changes is not read thousands of rows at a time only to send a
-/// few of them. The next read, sized from it, follows at once.
-const FIRST_READ_ROWS: usize = 16;
 
 /// With an ack to come, a read waits until this share of the window is free.
 const READ_WHEN_FREE: u64 = 4;
@@ -96,10 +95,11 @@ impl Streamer {
         if c.reading {
             return;
         }
-        let full = sub.room() == 0 || sub.byte_room(u64::MAX) == 0;
-        if full && sub.in_flight() == 0 && at_boundary {
-            // Its backlog alone fills its room and no ack will come to make more: read the
-            // backlog's transactions from storage instead.
+        // Out of room in its bounds or in the budget (`--max-queued-bytes`), with a backlog
+        // and no ack sure to come to make more: read the backlog's transactions from storage
+        // instead, rather than wait for the next upstream transaction to overflow it.
+        let full = sub.room() == 0 || sub.byte_room(budget.room()) == 0;
+        if full && !ack_to_come(sub) && !sub.backlog.is_empty() && at_boundary {
             if let Some(last) = last_commit {
                 drop_backlog(sub, c, last);
             }
@@ -129,21 +129,22 @@ impl Streamer {
         if room == 0 || (byte_room == 0 && !(sub.held_bytes() == 0 && budget.within())) {
             return;
         }
-        let rows = match c.row_bytes.or(known_row_bytes) {
-            Some(size) => (byte_room / size.max(1)) as usize,
-            None => FIRST_READ_ROWS,
-        };
-        if rows == 0 && sub.in_flight() > 0 {
-            // No room for a row of the usual size: the acks in flight make more.
+        let row_bytes = c.row_bytes.or(known_row_bytes);
+        if ack_to_come(sub) && row_bytes.is_some_and(|size| byte_room < size) {
+            // No room for a row of the usual size: the ack of a commit in flight makes more.
+            // With none to come (what is unacked is the start of a transaction, whose commit a
+            // client acking only at commits waits for), a row is read: it may well fit.
             return;
         }
-        let rows = rows.max(1);
         c.reading = true;
         let up_to = c.up_to.clone();
-        let read = self.log.read(
+        // As much as the room allows, in bytes of messages (at least one change).
+        let max_bytes = usize::try_from(byte_room.max(1)).unwrap_or(usize::MAX);
+        let read = self.log.read_within(
             c.after.clone(),
             up_to.clone(),
-            self.cfg.catchup_batch.min(room).min(rows),
+            self.cfg.catchup_batch.min(room),
+            max_bytes,
         );
         ctx.spawn(read.into_actor(self).map(move |res, act, ctx| match res {
             Ok(rows) => act.send_catchup(ctx, session_id, rows, up_to),
@@ -170,9 +171,8 @@ impl Streamer {
         ) else {
             return;
         };
-        let ack_to_come = sub.watermark > sub.acked;
         let little = window_room(sub, window, global_room) < window / READ_WHEN_FREE;
-        if c.reading || (little && ack_to_come) {
+        if c.reading || (little && ack_to_come(sub)) {
             return;
         }
         self.read_catchup(ctx, session_id);
@@ -275,18 +275,19 @@ impl Streamer {
             return;
         }
         rows.truncate(room);
-        let read_bytes: usize = rows.iter().map(|r| r.json.len()).sum();
-        // A message is its row's JSON and its envelope (`["data",…]`, the watermark).
-        let row_bytes = (read_bytes / rows.len().max(1)) as u64 + 48;
+        let read_bytes: usize = rows.iter().map(StoredChange::message_len).sum();
+        let row_bytes = (read_bytes / rows.len().max(1)) as u64;
         c.row_bytes = Some(row_bytes);
         self.catchup_row_bytes = Some(row_bytes);
         let taken = send_rows(sub, &rows, window, budget, &mut self.shared);
         if taken == 0 {
-            // No room for the next change. With nothing in flight no ack will make some: its
-            // backlog fills it, and is read from the change log instead (at a transaction
+            // No room for the next change. With no ack sure to come, none will make some: its
+            // backlog, if it has one, is read from the change log instead (at a transaction
             // boundary; inside one, the backlog overflows and is dropped at its end).
-            // Otherwise the acks that make room read on.
-            if let (0, Some(last)) = (sub.in_flight(), last_commit) {
+            // Otherwise the acks that make room read on (its own, or, for the budget, anyone's).
+            if let (false, false, Some(last)) =
+                (ack_to_come(sub), sub.backlog.is_empty(), last_commit)
+            {
                 drop_backlog(sub, c, last);
                 self.read_catchup(ctx, session_id);
             }
@@ -303,6 +304,13 @@ impl Streamer {
         self.note_queued_peak();
         self.read_catchup(ctx, session_id);
     }
+}
+
+/// Whether an ack is sure to come: a commit it was sent is unacked. What is unacked otherwise is
+/// at most the start of a transaction, whose commit a client acking only at commits (PROTOCOL.md
+/// §5) waits for: no ack may come until more is sent.
+pub(super) fn ack_to_come(sub: &Subscriber) -> bool {
+    sub.in_flight() > 0 && sub.watermark > sub.acked
 }
 
 /// The bytes a catch-up may send a subscriber now: what the window leaves of its unacked

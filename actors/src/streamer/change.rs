@@ -171,6 +171,28 @@ mod tests {
     }
 
     #[test]
+    fn a_stored_change_knows_the_length_of_its_message() {
+        use crate::changelog::ChangeKind;
+        for (kind, w) in [
+            (ChangeKind::Begin, 10),
+            (ChangeKind::Data, 11),
+            (ChangeKind::Commit, 123_456_789_012),
+        ] {
+            let s = StoredChange {
+                watermark: Watermark::from_u64(w),
+                pos: 3,
+                kind,
+                json: r#"{"tag":"x","s":"é"}"#.into(),
+            };
+            assert_eq!(
+                Change::from_stored(&s).message.len(),
+                s.message_len(),
+                "{kind:?}"
+            );
+        }
+    }
+
+    #[test]
     fn spots_update_table_metadata() {
         assert!(is_v5_only(r#"{"tag":"update-table-metadata","table":{}}"#));
         assert!(!is_v5_only(

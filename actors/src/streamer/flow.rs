@@ -1,8 +1,10 @@
 //! Flow control: the tracked send in flight and its release (PROTOCOL.md §10).
 //!
-//! Forwarding is pipelined; about every [`StreamerConfig::flow_control_bytes`] of payload one
-//! change is sent tracked, and the upstream client is told to wait for its release before
-//! sending more. Release follows the consensus rule of [`Broadcast`]; an [`Alarm`] is set for
+//! Forwarding is pipelined; about every [`StreamerConfig::flow_control_bytes`] of payload the
+//! next commit is sent tracked, and the upstream client is told to wait for its release before
+//! sending more. Only a commit (PROTOCOL.md §10 "Only commits are tracked"): a client may ack
+//! only at commits (§5), and would never ack a `begin` or `data` while the wait holds back its
+//! transaction's commit. Release follows the consensus rule of [`Broadcast`]; an [`Alarm`] is set for
 //! the moment it is due, not a periodic tick. The tracked send owns its alarm, so a send that
 //! finishes takes its alarm with it (see `alarm.rs` for why timers are not `run_later`s here).
 //!
@@ -40,7 +42,7 @@ use log::{debug, info};
 use tokio::sync::oneshot;
 
 use super::broadcast::{Broadcast, Release};
-use super::change::Change;
+use super::change::{Change, Kind};
 use super::frames::Token;
 use super::subscriber::{Delivery, Lag};
 use super::Streamer;
@@ -99,7 +101,10 @@ impl Streamer {
         let limit = self.cfg.max_queue_changes;
         let mut budget = self.keep_within_budget(change.message.len());
         self.flow.bytes_since_tracked += change.payload_len;
-        let tracked = self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
+        // Only a commit is tracked (PROTOCOL.md §10): a client may ack only at commits (§5), so
+        // the ack of a change inside a transaction may never come on its own.
+        let tracked = change.kind == Kind::Commit
+            && self.flow.bytes_since_tracked >= self.cfg.flow_control_bytes
             && self.flow.tracked_send.is_none();
         let every = (limit as u64 / 4).max(1);
         let progress = self.shared.progress_mark(every);

@@ -10,7 +10,7 @@
 //! transactions, catching up from the change log before it goes live ([`join`], [`catchup`]).
 //!
 //! ### Flow control
-//! About every [`StreamerConfig::flow_control_bytes`] of payload one change is sent tracked, and
+//! About every [`StreamerConfig::flow_control_bytes`] of payload one commit is sent tracked, and
 //! the upstream client waits for its release, which follows the consensus rule ([`flow`]). A
 //! subscriber that lags on a tracked send no longer holds later ones, and is evicted after a
 //! grace period (PROTOCOL.md §10.1).
@@ -91,7 +91,7 @@ pub struct StreamerConfig {
     /// Flow-control padding: how long after the latest ack a tracked send waits for the rest
     /// once a majority acked it; `None` waits for all subscribers.
     pub padding: Option<Duration>,
-    /// Payload bytes forwarded between two tracked sends.
+    /// Payload bytes forwarded before the next commit is sent tracked.
     pub flow_control_bytes: usize,
     /// The most rows of one catch-up read (reads are sized from the window's room, within it).
     pub catchup_batch: usize,

@@ -139,7 +139,7 @@ pub struct Setup {
 }
 
 /// A streamer with an initialized change log (watermark 100) and `stalled.len()` subscribers;
-/// every change is sent tracked.
+/// every commit is sent tracked.
 pub async fn setup(padding: Option<Duration>, stalled: &[bool]) -> Setup {
     let cfg = StreamerConfig {
         padding,
@@ -268,6 +268,15 @@ pub async fn send_one(s: &Setup, m: UpstreamMessage) -> Option<oneshot::Receiver
         .expect("no violation");
     assert_eq!(reply.consumed, 1);
     reply.release
+}
+
+/// Sends the transaction `n` (`begin`, one `data`, `commit`) one message at a time; only its
+/// commit may be tracked (PROTOCOL.md §10), so returns the commit's release receiver, if it waits.
+pub async fn send_txn(s: &Setup, n: u64) -> Option<oneshot::Receiver<()>> {
+    for m in [begin(n), data(n)] {
+        assert!(send_one(s, m).await.is_none(), "only a commit is tracked");
+    }
+    send_one(s, commit(n)).await
 }
 
 #[derive(Message)]

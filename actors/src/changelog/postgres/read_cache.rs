@@ -3,13 +3,16 @@
 //! from one read of the change DB instead of one each.
 //!
 //! ### When a kept read answers another
-//! A read is "the first `limit` rows after `after` with watermarks up to `up_to`", in
-//! `(watermark, pos)` order. Rows up to a watermark the reader was asked for never change:
-//! the owner stores commits in watermark order and a reader is only asked up to what is
-//! durable. So a kept read `e` answers a query `q` with the same `after` when either
-//! - at least `q.limit` of its rows are within `q.up_to`: they are `q`'s answer; or
-//! - fewer are, but `e` holds every row within `q.up_to`: a row of `e` lies past `q.up_to`, or
-//!   `e` stopped short of its own limit (it holds all its range) and `q.up_to ≤ e.up_to`.
+//! A read is "the first rows after `after` with watermarks up to `up_to`, in `(watermark, pos)`
+//! order, until `limit` rows or until they reach `max_bytes`". Rows up to a watermark the
+//! reader was asked for never change: the owner stores commits in watermark order and a
+//! reader is only asked up to what is durable. So a kept read `e` answers a query `q` with the
+//! same `after` when either
+//! - its rows within `q.up_to` reach `q`'s limit in rows or in bytes: `q`'s answer is their
+//!   start; or
+//! - they do not, but `e` holds every row within `q.up_to`: a row of `e` lies past `q.up_to`,
+//!   or `e` stopped short of both its own limits (it holds all its range) and
+//!   `q.up_to ≤ e.up_to`.
 //!
 //! A purge can take rows a kept read still holds; it never takes rows a protected subscriber
 //! still needs (PROTOCOL.md §14.1), and a standby checks, even when answered from memory, that
@@ -38,6 +41,8 @@ struct Kept {
     query: RangeQuery,
     rows: Vec<StoredChange>,
     bytes: usize,
+    /// The bytes of downstream messages of `rows`, as the query's byte limit counts them.
+    msg_bytes: usize,
 }
 
 /// The reads kept, newest last.
@@ -75,6 +80,7 @@ impl ReadCache {
             query: q.clone(),
             rows: rows.to_vec(),
             bytes,
+            msg_bytes: rows.iter().map(StoredChange::message_len).sum(),
         });
     }
 
@@ -90,11 +96,19 @@ fn answer_from(e: &Kept, q: &RangeQuery) -> Option<Vec<StoredChange>> {
         return None;
     }
     let within = e.rows.partition_point(|r| r.watermark <= q.up_to);
-    if within >= q.limit {
-        return Some(e.rows[..q.limit].to_vec());
+    // `q`'s limits applied to those rows: where they stop it, if they do.
+    let mut bytes = 0;
+    for (i, r) in e.rows[..within].iter().enumerate() {
+        if i >= q.limit || bytes >= q.max_bytes {
+            return Some(e.rows[..i].to_vec());
+        }
+        bytes += r.message_len();
     }
-    let holds_all =
-        within < e.rows.len() || (e.rows.len() < e.query.limit && q.up_to <= e.query.up_to);
+    if within >= q.limit || bytes >= q.max_bytes {
+        return Some(e.rows[..within].to_vec());
+    }
+    let whole = e.rows.len() < e.query.limit && e.msg_bytes < e.query.max_bytes;
+    let holds_all = within < e.rows.len() || (whole && q.up_to <= e.query.up_to);
     holds_all.then(|| e.rows[..within].to_vec())
 }
 
@@ -123,11 +137,39 @@ mod tests {
     }
 
     fn q(after: u64, up_to: u64, limit: usize) -> RangeQuery {
+        qb(after, up_to, limit, usize::MAX)
+    }
+
+    /// [`q`] with a byte limit.
+    fn qb(after: u64, up_to: u64, limit: usize, max_bytes: usize) -> RangeQuery {
         RangeQuery {
             after: (w(after), i64::MAX),
             up_to: w(up_to),
             limit,
+            max_bytes,
         }
+    }
+
+    #[test]
+    fn a_kept_read_answers_a_byte_limit_within_its_rows_and_one_cut_by_bytes_holds_no_more() {
+        let all = rows(2, 4);
+        let first = all[0].message_len();
+        let mut cache = ReadCache::default();
+        cache.keep(&q(1, 9, 100), &all);
+        // The limit is reached at the second row: it is the last.
+        assert_eq!(
+            cache.answer(&qb(1, 9, 100, first + 1)),
+            Some(all[..2].to_vec())
+        );
+        assert_eq!(cache.answer(&qb(1, 9, 100, first)), Some(all[..1].to_vec()));
+        // A read its byte limit stopped does not hold the rest of its range.
+        let mut cache = ReadCache::default();
+        cache.keep(&qb(1, 9, 100, first + 1), &all[..2]);
+        assert_eq!(cache.answer(&q(1, 9, 100)), None);
+        assert_eq!(
+            cache.answer(&qb(1, 9, 100, first + 1)),
+            Some(all[..2].to_vec())
+        );
     }
 
     #[test]

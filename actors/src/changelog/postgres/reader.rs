@@ -26,6 +26,13 @@
 //! up to a dozen times what is needed, asking for too few costs one more round trip. The
 //! commit travels with a step only when that step asks for as many rows as changes are left
 //! (it cannot be followed by another).
+//!
+//! A read's byte limit (a catch-up's window, [`ChangeLog::read`]) caps each step too, by the
+//! bytes per row seen so far ([`Conn::bytes_per_row`]), so a first read as large as a window of
+//! large transactions does not fetch thousands of rows to send a few. A partition of a row per
+//! change (older segments) is fetched in one query, its rows taken until the limit.
+//!
+//! [`ChangeLog::read`]: super::super::ChangeLog::read
 
 use std::collections::HashMap;
 use std::sync::{mpsc, Arc};
@@ -35,7 +42,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Statement};
 
-use super::commands::{RangeQuery, ReadCommand};
+use super::commands::{RangeQuery, ReadCommand, ReadRows};
 use super::connection::connect;
 use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
@@ -167,6 +174,8 @@ struct Conn {
     /// The changes per row of `txn_log` the last step read, at least 1: how many rows the next
     /// step asks for (see the module documentation).
     changes_per_row: usize,
+    /// The bytes of downstream messages per row of `txn_log` the last step read; 0 before any.
+    bytes_per_row: usize,
 }
 
 impl Conn {
@@ -192,6 +201,7 @@ impl Conn {
             catalogue,
             partitions: HashMap::new(),
             changes_per_row: 1,
+            bytes_per_row: 0,
         })
     }
 
@@ -253,11 +263,7 @@ impl Conn {
         check: PurgeCheck,
         open: &mut bool,
     ) -> Result<Vec<StoredChange>, ChangeLogError> {
-        let RangeQuery {
-            after,
-            up_to,
-            limit,
-        } = query;
+        let RangeQuery { after, up_to, .. } = query;
         let c = &self.client;
         let (from, to) = (after.0.as_str(), up_to.as_str());
         let range: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&from, &to];
@@ -273,7 +279,7 @@ impl Conn {
         }
         let ids: Vec<i64> = catalogue.get(2);
         let layouts: Vec<i16> = catalogue.get(3);
-        let mut out = Vec::new();
+        let mut out = ReadRows::new(query);
         for (i, (id, layout)) in ids.iter().zip(layouts).enumerate() {
             let layout = Layout::from_column(layout)?;
             let statement = self.partition(*id, layout).await?;
@@ -288,29 +294,32 @@ impl Conn {
                         .await?
                 }
             }
-            if out.len() >= *limit {
+            if out.full() {
                 break;
             }
         }
-        Ok(out)
+        Ok(out.rows)
     }
 
     /// Appends the rows of a partition of [`Layout::RowPerChange`] after `query.after`, at most
-    /// what the limit leaves; with the commit if `last`.
+    /// what the limits leave; with the commit if `last`.
     async fn read_changes(
         &self,
         statement: &Statement,
         query: &RangeQuery,
         last: bool,
         open: &mut bool,
-        out: &mut Vec<StoredChange>,
+        out: &mut ReadRows,
     ) -> Result<(), ChangeLogError> {
         let c = &self.client;
         let (after, up_to) = (&query.after, &query.up_to);
-        let left = (query.limit - out.len()) as i64;
+        let left = out.left() as i64;
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&after.0.as_str(), &after.1, &up_to.as_str(), &left];
         for r in fetch(c, statement, &params, last, open).await? {
+            if out.full() {
+                break;
+            }
             let kind: String = r.get(2);
             out.push(StoredChange {
                 watermark: parse_watermark(r.get(0))?,
@@ -331,18 +340,24 @@ impl Conn {
         query: &RangeQuery,
         last: bool,
         open: &mut bool,
-        out: &mut Vec<StoredChange>,
+        out: &mut ReadRows,
     ) -> Result<(), ChangeLogError> {
         let (mut from, up_to) = (query.after.clone(), query.up_to.as_str());
         let mut scratch = Vec::new();
         loop {
-            let left = query.limit - out.len();
-            let step = left.div_ceil(self.changes_per_row).max(1);
+            let left = out.left();
+            let by_changes = left.div_ceil(self.changes_per_row).max(1);
+            let by_bytes = match self.bytes_per_row {
+                0 => usize::MAX,
+                b => out.bytes_left().div_ceil(b).max(1),
+            };
+            let step = by_changes.min(by_bytes);
             let rows = step as i64;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&from.0.as_str(), &from.1, &up_to, &rows];
-            let got = fetch(&self.client, statement, &params, last && step >= left, open).await?;
-            let (mut changes, mut read) = (0usize, 0usize);
+            let ends = last && step >= left;
+            let got = fetch(&self.client, statement, &params, ends, open).await?;
+            let (mut changes, mut read, mut bytes) = (0usize, 0usize, 0usize);
             for r in &got {
                 let w: &str = r.get(0);
                 let first_pos: i64 = r.get(1);
@@ -356,15 +371,21 @@ impl Conn {
                     count,
                     body,
                 };
-                append_row(row, &query.after, query.limit, out)?;
+                let before = out.rows.len();
+                append_row(row, &query.after, out)?;
+                bytes += out.rows[before..]
+                    .iter()
+                    .map(StoredChange::message_len)
+                    .sum::<usize>();
                 changes += count as usize;
                 read += 1;
                 from = (watermark, first_pos + count - 1);
             }
             if let Some(per_row) = changes.checked_div(read) {
                 self.changes_per_row = per_row.max(1);
+                self.bytes_per_row = (bytes / read).max(1);
             }
-            if out.len() >= query.limit || got.len() < step || !*open {
+            if out.full() || got.len() < step || !*open {
                 return Ok(());
             }
         }

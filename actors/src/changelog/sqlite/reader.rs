@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 
 use rusqlite::{params, Connection};
 
-use super::commands::{RangeQuery, ReadCommand};
+use super::commands::{RangeQuery, ReadCommand, ReadRows};
 use super::segments::{load_segments, segment_table};
 use super::txn_rows::Layout;
 use super::txn_value::{append_row, unpack, TxnRow};
@@ -47,20 +47,15 @@ fn read_range(
     conn: &mut Connection,
     query: &RangeQuery,
 ) -> Result<Vec<StoredChange>, ChangeLogError> {
-    let RangeQuery {
-        after,
-        up_to,
-        limit,
-    } = query;
-    let limit = *limit;
+    let RangeQuery { after, up_to, .. } = query;
     let tx = conn.transaction()?;
     let segments = load_segments(&tx)?;
-    let mut out = Vec::with_capacity(limit.min(4096));
+    let mut out = ReadRows::new(query);
     for (seg, layout) in segments
         .iter()
         .filter(|(s, _)| s.max >= after.0 && s.min <= *up_to)
     {
-        if out.len() >= limit {
+        if out.full() {
             break;
         }
         if *layout != Layout::RowPerChange {
@@ -74,12 +69,7 @@ fn read_range(
             segment_table(seg.id)
         ))?;
         let rows = stmt.query_map(
-            params![
-                after.0.as_str(),
-                after.1,
-                up_to.as_str(),
-                (limit - out.len()) as i64
-            ],
+            params![after.0.as_str(), after.1, up_to.as_str(), out.left() as i64],
             |r| {
                 Ok((
                     r.get::<_, String>(0)?,
@@ -90,6 +80,9 @@ fn read_range(
             },
         )?;
         for row in rows {
+            if out.full() {
+                break;
+            }
             let (w, pos, kind, json) = row?;
             let watermark = Watermark::parse(&w).map_err(|_| ChangeLogError::Corrupt(w.clone()))?;
             let kind = ChangeKind::parse(&kind).ok_or(ChangeLogError::Corrupt(kind))?;
@@ -102,12 +95,12 @@ fn read_range(
         }
     }
     tx.commit()?;
-    Ok(out)
+    Ok(out.rows)
 }
 
 /// Appends to `out`, from the segment table `table` of a row per transaction (`layout`, its
 /// values packed or not), the changes after `query.after` of the transactions up to
-/// `query.up_to`, until `out` holds `query.limit`: the transaction `after` names is read too,
+/// `query.up_to`, until `out` is full: the transaction `after` names is read too,
 /// from the change after its `pos`. The rows are stepped one at a time, so a read stops inside
 /// the transaction that fills it.
 fn read_transactions(
@@ -115,20 +108,16 @@ fn read_transactions(
     table: &str,
     layout: Layout,
     query: &RangeQuery,
-    out: &mut Vec<StoredChange>,
+    out: &mut ReadRows,
 ) -> Result<(), ChangeLogError> {
-    let RangeQuery {
-        after,
-        up_to,
-        limit,
-    } = query;
+    let RangeQuery { after, up_to, .. } = query;
     let mut stmt = tx.prepare_cached(&format!(
         "SELECT watermark, first_pos, changes, body FROM {table}
          WHERE watermark >= ?1 AND watermark <= ?2 ORDER BY watermark, first_pos"
     ))?;
     let mut rows = stmt.query(params![after.0.as_str(), up_to.as_str()])?;
     let mut scratch = Vec::new();
-    while out.len() < *limit {
+    while !out.full() {
         let Some(row) = rows.next()? else {
             break;
         };
@@ -152,7 +141,7 @@ fn read_transactions(
             count,
             body,
         };
-        append_row(row, after, *limit, out)?;
+        append_row(row, after, out)?;
     }
     Ok(())
 }

@@ -96,6 +96,7 @@ async fn a_row_per_change_log_reads_on_into_transaction_rows_and_purges_across()
     assert_eq!(positions(&mid_new), [(4, 2), (5, 0), (5, 1)]);
     let up_to = log.read((w(4), i64::MAX), w(6), 100).await.unwrap();
     assert_eq!(positions(&up_to), all_of(&[5]));
+    reads_stop_at_their_byte_limit(&log, &all).await;
     for n in [1, 3, 4, 5, 7] {
         assert!(log.has_commit(w(n)).await.unwrap(), "commit {n}");
     }

@@ -81,3 +81,35 @@ fn txn(n: u64, rows: usize) -> Transaction {
 fn w(n: u64) -> Watermark {
     Watermark::from_u64(n)
 }
+
+/// A read's byte limit ([`ChangeLog::read_within`]) on a log holding transactions 1, 3, 4, 5
+/// and 7 of three changes each, 1 and 3 in an older layout than the rest (`all`, every change
+/// read without a limit): the change that reaches the limit is the last, across the layouts
+/// too, and a limit of one byte still reads one change.
+async fn reads_stop_at_their_byte_limit(log: &ChangeLog, all: &[StoredChange]) {
+    let w = Watermark::from_u64;
+    let at = |rows: &[StoredChange]| -> Vec<(Watermark, i64)> {
+        rows.iter().map(|r| (r.watermark.clone(), r.pos)).collect()
+    };
+    let size: Vec<usize> = all.iter().map(StoredChange::message_len).collect();
+    let five: usize = size[..5].iter().sum();
+    for (limit, want) in [(five, 5), (five + 1, 6), (five - 1, 5)] {
+        let cut = log
+            .read_within((w(0), i64::MAX), w(7), 100, limit)
+            .await
+            .unwrap();
+        assert_eq!(at(&cut), at(&all[..want]), "{limit} bytes");
+    }
+    // From inside 3 (older layout) into 4 (transaction rows).
+    let limit = size[4] + size[5] + size[6] + 1;
+    let across = log.read_within((w(3), 0), w(7), 100, limit).await.unwrap();
+    assert_eq!(at(&across), at(&all[4..8]));
+    let one = log.read_within((w(4), 1), w(7), 100, 1).await.unwrap();
+    assert_eq!(at(&one), at(&all[8..9]));
+    // The limit in changes still holds.
+    let two = log
+        .read_within((w(0), i64::MAX), w(7), 2, usize::MAX)
+        .await
+        .unwrap();
+    assert_eq!(at(&two), at(&all[..2]));
+}
