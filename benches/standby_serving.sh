@@ -35,6 +35,10 @@
 #                        transaction, so that case is no measure of the owner's CPU.
 #                        TIER_FLAGS: more load generator flags (`--changes 1`: with 10
 #                        changes a transaction one CPU cannot read 256 × 2,000 txns/s).
+#                        TIER_CASES: which of the four run (all by default);
+#                        TIER_BEFORE=path/to/change-streamer runs TIER_BEFORE_CASES (default
+#                        tier-idle tier tier-lat) once more each with that build (as
+#                        <case>-before, interleaved), against the same tier-alone.
 #
 #   benches/standby_serving.sh                       # figures 1-4, 3 runs each
 #   RUNS=3 FIGURES="1 2 3 4" SUBS=64 INGEST_SUBS=60 RATE=2000 RATE_SUBS=9 CATCHUP_SUBS=100
@@ -94,7 +98,8 @@ RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-9} CATCHUP_SUBS=${CATCHUP_SUBS:-100}
 FILL_S=${FILL_S:-10} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256}
 FRAMING=${FRAMING:-per-frame} PG=${PG:-postgres://postgres@127.0.0.1:5432}
 TIER_SUBS=${TIER_SUBS:-256} TIER_RATE=${TIER_RATE:-2000} LG_THREADS=${LG_THREADS:-1}
-TIER_LG=${TIER_LG:-subs} TIER_FLAGS=${TIER_FLAGS:-}
+TIER_LG=${TIER_LG:-subs} TIER_FLAGS=${TIER_FLAGS:-} TIER_CASES=${TIER_CASES:-tier-alone tier-idle tier tier-lat}
+TIER_BEFORE=${TIER_BEFORE:-} TIER_BEFORE_CASES=${TIER_BEFORE_CASES:-tier-idle tier tier-lat}
 DB_PREFIX=${DB_PREFIX:-cs_bench_standby}
 # The CPU that takes the most interrupts of a block device's request queue (virtio, NVMe,
 # SCSI): where the change DB's fsyncs complete.
@@ -349,16 +354,22 @@ for r in $(seq "$RUNS"); do
            WARM=$FILL_S BUSY=1 again catchup-busy 0 0 "catchupbusy-$r" sb1,sb2 --join-late
          fi ;;
       5) export SIDES=1
-         # shellcheck disable=SC2086 # the flags are words
-         INSTANCES=owner again tier-alone 0 "$TIER_RATE" "tieralone-$r" owner --threads "$LG_THREADS" $TIER_FLAGS
-         # shellcheck disable=SC2086
-         again tier-idle 0 "$TIER_RATE" "tieridle-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS
-         # shellcheck disable=SC2086
-         again tier "$TIER_SUBS" "$TIER_RATE" "tier-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS
-         if [[ -n $SPLIT ]]; then
-           # shellcheck disable=SC2086
-           ONE_LG=1 LG_SIDE=$TIER_LG again tier-lat "$TIER_SUBS" "$TIER_RATE" "tierlat-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS
-         fi
+         for c in $TIER_CASES; do
+           for b in "$BIN" ${TIER_BEFORE:+"$TIER_BEFORE"}; do
+             k=$c; [[ $b != "$BIN" ]] && k=$c-before
+             [[ $b != "$BIN" && " $TIER_BEFORE_CASES " != *" $c "* ]] && continue
+             # shellcheck disable=SC2086 # the flags are words
+             case $c in
+               tier-alone) BIN=$b INSTANCES=owner again "$k" 0 "$TIER_RATE" "${k//-/}-$r" owner --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier-idle) BIN=$b again "$k" 0 "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier) BIN=$b again "$k" "$TIER_SUBS" "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier-lat) if [[ -n $SPLIT ]]; then
+                   BIN=$b ONE_LG=1 LG_SIDE=$TIER_LG again "$k" "$TIER_SUBS" "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS
+                 fi ;;
+               *) echo "TIER_CASES: no case $c" >&2; exit 2 ;;
+             esac
+           done
+         done
          unset SIDES ;;
       *) echo "FIGURES: no figure $f (1 to 5)" >&2; exit 2 ;;
     esac
@@ -453,7 +464,7 @@ def per_txn(r, *names):
 OWNER, HOST = ("owner.pid",), ("owner.pid", "postgres.pids.owner", "postgres.pids.standby")
 if "tier-alone" in cases:
     print("second tier (figure 5): CPU µs per ingested transaction, medians (runs)")
-for c in ["tier-alone", "tier-idle", "tier", "tier-lat"]:
+for c in [x + b for x in ["tier-alone", "tier-idle", "tier", "tier-lat"] for b in ["", "-before"]]:
     rs = cases.get(c)
     if not rs: continue
     print(f"  {c:10} {rs[0]['subs']:3} subs at {rs[0]['targetTxnsPerS']:.0f} txns/s: stored {m(rs, lambda r: r['storedTxnsPerS']):.0f} txns/s "
@@ -491,6 +502,10 @@ if "tier-alone" in cases:
     tier_ratio("tier", "the owner's host (owner + change DB backends) per txn, with the tier / alone", HOST, HOST[:2])
     tier_ratio("tier-idle", "the owner's host per txn, standbys idle / alone", HOST, HOST[:2])
     tier_ratio("tier-lat", "owner CPU per txn in the latency case (change source beside the subscribers) / alone", OWNER, OWNER)
+    for c in ["tier", "tier-idle"]:
+        if c + "-before" in cases:
+            tier_ratio(c + "-before", f"TIER_BEFORE's build: owner CPU per txn, {c} / alone", OWNER, OWNER)
+            tier_ratio(c + "-before", f"TIER_BEFORE's build: the owner's host per txn, {c} / alone", HOST, HOST[:2])
 print(f"instance logs, WARN/ERROR lines while measured (and {sum(l['teardown'] for l in logs)} in teardowns):")
 for l in logs:
     if l["count"]:
