@@ -18,12 +18,36 @@
 #                        subscribers at the standbys from the start of the log (watermark =
 #                        replicaVersion) while the owner ingests on: its ingest against the
 #                        same without them
+#   5 tier-alone / -idle / tier / tier-lat
+#                        the second tier (issue 31, item 3) at TIER_RATE txns/s: the owner
+#                        alone (no standby, no subscriber); the owner with both standbys
+#                        following and no subscriber; the owner with TIER_SUBS subscribers
+#                        at the standbys, half at each. The owner's CPU per ingested
+#                        transaction in each, beside that of the change DB's backends (the
+#                        owner's, the standbys'), and the ratios to the owner alone. With
+#                        PLACEMENT=hosts these are placed as figures 2 and 4 (the change
+#                        source's generator with the owner, the subscribers' with the
+#                        standbys), and tier-lat runs the tier once more with one generator
+#                        (change source and subscribers, LG_THREADS threads) on TIER_LG
+#                        (default subs: STANDBY_CPUS) for commit → receipt at each standby's
+#                        subscribers: a generator whose change source shares a busy CPU sends
+#                        in bursts, which the owner stores in bigger groups, at less CPU per
+#                        transaction, so that case is no measure of the owner's CPU.
+#                        TIER_FLAGS: more load generator flags (`--changes 1`: with 10
+#                        changes a transaction one CPU cannot read 256 × 2,000 txns/s).
+#                        TIER_CASES: which of the four run (all by default);
+#                        TIER_BEFORE=path/to/change-streamer runs TIER_BEFORE_CASES (default
+#                        tier-idle tier tier-lat) once more each with that build (as
+#                        <case>-before, interleaved), against the same tier-alone.
 #
-#   benches/standby_serving.sh                       # all four figures, 3 runs each
+#   benches/standby_serving.sh                       # figures 1-4, 3 runs each
 #   RUNS=3 FIGURES="1 2 3 4" SUBS=64 INGEST_SUBS=60 RATE=2000 RATE_SUBS=9 CATCHUP_SUBS=100
+#   TIER_SUBS=256 TIER_RATE=2000 LG_THREADS=1 (figure 5; FRAMING=batched for it, as a tier
+#   of that size would serve; `PLACEMENT=hosts FRAMING=batched RUNS=5 FIGURES=5`)
 #   FILL_S=10 WARM_S=3 MEAS_S=10 WINDOW=256 FRAMING=per-frame   # or batched (wsBatched=true)
 #   PG=postgres://postgres@127.0.0.1:5432 (trust auth; the run's databases are
-#   cs_bench_standby_<pid>_<case>_<run>) BIN=path/to/change-streamer (another build)
+#   ${DB_PREFIX}_<pid>_<case>_<run>, DB_PREFIX=cs_bench_standby) BIN=path/to/change-streamer
+#   (another build)
 #   OWNER_FLAGS=… STANDBY_FLAGS=… (more flags of the owner, of both standbys; for experiments,
 #   e.g. STANDBY_FLAGS=--standby-serves=false: standbys that follow nothing)
 #   STANDBY_NICE=19 (the standbys run under `nice -n 19`) and SUBS_NICE=19 (the subscribers
@@ -59,6 +83,7 @@
 #   Two CPUs of one machine are not two machines (they share caches, memory and often a
 #   physical core), so the control says what the standbys' CPU merely being busy costs the
 #   owner, apart from what the standbys do to it through the change DB or the owner.
+#   Figure 5 runs with PLACEMENT=hosts (its one generator on STANDBY_CPUS, see above).
 #
 # With STANDBY_FLAGS=--standby-serves=false only the cases without subscribers at the standbys
 # make sense (FIGURES=2 INGEST_SUBS=0: the owner's ingest beside standbys that follow nothing).
@@ -72,6 +97,10 @@ RUNS=${RUNS:-3} FIGURES=${FIGURES:-1 2 3 4} SUBS=${SUBS:-64} INGEST_SUBS=${INGES
 RATE=${RATE:-2000} RATE_SUBS=${RATE_SUBS:-9} CATCHUP_SUBS=${CATCHUP_SUBS:-100}
 FILL_S=${FILL_S:-10} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-10} WINDOW=${WINDOW:-256}
 FRAMING=${FRAMING:-per-frame} PG=${PG:-postgres://postgres@127.0.0.1:5432}
+TIER_SUBS=${TIER_SUBS:-256} TIER_RATE=${TIER_RATE:-2000} LG_THREADS=${LG_THREADS:-1}
+TIER_LG=${TIER_LG:-subs} TIER_FLAGS=${TIER_FLAGS:-} TIER_CASES=${TIER_CASES:-tier-alone tier-idle tier tier-lat}
+TIER_BEFORE=${TIER_BEFORE:-} TIER_BEFORE_CASES=${TIER_BEFORE_CASES:-tier-idle tier tier-lat}
+DB_PREFIX=${DB_PREFIX:-cs_bench_standby}
 # The CPU that takes the most interrupts of a block device's request queue (virtio, NVMe,
 # SCSI): where the change DB's fsyncs complete.
 DISK_CPU=$(awk 'NR == 1 { n = NF } /-req|nvme|blk|scsi|ahci/ {
@@ -90,9 +119,11 @@ if [[ -n $SPLIT && " $FIGURES " == *" 3 "* ]]; then
   exit 2
 fi
 # on SIDE: the command words that place a process of SIDE (owner or standby): its CPUs
-# (PLACEMENT=hosts) and its niceness (STANDBY_NICE, SUBS_NICE for the subscribers).
+# (PLACEMENT=hosts) and its niceness (STANDBY_NICE, SUBS_NICE for the subscribers); SIDE
+# free: neither (unpinned, at the default niceness).
 on() {
   local cpus=$OWNER_CPUS
+  [[ $1 == free ]] && return 0
   [[ $1 != owner ]] && cpus=$STANDBY_CPUS
   [[ $PLACEMENT == hosts ]] && printf '%s\n' taskset -c "$cpus"
   [[ $1 == standby && -n ${STANDBY_NICE:-} ]] && printf '%s\n' nice -n "$STANDBY_NICE"
@@ -110,7 +141,9 @@ e2e_build
 # PostgreSQL backends connected to DB (the load generator reads it again at each snapshot);
 # with PLACEMENT=hosts each backend not pinned yet is pinned to PG_CPUS, or (PG_CPUS=side)
 # beside the instance it serves (DIR/owner.pid; any other client is a standby's), and listed
-# in DIR/pinned with the side of its client; until killed.
+# in DIR/pinned with the side of its client; until killed. With SIDES set (figure 5) the
+# backends are also told apart, placed or not: FILE.owner lists the owner's, FILE.standby the
+# standbys' (each rewritten once it lists any).
 backends() {
   local pid port client owner line side cpus
   local -A pinned=() clients=()
@@ -119,7 +152,7 @@ backends() {
       > "$2.all" 2>/dev/null || true
     cut -d' ' -f1 "$2.all" > "$2.new"
     [[ -s $2.new ]] && mv "$2.new" "$2"
-    if [[ $PLACEMENT == hosts && -s $3/owner.pid ]]; then
+    if [[ ($PLACEMENT == hosts || -n ${SIDES:-}) && -s $3/owner.pid ]]; then
       owner=$(cat "$3/owner.pid")
       clients=()
       # Local port -> the PID of the process holding it, for connections to PostgreSQL.
@@ -132,8 +165,21 @@ backends() {
         side=standby cpus=$STANDBY_CPUS
         [[ $client == "$owner" ]] && side=owner cpus=$OWNER_CPUS
         [[ $PG_CPUS != side ]] && cpus=$PG_CPUS
-        taskset -pc "$cpus" "$pid" > /dev/null && pinned[$pid]=$client && echo "$side $pid $cpus" >> "$3/pinned"
+        if [[ $PLACEMENT == hosts ]]; then
+          taskset -pc "$cpus" "$pid" > /dev/null || continue
+        else
+          cpus=-
+        fi
+        pinned[$pid]=$client && echo "$side $pid $cpus" >> "$3/pinned"
       done < "$2.all"
+      if [[ -n ${SIDES:-} ]]; then
+        # Those of the sampled backends still connected, by the side of their client.
+        for side in owner standby; do
+          awk -v side="$side" 'NR == FNR { if ($1 == side) s[$2] = 1; next } ($1 in s) { print $1 }' \
+            "$3/pinned" "$2.all" > "$2.$side.new" 2>/dev/null || true
+          [[ -s $2.$side.new ]] && mv "$2.$side.new" "$2.$side"
+        done
+      fi
       sleep 0.5
     else
       sleep 1
@@ -163,29 +209,39 @@ ready() {
 # reading and close as it reports, its change source goes, the instances stop).
 # Fails, keeping nothing of the run, if an instance was not up in its role when the load
 # generator ended (one that could not start leaves another to own the change DB).
+# INSTANCES (default `owner sb1 sb2`) names the instances started; ONE_LG=1 keeps the
+# subscribers in the change source's generator whatever SPLIT says, and LG_SIDE (owner, or
+# subs: STANDBY_CPUS) places that generator; SIDES=1 measures the change DB's backends by side
+# (postgres.pids.owner, postgres.pids.standby) instead of together.
 run() {
   local case=$1 subs=$2 rate=$3 tag=$4 serves=$5; shift 5
   local up dir db lg lgs='' lg_subs spare rc=0 n urls=() pids=() batched=() place=() spin=() end flags sampler roles
   local -A port pid
   dir=$OUT/$tag; rm -rf "$dir"; mkdir -p "$dir"
-  db=cs_bench_standby_$$_${tag//-/_}
+  local instances=${INSTANCES:-owner sb1 sb2}
+  db=${DB_PREFIX}_$$_${tag//-/_}
   PGOPTIONS=--client-min-messages=warning psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
   read -r up port[owner] port[sb1] port[sb2] spare <<< "$(free_ports 5)"
-  for n in owner sb1 sb2; do pids+=("$dir/$n.pid"); done
-  pids+=("$dir/postgres.pids")
+  for n in $instances; do pids+=("$dir/$n.pid"); done
+  if [[ -n ${SIDES:-} ]]; then
+    pids+=("$dir/postgres.pids.owner")
+    [[ $instances != owner ]] && pids+=("$dir/postgres.pids.standby")
+  else
+    pids+=("$dir/postgres.pids")
+  fi
   backends "$db" "$dir/postgres.pids" "$dir" &
   sampler=$!
   for n in ${serves//,/ }; do urls+=("ws://127.0.0.1:${port[$n]}"); done
   [[ $FRAMING == batched ]] && batched=(--batched)
   lg_subs=$subs
-  [[ -n $SPLIT && $subs != 0 ]] && lg_subs=0
+  [[ -n $SPLIT && -z ${ONE_LG:-} && $subs != 0 ]] && lg_subs=0
   if [[ -n ${BUSY:-} ]]; then
     for n in $(seq "$(taskset -c "$STANDBY_CPUS" nproc)"); do
       taskset -c "$STANDBY_CPUS" bash -c 'while :; do :; done' &
       spin+=($!)
     done
   fi
-  mapfile -t place < <(on owner)
+  mapfile -t place < <(on "${LG_SIDE:-owner}")
   "${place[@]}" "$LOADGEN" --label "$case" "${batched[@]}" --listen 127.0.0.1:"$up" \
     --service "$(IFS=,; echo "${urls[*]}")" --service-pid-file "$(IFS=,; echo "${pids[*]}")" \
     --subs "$lg_subs" --rate "$rate" --window "$WINDOW" --warm-s "${WARM:-$WARM_S}" --meas-s "$MEAS_S" "$@" \
@@ -201,7 +257,7 @@ run() {
     lgs=$!
   fi
   # The owner first (it takes the change DB's lock), then the standbys once it is ready.
-  for n in owner sb1 sb2; do
+  for n in $instances; do
     if [[ $n == owner ]]; then flags=${OWNER_FLAGS:-}; else flags=${STANDBY_FLAGS:-}; fi
     mapfile -t place < <(on "$([[ $n == owner ]] && echo owner || echo standby)")
     # shellcheck disable=SC2086 # the flags are words
@@ -249,22 +305,23 @@ PY
     echo "$tag: change DB backends pinned (PG_CPUS=$PG_CPUS): the owner's $(grep -c '^owner' "$dir/pinned" 2>/dev/null || true)," \
       "the standbys' $(grep -c '^standby' "$dir/pinned" 2>/dev/null || true)" >&2
   fi
-  roles=$(for n in owner sb1 sb2; do
+  roles=$(for n in $instances; do
     curl -s "http://127.0.0.1:${port[$n]}/status" | python3 -c 'import json, sys; print(json.load(sys.stdin)["role"])' 2>/dev/null || echo down
   done | tr '\n' ' ')
   cut -d' ' -f1 /proc/loadavg >> "$OUT/loadavg"
   # The standbys before the owner: none of them takes over the change source.
   for n in sb1 sb2 owner; do
+    [[ -n ${pid[$n]:-} ]] || continue
     kill -TERM "${pid[$n]}" 2>/dev/null || true; wait "${pid[$n]}" 2>/dev/null || true
   done
   psql "$PG/postgres" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null || true
   rm -rf "$dir"/*-data
-  if [[ $roles != "owner standby standby " ]]; then
-    echo "$tag: owner, sb1, sb2 were [$roles] at the end (see $dir/*.log); run not kept" >&2
+  if [[ $roles != "owner $([[ $instances == *sb* ]] && echo 'standby standby ')" ]]; then
+    echo "$tag: $instances were [$roles] at the end (see $dir/*.log); run not kept" >&2
     return 1
   fi
   e2e_collect "$dir" "$tag" "$rc"
-  for n in owner sb1 sb2; do
+  for n in $instances; do
     python3 - "$dir/$n.log" "$tag" "$n" "$end" >> "$OUT/logs.jsonl" <<'PY'
 import json, re, sys
 run, teardown = [], 0
@@ -296,7 +353,25 @@ for r in $(seq "$RUNS"); do
          if [[ $PLACEMENT == hosts ]]; then
            WARM=$FILL_S BUSY=1 again catchup-busy 0 0 "catchupbusy-$r" sb1,sb2 --join-late
          fi ;;
-      *) echo "FIGURES: no figure $f (1 to 4)" >&2; exit 2 ;;
+      5) export SIDES=1
+         for c in $TIER_CASES; do
+           for b in "$BIN" ${TIER_BEFORE:+"$TIER_BEFORE"}; do
+             k=$c; [[ $b != "$BIN" ]] && k=$c-before
+             [[ $b != "$BIN" && " $TIER_BEFORE_CASES " != *" $c "* ]] && continue
+             # shellcheck disable=SC2086 # the flags are words
+             case $c in
+               tier-alone) BIN=$b INSTANCES=owner again "$k" 0 "$TIER_RATE" "${k//-/}-$r" owner --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier-idle) BIN=$b again "$k" 0 "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier) BIN=$b again "$k" "$TIER_SUBS" "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS ;;
+               tier-lat) if [[ -n $SPLIT ]]; then
+                   BIN=$b ONE_LG=1 LG_SIDE=$TIER_LG again "$k" "$TIER_SUBS" "$TIER_RATE" "${k//-/}-$r" sb1,sb2 --threads "$LG_THREADS" $TIER_FLAGS
+                 fi ;;
+               *) echo "TIER_CASES: no case $c" >&2; exit 2 ;;
+             esac
+           done
+         done
+         unset SIDES ;;
+      *) echo "FIGURES: no figure $f (1 to 5)" >&2; exit 2 ;;
     esac
   done
 done
@@ -378,6 +453,59 @@ ratio("ingest-busy", "ingest-0", "control: owner ingest, the standbys' CPUs kept
 ratio("ingest-sb", "ingest-busy", f"owner ingest, {subs('ingest-sb')} subscribers at the standbys / the control", "")
 ratio("catchup-busy", "catchup-0", "control: owner ingest, the standbys' CPUs kept busy / not (figure 4's)", "")
 ratio("catchup-sb", "catchup-busy", f"owner ingest, {subs('catchup-sb')} subscribers catching up / the control", "")
+# Figure 5, the second tier: CPU per ingested (stored) transaction, by process (named by its
+# PID file: the cases measure different sets), and the standbys' commit -> receipt.
+def cpu_of(r, name):
+    return next((p["cpuS"] for p in r["processes"] if p["pidFile"].endswith("/" + name)), None)
+def per_txn(r, *names):
+    t = r["storedTxnsPerS"] * r["seconds"]
+    xs = [cpu_of(r, n) for n in names]
+    return sum(xs) * 1e6 / t if t and None not in xs else None
+OWNER, HOST = ("owner.pid",), ("owner.pid", "postgres.pids.owner", "postgres.pids.standby")
+if "tier-alone" in cases:
+    print("second tier (figure 5): CPU µs per ingested transaction, medians (runs)")
+for c in [x + b for x in ["tier-alone", "tier-idle", "tier", "tier-lat"] for b in ["", "-before"]]:
+    rs = cases.get(c)
+    if not rs: continue
+    print(f"  {c:10} {rs[0]['subs']:3} subs at {rs[0]['targetTxnsPerS']:.0f} txns/s: stored {m(rs, lambda r: r['storedTxnsPerS']):.0f} txns/s "
+          f"(runs {runs(rs, lambda r: r['storedTxnsPerS'])}); errors {sum(r['errors'] for r in rs)}; "
+          f"generator {m(rs, lambda r: r['loadgenCpuS'] / r['seconds']):.2f} cores")
+    for what, names in [("owner", OWNER), ("change DB, owner's backends", ("postgres.pids.owner",)),
+                        ("change DB, standbys' backends", ("postgres.pids.standby",)),
+                        ("owner + change DB (the owner's host)", HOST if c != "tier-alone" else HOST[:2]),
+                        ("sb1", ("sb1.pid",)), ("sb2", ("sb2.pid",))]:
+        if m(rs, lambda r: per_txn(r, *names)) is None: continue
+        print(f"      {what:38} {m(rs, lambda r: per_txn(r, *names)):7.2f} µs/txn (runs {runs(rs, lambda r: per_txn(r, *names), '{:.2f}')})")
+    if rs[0]["subs"] and rs[0]["latencyMs"]["n"]:
+        for i, n in enumerate(["sb1", "sb2"]):
+            lat = [r["services"][i]["latencyMs"] for r in rs]
+            p99s = "/".join(f"{x['p99']:.2f}" for x in lat)
+            print(f"      commit → receipt at {n}'s {rs[0]['services'][i]['subs']} subscribers: p50 {med([x['p50'] for x in lat]):.2f} ms, "
+                  f"p99 {med([x['p99'] for x in lat]):.2f} ms, p99.9 {med([x['p999'] for x in lat]):.2f} ms "
+                  f"(runs p99 {p99s})")
+        print(f"      all: p99 {m(rs, lambda r: r['latencyMs']['p99']):.2f} ms; longest gap between commits "
+              f"{m(rs, lambda r: r['longestCommitGapMs']):.1f} ms; {m(rs, lambda r: r['deliveriesPerS']):.0f} deliveries/s")
+    print(f"      commit → acked upstream (stored durably by the owner) p50 {m(rs, lambda r: r['ackLatencyMs']['p50']):.2f} ms, "
+          f"p99 {m(rs, lambda r: r['ackLatencyMs']['p99']):.2f} ms")
+def tier_ratio(a, what, names_a, names_b, goal=""):
+    if a in cases and "tier-alone" in cases:
+        x = m(cases[a], lambda r: per_txn(r, *names_a))
+        y = m(cases["tier-alone"], lambda r: per_txn(r, *names_b))
+        per = "/".join("-" if per_txn(p, *names_a) is None else f"{per_txn(p, *names_a) / per_txn(q, *names_b):.3f}"
+                       for p, q in zip(cases[a], cases["tier-alone"]))
+        print(f"  {what}: {x:.2f} / {y:.2f} µs = {x / y:.3f} (median of the runs' ratios "
+              f"{med([per_txn(p, *names_a) / per_txn(q, *names_b) for p, q in zip(cases[a], cases['tier-alone'])]):.3f}; runs {per}){goal}")
+if "tier-alone" in cases:
+    print("ratios to the owner alone (same invocation):")
+    tier_ratio("tier", f"owner CPU per txn, {subs('tier')} subscribers at the standbys / the owner alone", OWNER, OWNER, "; goal ≤ 1.10")
+    tier_ratio("tier-idle", "owner CPU per txn, standbys following, no subscriber / the owner alone", OWNER, OWNER)
+    tier_ratio("tier", "the owner's host (owner + change DB backends) per txn, with the tier / alone", HOST, HOST[:2])
+    tier_ratio("tier-idle", "the owner's host per txn, standbys idle / alone", HOST, HOST[:2])
+    tier_ratio("tier-lat", "owner CPU per txn in the latency case (change source beside the subscribers) / alone", OWNER, OWNER)
+    for c in ["tier", "tier-idle"]:
+        if c + "-before" in cases:
+            tier_ratio(c + "-before", f"TIER_BEFORE's build: owner CPU per txn, {c} / alone", OWNER, OWNER)
+            tier_ratio(c + "-before", f"TIER_BEFORE's build: the owner's host per txn, {c} / alone", HOST, HOST[:2])
 print(f"instance logs, WARN/ERROR lines while measured (and {sum(l['teardown'] for l in logs)} in teardowns):")
 for l in logs:
     if l["count"]:

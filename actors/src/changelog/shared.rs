@@ -160,4 +160,11 @@ impl CommitFeed {
             Feed::Postgres(n) => n.next().await,
         }
     }
+
+    /// The newest notice not yet seen, if one came (without waiting).
+    pub fn newest_now(&mut self) -> Option<Watermark> {
+        match &mut self.0 {
+            Feed::Postgres(n) => n.newest_now(),
+        }
+    }
 }

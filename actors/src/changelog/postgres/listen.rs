@@ -78,4 +78,13 @@ impl CommitNotices {
         self.newest.changed().await.ok()?;
         self.newest.borrow_and_update().clone()
     }
+
+    /// The newest notice not yet seen, if one came (without waiting); an ended connection
+    /// shows at the next [`next`](Self::next).
+    pub fn newest_now(&mut self) -> Option<Watermark> {
+        match self.newest.has_changed() {
+            Ok(true) => self.newest.borrow_and_update().clone(),
+            _ => None,
+        }
+    }
 }

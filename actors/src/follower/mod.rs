@@ -5,7 +5,9 @@
 //!
 //! ### Reading what the owner committed
 //! The owner announces each commit group's last watermark ([`CommitFeed`]); the follower
-//! reads the rows after the last one it handed on, up to that watermark, and passes them to the
+//! reads the rows after the last one it handed on, up to the newest watermark announced, at
+//! most once per [`READ_GAP`] ([`pace`]: what a standby costs the change DB on the owner's
+//! host is one read per gap, not one per commit group), and passes them to the
 //! streamer as upstream messages ([`UpstreamBatch`]) of a streamer that forwards without storing
 //! ([`Streamer::following`]). Notices only say *when* to read: at every [`POLL_EVERY`], and
 //! whenever its listening connection is made anew, it also asks the change DB what its newest
@@ -34,6 +36,8 @@
 //! Its reads find it out themselves: a standby's read fails with
 //! [`ChangeLogError::PurgedPast`] when the oldest row stored is past where it read from.
 
+mod pace;
+
 use std::time::Duration;
 
 use actix::prelude::*;
@@ -45,6 +49,9 @@ use crate::streamer::{Rebase, Streamer, UpstreamBatch};
 use crate::unreachable::Unreachable;
 use crate::upstream::protocol::UpstreamMessage;
 use crate::watermark::Watermark;
+
+use self::pace::ReadPace;
+pub use self::pace::READ_GAP;
 
 /// How often the follower asks the change DB for its newest commit, notices or not.
 pub const POLL_EVERY: Duration = Duration::from_secs(1);
@@ -164,6 +171,7 @@ impl Follower {
         let mut notices: Option<CommitFeed> = None;
         let mut said_unreachable = false;
         let mut poll = actix_rt::time::interval(POLL_EVERY);
+        let mut pace = ReadPace::new(READ_GAP);
         loop {
             if notices.is_none() {
                 let listened = tokio::select! {
@@ -185,6 +193,20 @@ impl Follower {
                     }
                     Err(_) => {}
                 }
+            }
+            if self.at.behind(self.newest.as_ref()) {
+                // Reads paced (PROTOCOL.md §14.1): up to the newest commit announced by then.
+                let at = pace.next_read(actix_rt::time::Instant::now());
+                if at > actix_rt::time::Instant::now() {
+                    tokio::select! {
+                        _ = &mut stop => return,
+                        _ = actix_rt::time::sleep_until(at) => {}
+                    }
+                    if let Some(n) = notices.as_mut() {
+                        self.saw(n.newest_now());
+                    }
+                }
+                pace.reading(actix_rt::time::Instant::now());
             }
             match self.catch_up(&mut stop).await {
                 Ok(()) | Err(Pause::Retry) => {}
