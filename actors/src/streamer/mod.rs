@@ -49,6 +49,7 @@ mod frames;
 mod ingest;
 mod join;
 mod purge;
+mod readiness;
 mod required;
 mod session_messages;
 mod shared;
@@ -82,6 +83,7 @@ pub use ingest::{
 };
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
+pub use readiness::IsResetRequired;
 pub use session_messages::{SessionGone, SessionProgress};
 pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
 
