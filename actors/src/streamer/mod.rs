@@ -70,7 +70,7 @@ use catchup::Catchup;
 use flow::FlowControl;
 use ingest::Txn;
 use shared::SharedFrames;
-use subscriber::Subscriber;
+use subscriber::{HeldTotal, Subscriber};
 
 pub use backup_acks::{BackupAcked, ReportBackupAcks, RouteBackupAcks};
 pub use budget::QueuedBytesPeak;
@@ -208,6 +208,8 @@ pub struct Streamer {
     backup_acks: backup_acks::AckRoutes,
     /// The most payload held for all subscribers at the end of a turn ([`QueuedBytesPeak`]).
     queued_peak: u64,
+    /// The payload held for all subscribers, as it changes.
+    held: HeldTotal,
 }
 
 impl Streamer {
@@ -234,6 +236,7 @@ impl Streamer {
             sampler: None,
             backup_acks: backup_acks::AckRoutes::default(),
             queued_peak: 0,
+            held: HeldTotal::default(),
         }
     }
 
@@ -258,7 +261,7 @@ impl Streamer {
 
     /// Bytes of payload held for all subscribers together (PROTOCOL.md §10.2).
     pub(super) fn queued_bytes(&self) -> u64 {
-        self.subscribers.values().map(Subscriber::held_bytes).sum()
+        self.held.get()
     }
 
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
@@ -278,7 +281,10 @@ impl Streamer {
         ctx: &mut Context<Self>,
         session_id: SessionId,
     ) -> Option<Subscriber> {
-        let sub = self.subscribers.remove(&session_id);
+        let mut sub = self.subscribers.remove(&session_id);
+        if let Some(s) = &mut sub {
+            s.leave_total();
+        }
         self.catchup.remove(&session_id);
         self.broadcast_completed(ctx, session_id, None);
         if sub.is_some() {

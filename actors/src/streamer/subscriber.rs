@@ -33,8 +33,10 @@ use super::shared::SharedFrames;
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 
+mod held_total;
 mod status;
 
+pub use held_total::HeldTotal;
 pub use status::{Mode, Phase, SubscriberInfo};
 
 /// The tracked send a subscriber is lagging on (PROTOCOL.md §10.1): another subscriber acked it, this
@@ -107,6 +109,8 @@ pub struct Subscriber {
     /// so that the streamer learns of acks even inside a long transaction.
     report_every: u64,
     samples: VecDeque<(f64, u64)>,
+    /// Where what it holds is added up with the others' ([`Subscriber::share_total`]).
+    total: HeldTotal,
 }
 
 /// What happened to a change handed to a subscriber.
@@ -172,7 +176,24 @@ impl Subscriber {
             behind_since: None,
             report_every: (bounds.changes as u64 / 4).max(1),
             samples: VecDeque::new(),
+            total: HeldTotal::default(),
         }
+    }
+
+    /// Adds what it holds, from now on, to `total` (the streamer's, as it registers it).
+    pub(super) fn share_total(&mut self, total: &HeldTotal) {
+        let held = self.held_bytes();
+        self.total.change(held, 0);
+        total.change(0, held);
+        self.total = total.clone();
+    }
+
+    /// Takes what it holds out of the shared total (as the streamer forgets it).
+    pub(super) fn leave_total(&mut self) {
+        let held = self.held_bytes();
+        self.total.change(held, 0);
+        self.total = HeldTotal::default();
+        self.total.change(0, held);
     }
 
     /// Whether this subscriber takes part in live forwarding and broadcasts.
@@ -194,6 +215,7 @@ impl Subscriber {
     /// subscriber keeps one place for the `rollback` that must close a transaction it began
     /// (never stored, so it goes whatever the budget). What it admits is added to `budget`.
     /// Sent frames join this turn's [`SharedFrames`] when they can.
+    #[inline]
     pub fn send_live(
         &mut self,
         change: &Arc<Change>,
@@ -209,6 +231,7 @@ impl Subscriber {
         delivery
     }
 
+    #[inline]
     fn admit_live(
         &mut self,
         change: &Arc<Change>,
@@ -232,6 +255,7 @@ impl Subscriber {
                     Delivery::Overflowed
                 } else {
                     self.backlog_bytes += len as u64;
+                    self.total.change(0, len as u64);
                     self.backlog.push(change.clone());
                     Delivery::Backlogged
                 }
@@ -285,6 +309,7 @@ impl Subscriber {
     /// change of the same transaction (the same watermark, usually the same shared text, so
     /// the equality is a pointer check) is above the last commit sent: only a sent commit
     /// moves that, and it would have ended the transaction here (a rollback ends it too).
+    #[inline]
     fn deliver(
         &mut self,
         change: &Change,
@@ -324,6 +349,7 @@ impl Subscriber {
     /// A frame of its own asks for a progress report every `report_every` frames
     /// ([`Token::Progress`]); live frames carry the streamer's own marks
     /// ([`SharedFrames::progress_mark`]), the same for every subscriber.
+    #[inline]
     fn queue(
         &mut self,
         message: &Arc<str>,
@@ -333,7 +359,9 @@ impl Subscriber {
         live: bool,
     ) {
         self.sent_messages += 1;
+        let before = self.held_bytes();
         self.sent_bytes += message.len() as u64;
+        self.total.change(before, self.held_bytes());
         if live && self.outbox.is_empty() {
             let frames = &mut shared.frames;
             let len = frames.len();
@@ -444,11 +472,13 @@ impl Subscriber {
     /// Forgets its backlog (read from the change log instead).
     pub(super) fn clear_backlog(&mut self) {
         self.backlog.clear();
+        self.total.change(self.backlog_bytes, 0);
         self.backlog_bytes = 0;
     }
 
     /// Takes its backlog, to send it.
     pub(super) fn take_backlog(&mut self) -> Vec<Arc<Change>> {
+        self.total.change(self.backlog_bytes, 0);
         self.backlog_bytes = 0;
         std::mem::take(&mut self.backlog)
     }
@@ -461,7 +491,9 @@ impl Subscriber {
         acked_commit: Option<Watermark>,
     ) {
         self.acked_messages = self.acked_messages.max(acked_messages);
+        let before = self.held_bytes();
         self.acked_bytes = self.acked_bytes.max(acked_bytes);
+        self.total.change(before, self.held_bytes());
         while self
             .sent_at
             .front()
