@@ -84,6 +84,9 @@ impl Streamer {
         if budget.admits(len * self.subscribers.len(), false) {
             return budget;
         }
+        // Each subscriber's holdings are looked at: a cohort's members first take theirs.
+        self.settle_cohort();
+        let budget = self.budget();
         loop {
             let receiving = self
                 .subscribers

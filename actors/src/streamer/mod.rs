@@ -43,6 +43,7 @@ mod broadcast;
 mod budget;
 mod catchup;
 mod change;
+mod cohort;
 mod flow;
 mod follow;
 mod frames;
@@ -210,6 +211,10 @@ pub struct Streamer {
     queued_peak: u64,
     /// The payload held for all subscribers, as it changes.
     held: HeldTotal,
+    /// The subscribers taking the rest of the current transaction as one ([`cohort`]).
+    cohort: Option<cohort::Cohort>,
+    /// A cohort may form after the first change of a turn (besides after each `begin`).
+    cohort_may_form: bool,
 }
 
 impl Streamer {
@@ -237,6 +242,8 @@ impl Streamer {
             backup_acks: backup_acks::AckRoutes::default(),
             queued_peak: 0,
             held: HeldTotal::default(),
+            cohort: None,
+            cohort_may_form: true,
         }
     }
 
@@ -266,6 +273,8 @@ impl Streamer {
 
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
+        self.settle_cohort();
+        self.cohort_may_form = true;
         let now = self.now_ms();
         let batch = self.shared.take();
         for sub in self.subscribers.values_mut() {
@@ -281,6 +290,7 @@ impl Streamer {
         ctx: &mut Context<Self>,
         session_id: SessionId,
     ) -> Option<Subscriber> {
+        self.settle_cohort();
         let mut sub = self.subscribers.remove(&session_id);
         if let Some(s) = &mut sub {
             s.leave_total();

@@ -111,6 +111,9 @@ pub struct Subscriber {
     samples: VecDeque<(f64, u64)>,
     /// Where what it holds is added up with the others' ([`Subscriber::share_total`]).
     total: HeldTotal,
+    /// It takes the rest of the current transaction with a cohort (`cohort.rs`): what it is
+    /// sent is counted when the cohort settles.
+    pub(super) in_cohort: bool,
 }
 
 /// What happened to a change handed to a subscriber.
@@ -177,6 +180,51 @@ impl Subscriber {
             report_every: (bounds.changes as u64 / 4).max(1),
             samples: VecDeque::new(),
             total: HeldTotal::default(),
+            in_cohort: false,
+        }
+    }
+
+    /// The changes and bytes it may still be given, if it can take the rest of the
+    /// transaction of `watermark` with a cohort (`cohort.rs`): live and not overflowed, of
+    /// protocol 5 or more, inside that transaction, and every frame of the turn so far (the
+    /// `shared_len` shared frames) its own.
+    pub(super) fn cohort_room(
+        &self,
+        shared_len: usize,
+        watermark: &Watermark,
+    ) -> Option<(u64, u64)> {
+        let current = self
+            .follows
+            .as_ref()
+            .is_some_and(|run| run.end == shared_len);
+        let fits = self.phase == Phase::Live
+            && !self.overflowed
+            && self.protocol >= 5
+            && self.outbox.is_empty()
+            && current
+            && self.in_txn
+            && same(&self.position.0, watermark);
+        fits.then(|| {
+            (
+                (self.bounds.changes as u64).saturating_sub(self.held()),
+                (self.bounds.bytes as u64).saturating_sub(self.held_bytes()),
+            )
+        })
+    }
+
+    /// Takes, as a member of a cohort (`cohort.rs`), the `queued` live changes of `bytes`
+    /// bytes it queued since it formed, the last of them `last`: they are already in the
+    /// turn's shared frames, right after its run, and in the held total.
+    pub(super) fn settle_cohort(&mut self, queued: u64, bytes: u64, last: &Change) {
+        self.sent_messages += queued;
+        self.sent_bytes += bytes;
+        if last.kind == Kind::Commit {
+            self.watermark = last.watermark.clone();
+        }
+        self.position.1 = last.pos;
+        self.in_txn = !matches!(last.kind, Kind::Commit | Kind::Rollback);
+        if let Some(run) = &mut self.follows {
+            run.end += queued as usize;
         }
     }
 

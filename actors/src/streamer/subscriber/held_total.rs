@@ -16,6 +16,12 @@ impl HeldTotal {
         self.0.get()
     }
 
+    /// `n` more bytes are held, by subscribers whose own counts follow later (a cohort's
+    /// members, `cohort.rs`).
+    pub(in crate::streamer) fn add(&self, n: u64) {
+        self.0.set(self.0.get() + n);
+    }
+
     /// What one subscriber holds went from `before` to `after`.
     pub(super) fn change(&self, before: u64, after: u64) {
         self.0.set(self.0.get() + after - before);
