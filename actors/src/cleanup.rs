@@ -125,6 +125,13 @@ pub struct Stop;
 #[rtype(result = "CleanupState")]
 pub struct GetCleanupState;
 
+/// Asks for what `/readyz` needs of the actor alone (PROTOCOL.md §11, §13.1): the restart's
+/// catch-up while the backup does not cover the watermark recorded before it. Cheaper than
+/// [`GetCleanupState`], which lists every pending watermark.
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "Option<CatchUpView>")]
+pub struct GetRestartCatchUp;
+
 /// A watermark seen in a poll and not yet scheduled.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct PendingWatermark {
@@ -470,6 +477,13 @@ impl Handler<GetCleanupState> for CleanupActor {
     type Result = MessageResult<GetCleanupState>;
     fn handle(&mut self, _: GetCleanupState, _: &mut Context<Self>) -> Self::Result {
         MessageResult(self.state())
+    }
+}
+
+impl Handler<GetRestartCatchUp> for CleanupActor {
+    type Result = Option<CatchUpView>;
+    fn handle(&mut self, _: GetRestartCatchUp, _: &mut Context<Self>) -> Self::Result {
+        self.catch_up.as_ref().map(|c| c.view().clone())
     }
 }
 

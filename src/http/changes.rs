@@ -13,6 +13,7 @@ use change_streamer_actors::watermark::Watermark;
 
 use super::{open_websocket, query_map, refuse, start_session, AppState, Opening};
 use crate::shutdown::Guards;
+use crate::websocket::raw_frames::with_raw_frames;
 use crate::websocket::subscriber_socket::{SubscriberSession, SubscriptionParams};
 
 /// Checks the query of a subscription; the error is the close reason.
@@ -111,7 +112,9 @@ pub fn subscribe(
     };
     let session =
         SubscriberSession::new(params, with.streamer, with.reservations, with.ping_interval);
-    start_session(session, &req, stream, with.guards)
+    let raw = session.raw_frames();
+    let response = start_session(session, &req, stream, with.guards)?;
+    Ok(with_raw_frames(response, raw))
 }
 
 #[cfg(test)]

@@ -10,8 +10,8 @@
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
-use change_streamer_actors::cleanup::GetCleanupState;
-use change_streamer_actors::streamer::GetStreamerState;
+use change_streamer_actors::cleanup::GetRestartCatchUp;
+use change_streamer_actors::streamer::IsResetRequired;
 
 use super::AppState;
 
@@ -83,9 +83,9 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Err(ChangeLogError::Closed) => return Err(NotReady::Stopping),
         Err(_) => return Err(NotReady::ChangeDbUnreachable),
     }
-    match state.streamer.send(GetStreamerState).await {
-        Ok(s) if s.reset_required.is_some() => Err(NotReady::ResetRequired),
-        Ok(_) => backup_caught_up(state).await,
+    match state.streamer.send(IsResetRequired).await {
+        Ok(true) => Err(NotReady::ResetRequired),
+        Ok(false) => backup_caught_up(state).await,
         Err(_) => Err(NotReady::Stopping),
     }
 }
@@ -96,11 +96,9 @@ async fn backup_caught_up(state: &AppState) -> Result<(), NotReady> {
     let Some(b) = &state.backup else {
         return Ok(());
     };
-    match b.cleanup.send(GetCleanupState).await {
-        Ok(c) => match c.restart_catch_up {
-            Some(view) => Err(NotReady::BackupBehind(view.reason())),
-            None => Ok(()),
-        },
+    match b.cleanup.send(GetRestartCatchUp).await {
+        Ok(Some(view)) => Err(NotReady::BackupBehind(view.reason())),
+        Ok(None) => Ok(()),
         Err(_) => Err(NotReady::Stopping),
     }
 }

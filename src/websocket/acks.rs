@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use change_streamer_actors::session_end::SessionId;
-use change_streamer_actors::streamer::{Outgoing, SessionProgress, Token};
+use change_streamer_actors::streamer::{Batch, Outgoing, SessionProgress, Token};
 use change_streamer_actors::watermark::Watermark;
 
 /// How long an acked commit (or the ack of everything written) may wait before the streamer
@@ -90,26 +90,38 @@ impl AckReport {
 
     /// Frame `id` carrying `frame` was written to the client.
     pub fn sent(&mut self, id: u64, frame: &Outgoing) {
-        self.sent_batch(id, std::slice::from_ref(frame));
+        self.last_id = id;
+        self.written.messages += 1;
+        self.written.bytes += frame.message.len() as u64;
+        if frame.commit.is_some() || frame.token.is_some() {
+            self.track(id, frame.commit.clone(), frame.token);
+        }
     }
 
-    /// Frame `id` carrying the messages `part` (a batched frame, PROTOCOL.md §5) was written.
-    pub fn sent_batch(&mut self, id: u64, part: &[Outgoing]) {
+    /// Frame `id` carrying the messages of `batch` (a batched frame, PROTOCOL.md §5) was
+    /// written. Its ack acks them all at once, so what it means is the batch's summary
+    /// ([`Batch`]), summed once for every session that writes the list: a session's work per
+    /// batched frame does not grow with the messages in it.
+    pub fn sent_batch(&mut self, id: u64, batch: &Batch) {
+        let messages = batch.frames.len() as u64;
         self.last_id = id;
-        for f in part {
-            self.written.messages += 1;
-            self.written.bytes += f.message.len() as u64;
+        self.written.messages += messages;
+        self.written.bytes += batch.bytes;
+        for &token in &batch.tokens {
+            self.track(id, None, Some(token));
         }
-        for f in part {
-            if f.commit.is_some() || f.token.is_some() {
-                self.tracked.push_back(Tracked {
-                    id,
-                    commit: f.commit.clone(),
-                    token: f.token,
-                    through: self.written,
-                });
-            }
+        if batch.commit.is_some() {
+            self.track(id, batch.commit.clone(), None);
         }
+    }
+
+    fn track(&mut self, id: u64, commit: Option<Watermark>, token: Option<Token>) {
+        self.tracked.push_back(Tracked {
+            id,
+            commit,
+            token,
+            through: self.written,
+        });
     }
 
     /// The client acked every frame through `id`.
@@ -159,5 +171,53 @@ impl AckReport {
             acked_commit: self.unreported.take(),
             tokens,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! What the ack of a batched frame reports (PROTOCOL.md §5): every message in it, its last
+    //! commit and its tokens, at once; an ack of a frame before it, only what came before.
+    use std::sync::Arc;
+
+    use change_streamer_actors::streamer::FrameList;
+
+    use super::*;
+
+    fn frame(text: &str, commit: Option<u64>, token: Option<Token>) -> Outgoing {
+        Outgoing {
+            message: Arc::from(text),
+            commit: commit.map(Watermark::from_u64),
+            token,
+        }
+    }
+
+    #[test]
+    fn the_ack_of_a_batched_frame_acks_all_its_messages_its_last_commit_and_its_tokens() {
+        let list = FrameList::new(vec![
+            frame("[1]", None, None),
+            frame("[22]", Some(1), None),
+            frame("[333]", None, Some(Token::Broadcast(4))),
+            frame("[4444]", Some(2), None),
+            frame("[5]", None, None),
+        ]);
+        let mut acks = AckReport::new(SessionId(9));
+        acks.sent(1, &frame("[status]", None, None));
+        let [batch] = list.batches() else {
+            panic!("one batch")
+        };
+        acks.sent_batch(2, batch);
+        // The status alone: neither tracked nor the last frame written, so no news yet.
+        assert!(matches!(acks.acked(1), AfterAck::Nothing));
+        let AfterAck::Report(p) = acks.acked(2) else {
+            panic!("a tracked frame was acked")
+        };
+        assert_eq!(
+            (p.acked_messages, p.acked_bytes),
+            (6, 8 + 3 + 4 + 5 + 6 + 3)
+        );
+        assert_eq!(p.acked_commit, Some(Watermark::from_u64(2)));
+        assert_eq!(p.tokens, [Token::Broadcast(4)]);
+        assert!(matches!(acks.acked(2), AfterAck::Nothing));
     }
 }

@@ -76,6 +76,14 @@ impl Framing {
         self.last_sent
     }
 
+    /// Numbers the next frame, which the caller writes itself ([`raw_frames`]): its id.
+    ///
+    /// [`raw_frames`]: super::raw_frames
+    pub fn next_id(&mut self) -> u64 {
+        self.last_sent += 1;
+        self.last_sent
+    }
+
     /// The id of the last frame sent (0 before any).
     pub fn last_sent(&self) -> u64 {
         self.last_sent
@@ -107,8 +115,15 @@ impl Framing {
 }
 
 /// Appends `n` in decimal: one per frame sent, so without the formatting machinery.
-fn push_decimal(out: &mut String, mut n: u64) {
+fn push_decimal(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
+    for &d in decimal(n, &mut digits) {
+        out.push(char::from(d));
+    }
+}
+
+/// `n` in decimal ASCII digits, written at the end of `digits`.
+pub fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut i = digits.len();
     loop {
         i -= 1;
@@ -118,9 +133,7 @@ fn push_decimal(out: &mut String, mut n: u64) {
             break;
         }
     }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
-    }
+    &digits[i..]
 }
 
 /// Reads `{"ack": n}`. Clients send it as `{"ack":n}` with no spaces, which is read here

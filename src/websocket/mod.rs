@@ -5,6 +5,7 @@
 pub mod acks;
 pub mod framing;
 pub mod progress;
+pub mod raw_frames;
 pub mod snapshot_socket;
 pub mod subscriber_socket;
 

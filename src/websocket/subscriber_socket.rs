@@ -28,7 +28,8 @@ use change_streamer_actors::watermark::Watermark;
 use log::{info, warn};
 
 use super::acks::{AckReport, AfterAck, COMMIT_REPORT_DELAY};
-use super::framing::Framing;
+use super::framing::{decimal, Framing};
+use super::raw_frames::RawFrames;
 use super::{client_frame, close, start_liveness, Live, Liveness};
 
 /// The checked query parameters of a subscription.
@@ -62,6 +63,8 @@ pub struct SubscriberSession {
     error_frame: Option<u64>,
     /// Where each frame of the batch being written ends (kept to reuse its allocation).
     ends: Vec<usize>,
+    /// Where a batched subscription's frames go ([`RawFrames`]).
+    raw: RawFrames,
 }
 
 /// `{"msg":` + `,"id":` + up to 20 digits + `}`.
@@ -92,7 +95,14 @@ impl SubscriberSession {
             acks: AckReport::new(session_id),
             error_frame: None,
             ends: Vec::new(),
+            raw: RawFrames::default(),
         }
+    }
+
+    /// Where the session queues its frames besides its context: the response body must also
+    /// yield them ([`with_raw_frames`](super::raw_frames::with_raw_frames)).
+    pub fn raw_frames(&self) -> RawFrames {
+        self.raw.clone()
     }
 
     fn refused(&mut self, e: SubscribeError, ctx: &mut ws::WebsocketContext<Self>) {
@@ -109,33 +119,39 @@ impl SubscriberSession {
         });
     }
 
-    /// Writes a list of frames. They are framed into one buffer, and each frame handed to
-    /// the websocket is a slice of it: one allocation per list instead of several per frame.
-    /// Batched, the list goes out as its [`FrameList::batches`], each of one payload as a
-    /// plain `msg` frame.
+    /// Writes a list of frames. Batched, the list goes out as its [`FrameList::batches`], each
+    /// of one payload as a plain `msg` frame, as [`RawFrames`]: the payload text shared by
+    /// every session, only the frame's header, prefix and id its own. One frame at a time,
+    /// they are framed into one buffer, and each frame handed to the websocket is a slice of
+    /// it: one allocation per list instead of several per frame.
     fn write(&mut self, frames: &FrameList, ctx: &mut ws::WebsocketContext<Self>) {
+        if self.params.batched {
+            let batches = frames.batches();
+            let mut raw = self.raw.writer(batches.len());
+            for batch in batches {
+                let id = self.framing.next_id();
+                let head: &[u8] = match batch.frames.len() {
+                    1 => b"{\"msg\":",
+                    _ => b"{\"batch\":[",
+                };
+                let mut tail = [0u8; 32];
+                let tail = id_tail(batch.frames.len() > 1, id, &mut tail);
+                raw.text_frame(head, &batch.payloads, tail);
+                self.acks.sent_batch(id, batch);
+            }
+            raw.finish();
+            return;
+        }
         let size = frames
             .iter()
             .map(|f| f.message.len() + FRAME_OVERHEAD)
             .sum();
         let mut text = String::with_capacity(size);
         self.ends.clear();
-        if self.params.batched && frames.len() > 1 {
-            for batch in frames.batches() {
-                let part = &frames[batch.frames.clone()];
-                let id = match part {
-                    [one] => self.framing.frame_into(&one.message, &mut text),
-                    _ => self.framing.batch_into(&batch.payloads, &mut text),
-                };
-                self.ends.push(text.len());
-                self.acks.sent_batch(id, part);
-            }
-        } else {
-            for f in frames.iter() {
-                let id = self.framing.frame_into(&f.message, &mut text);
-                self.ends.push(text.len());
-                self.acks.sent(id, f);
-            }
+        for f in frames.iter() {
+            let id = self.framing.frame_into(&f.message, &mut text);
+            self.ends.push(text.len());
+            self.acks.sent(id, f);
         }
         let all = ByteString::from(text);
         let mut start = 0;
@@ -162,6 +178,19 @@ impl SubscriberSession {
             AfterAck::Nothing => {}
         }
     }
+}
+
+/// What closes a frame of id `id`: `],"id":n}` after a batch's payloads, `,"id":n}` after one
+/// message (PROTOCOL.md §5).
+fn id_tail(batch: bool, id: u64, out: &mut [u8; 32]) -> &[u8] {
+    let open: &[u8] = if batch { b"],\"id\":" } else { b",\"id\":" };
+    let mut digits = [0u8; 20];
+    let digits = decimal(id, &mut digits);
+    let len = open.len() + digits.len() + 1;
+    out[..open.len()].copy_from_slice(open);
+    out[open.len()..len - 1].copy_from_slice(digits);
+    out[len - 1] = b'}';
+    &out[..len]
 }
 
 impl Live for SubscriberSession {

@@ -93,11 +93,6 @@ struct Backup {
 }
 
 impl Backup {
-    /// Since when it holds `w`: the earliest time of an observation at or above it.
-    fn holds_since(&self, w: &Watermark) -> Option<i64> {
-        self.observed.range(w.clone()..).map(|(_, t)| *t).min()
-    }
-
     fn observe(&mut self, s: &BackupSample) {
         let t = s.backed_up_at_ms;
         self.observed
@@ -193,33 +188,57 @@ impl BackupQuorum {
 
     /// The watermarks above the last recorded one that K backups hold, each dated when the
     /// K-th got there; the observations they cover are dropped.
+    ///
+    /// ### Why one sweep, from the floor down
+    /// Only watermarks at or below the floor (the K-th highest head) can be held by K. Walking
+    /// the candidates from the floor down, each backup's "held since" of a candidate is the
+    /// earliest of its observations at or above it: a running minimum that only takes in
+    /// more observations as the candidate falls. So each observation is read once per poll,
+    /// instead of every candidate scanning every observation above it (quadratic in the
+    /// observations kept, up to [`MAX_OBSERVATIONS`] per backup while the quorum is short).
     fn held_by_quorum(&mut self) -> Vec<BackupSample> {
-        let candidates: BTreeSet<Watermark> = self
+        let Some((floor, _)) = self.floor() else {
+            return Vec::new();
+        };
+        let above = |w: &Watermark| self.recorded.as_ref().is_none_or(|r| w > r);
+        let candidates: BTreeSet<&Watermark> = self
             .backups
             .iter()
-            .flat_map(|b| b.observed.keys())
-            .filter(|w| self.recorded.as_ref().is_none_or(|r| *w > r))
-            .cloned()
+            .flat_map(|b| b.observed.range(..=floor.clone()).map(|(w, _)| w))
+            .filter(|w| above(w))
+            .collect();
+        // Per backup: its observations from the top down, and the earliest time among those
+        // already passed (at or above the current candidate).
+        let mut sweeps: Vec<_> = self
+            .backups
+            .iter()
+            .map(|b| (b.observed.iter().rev().peekable(), None::<i64>))
             .collect();
         let mut held = Vec::new();
-        for w in candidates {
-            let mut since: Vec<(i64, &str)> = self
-                .backups
-                .iter()
-                .filter_map(|b| b.holds_since(&w).map(|t| (t, b.name.as_str())))
-                .collect();
+        for w in candidates.into_iter().rev() {
+            let mut since: Vec<(i64, &str)> = Vec::with_capacity(self.backups.len());
+            for ((obs, min), b) in sweeps.iter_mut().zip(&self.backups) {
+                while let Some((_, &t)) = obs.next_if(|(o, _)| *o >= w) {
+                    *min = Some(min.map_or(t, |m| m.min(t)));
+                }
+                if let Some(t) = *min {
+                    since.push((t, b.name.as_str()));
+                }
+            }
             if since.len() < self.k {
-                // Held by fewer backups as the watermark grows: none above is held by K.
-                break;
+                // At or below the floor the K backups of the highest heads hold it; the rule
+                // is checked all the same.
+                continue;
             }
             since.sort();
             let quorum = &since[..self.k];
             held.push(BackupSample {
-                watermark: w,
+                watermark: w.clone(),
                 replica: quorum.iter().map(|(_, n)| *n).collect::<Vec<_>>().join("+"),
                 backed_up_at_ms: quorum[self.k - 1].0,
             });
         }
+        held.reverse();
         if let Some(last) = held.last() {
             let last = last.watermark.clone();
             for b in &mut self.backups {

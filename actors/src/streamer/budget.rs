@@ -80,6 +80,13 @@ impl Streamer {
     /// anything) overflows. Answers the budget for the admissions that follow.
     pub(super) fn keep_within_budget(&mut self, len: usize) -> Budget {
         let budget = self.budget();
+        // Fits even if every subscriber takes it: nothing to count.
+        if budget.admits(len * self.subscribers.len(), false) {
+            return budget;
+        }
+        // Each subscriber's holdings are looked at: a cohort's members first take theirs.
+        self.settle_cohort();
+        let budget = self.budget();
         loop {
             let receiving = self
                 .subscribers
@@ -110,8 +117,17 @@ impl Streamer {
     }
 
     /// Notes what all subscribers hold now, at the end of a turn that admitted changes
-    /// ([`QueuedBytesPeak`]): counted afresh from the subscribers, not from a [`Budget`].
+    /// ([`QueuedBytesPeak`]), from the running total (`HeldTotal`), not from a [`Budget`].
+    /// Debug builds (the tests) check that total against the subscribers, counted afresh.
     pub(super) fn note_queued_peak(&mut self) {
+        debug_assert_eq!(
+            self.queued_bytes(),
+            self.subscribers
+                .values()
+                .map(|s| s.held_bytes())
+                .sum::<u64>(),
+            "the running total of held bytes"
+        );
         self.queued_peak = self.queued_peak.max(self.queued_bytes());
     }
 

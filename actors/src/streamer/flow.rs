@@ -109,11 +109,16 @@ impl Streamer {
         let every = (limit as u64 / 4).max(1);
         let progress = self.shared.progress_mark(every);
         if !tracked {
+            if self.forward_in_cohort(&change, progress, &mut budget) {
+                return None;
+            }
             for sub in self.subscribers.values_mut() {
                 sub.send_live(&change, progress, &mut self.shared, &mut budget);
             }
+            self.form_cohort(&change);
             return None;
         }
+        self.settle_cohort();
         self.flow.bytes_since_tracked = 0;
         self.flow.tracked_sends += 1;
         let token = self.next_token();

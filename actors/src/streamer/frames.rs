@@ -8,6 +8,7 @@ use std::ops::Deref;
 use std::sync::{Arc, OnceLock};
 
 use actix::prelude::*;
+use bytes::Bytes;
 
 use crate::session_end::SessionEnd;
 use crate::watermark::Watermark;
@@ -59,19 +60,28 @@ pub const BATCH_MAX_BYTES: usize = 1 << 20;
 /// the payload text between the brackets is the same for every subscriber that got the list,
 /// only `n` differs. So the list keeps the joined text of each of its batches, built by the
 /// first session that writes it (on its own thread, not the streamer's) and read by the
-/// others; a session only adds `{"batch":[`, `],"id":n}` around it.
+/// others; a session only adds `{"batch":[`, `],"id":n}` around it. The text is kept as
+/// [`Bytes`], so that a session hands the very same bytes to its socket's writer, without a
+/// copy of its own.
 #[derive(Debug, Default)]
 pub struct FrameList {
     frames: Vec<Outgoing>,
     batches: OnceLock<Vec<Batch>>,
 }
 
-/// One batched frame of a [`FrameList`]: its frames (a range of the list) and their payloads
-/// joined by commas.
+/// One batched frame of a [`FrameList`]: its frames (a range of the list), their payloads
+/// joined by commas, and what acking it means, summed once for every session that writes it.
 #[derive(Debug)]
 pub struct Batch {
     pub frames: std::ops::Range<usize>,
-    pub payloads: String,
+    /// UTF-8 text: the payloads (each a JSON text) joined by commas.
+    pub payloads: Bytes,
+    /// Bytes of payload of its frames (their messages, without the commas between them).
+    pub bytes: u64,
+    /// The last commit watermark among its frames: acking the batch acks it.
+    pub commit: Option<Watermark>,
+    /// The tokens of its tracked frames, in order.
+    pub tokens: Vec<Token>,
 }
 
 impl FrameList {
@@ -112,15 +122,23 @@ fn cut(frames: &[Outgoing]) -> Vec<Batch> {
             end += 1;
         }
         let mut payloads = String::with_capacity(bytes + (end - start));
+        let (mut commit, mut tokens) = (None, Vec::new());
         for (i, f) in frames[start..end].iter().enumerate() {
             if i > 0 {
                 payloads.push(',');
             }
             payloads.push_str(&f.message);
+            if f.commit.is_some() {
+                commit.clone_from(&f.commit);
+            }
+            tokens.extend(f.token);
         }
         batches.push(Batch {
             frames: start..end,
-            payloads,
+            payloads: Bytes::from(payloads),
+            bytes: bytes as u64,
+            commit,
+            tokens,
         });
         start = end;
     }
@@ -152,6 +170,7 @@ mod tests {
                 .map(|i| format!("[{i}]"))
                 .collect::<Vec<_>>()
                 .join(",")
+                .as_bytes()
         );
 
         let big = "x".repeat(BATCH_MAX_BYTES / 3);
@@ -167,5 +186,27 @@ mod tests {
         let ranges: Vec<_> = list.batches().iter().map(|b| b.frames.clone()).collect();
         assert_eq!(ranges, [0..3, 3..4, 4..5, 5..6]);
         assert!(FrameList::new(Vec::new()).batches().is_empty());
+    }
+
+    #[test]
+    fn a_batch_sums_its_payload_bytes_its_last_commit_and_its_tokens_once_for_every_session() {
+        let w = |n| Some(Watermark::from_u64(n));
+        let mut frames: Vec<Outgoing> = (0..300).map(|i| frame(&format!("[{i}]"))).collect();
+        frames[10].commit = w(1);
+        frames[20].token = Some(Token::Progress);
+        frames[30].commit = w(2);
+        frames[30].token = Some(Token::Broadcast(7));
+        frames[299].commit = w(3);
+        let list = FrameList::new(frames);
+        let [first, second] = list.batches() else {
+            panic!("two batches")
+        };
+        let bytes =
+            |r: std::ops::Range<usize>| list[r].iter().map(|f| f.message.len() as u64).sum();
+        assert_eq!(first.bytes, bytes(0..256));
+        assert_eq!(first.commit, w(2));
+        assert_eq!(first.tokens, [Token::Progress, Token::Broadcast(7)]);
+        assert_eq!((second.bytes, &second.commit), (bytes(256..300), &w(3)));
+        assert!(second.tokens.is_empty());
     }
 }

@@ -113,6 +113,7 @@ impl Handler<Subscribe> for Streamer {
         sub.backup = backup;
         self.joins += 1;
         sub.joined = self.joins;
+        sub.share_total(&self.held);
         self.subscribers.insert(session_id, sub);
         // The owner checks against its own writes (queued now, they see every write queued
         // before); a standby first records the subscriber, then reads what the owner stored
@@ -155,7 +156,9 @@ impl Handler<Subscribe> for Streamer {
             });
             if let Err(e) = checked {
                 info!("subscription of {id} refused: {e}");
-                act.subscribers.remove(&session_id);
+                if let Some(mut sub) = act.subscribers.remove(&session_id) {
+                    sub.leave_total();
+                }
                 return Err(e);
             }
             if !act.subscribers.contains_key(&session_id) {

@@ -43,12 +43,14 @@ mod broadcast;
 mod budget;
 mod catchup;
 mod change;
+mod cohort;
 mod flow;
 mod follow;
 mod frames;
 mod ingest;
 mod join;
 mod purge;
+mod readiness;
 mod required;
 mod session_messages;
 mod shared;
@@ -69,7 +71,7 @@ use catchup::Catchup;
 use flow::FlowControl;
 use ingest::Txn;
 use shared::SharedFrames;
-use subscriber::Subscriber;
+use subscriber::{HeldTotal, Subscriber};
 
 pub use backup_acks::{BackupAcked, ReportBackupAcks, RouteBackupAcks};
 pub use budget::QueuedBytesPeak;
@@ -82,6 +84,7 @@ pub use ingest::{
 };
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
+pub use readiness::IsResetRequired;
 pub use session_messages::{SessionGone, SessionProgress};
 pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
 
@@ -206,6 +209,12 @@ pub struct Streamer {
     backup_acks: backup_acks::AckRoutes,
     /// The most payload held for all subscribers at the end of a turn ([`QueuedBytesPeak`]).
     queued_peak: u64,
+    /// The payload held for all subscribers, as it changes.
+    held: HeldTotal,
+    /// The subscribers taking the rest of the current transaction as one ([`cohort`]).
+    cohort: Option<cohort::Cohort>,
+    /// A cohort may form after the first change of a turn (besides after each `begin`).
+    cohort_may_form: bool,
 }
 
 impl Streamer {
@@ -232,6 +241,9 @@ impl Streamer {
             sampler: None,
             backup_acks: backup_acks::AckRoutes::default(),
             queued_peak: 0,
+            held: HeldTotal::default(),
+            cohort: None,
+            cohort_may_form: true,
         }
     }
 
@@ -256,11 +268,13 @@ impl Streamer {
 
     /// Bytes of payload held for all subscribers together (PROTOCOL.md §10.2).
     pub(super) fn queued_bytes(&self) -> u64 {
-        self.subscribers.values().map(Subscriber::held_bytes).sum()
+        self.held.get()
     }
 
     /// Hands every subscriber's queued frames to its session: once per streamer turn.
     pub(super) fn flush_all(&mut self) {
+        self.settle_cohort();
+        self.cohort_may_form = true;
         let now = self.now_ms();
         let batch = self.shared.take();
         for sub in self.subscribers.values_mut() {
@@ -276,7 +290,11 @@ impl Streamer {
         ctx: &mut Context<Self>,
         session_id: SessionId,
     ) -> Option<Subscriber> {
-        let sub = self.subscribers.remove(&session_id);
+        self.settle_cohort();
+        let mut sub = self.subscribers.remove(&session_id);
+        if let Some(s) = &mut sub {
+            s.leave_total();
+        }
         self.catchup.remove(&session_id);
         self.broadcast_completed(ctx, session_id, None);
         if sub.is_some() {

@@ -33,8 +33,10 @@ use super::shared::SharedFrames;
 use crate::session_end::SessionId;
 use crate::watermark::Watermark;
 
+mod held_total;
 mod status;
 
+pub use held_total::HeldTotal;
 pub use status::{Mode, Phase, SubscriberInfo};
 
 /// The tracked send a subscriber is lagging on (PROTOCOL.md §10.1): another subscriber acked it, this
@@ -107,6 +109,11 @@ pub struct Subscriber {
     /// so that the streamer learns of acks even inside a long transaction.
     report_every: u64,
     samples: VecDeque<(f64, u64)>,
+    /// Where what it holds is added up with the others' ([`Subscriber::share_total`]).
+    total: HeldTotal,
+    /// It takes the rest of the current transaction with a cohort (`cohort.rs`): what it is
+    /// sent is counted when the cohort settles.
+    pub(super) in_cohort: bool,
 }
 
 /// What happened to a change handed to a subscriber.
@@ -172,7 +179,69 @@ impl Subscriber {
             behind_since: None,
             report_every: (bounds.changes as u64 / 4).max(1),
             samples: VecDeque::new(),
+            total: HeldTotal::default(),
+            in_cohort: false,
         }
+    }
+
+    /// The changes and bytes it may still be given, if it can take the rest of the
+    /// transaction of `watermark` with a cohort (`cohort.rs`): live and not overflowed, of
+    /// protocol 5 or more, inside that transaction, and every frame of the turn so far (the
+    /// `shared_len` shared frames) its own.
+    pub(super) fn cohort_room(
+        &self,
+        shared_len: usize,
+        watermark: &Watermark,
+    ) -> Option<(u64, u64)> {
+        let current = self
+            .follows
+            .as_ref()
+            .is_some_and(|run| run.end == shared_len);
+        let fits = self.phase == Phase::Live
+            && !self.overflowed
+            && self.protocol >= 5
+            && self.outbox.is_empty()
+            && current
+            && self.in_txn
+            && same(&self.position.0, watermark);
+        fits.then(|| {
+            (
+                (self.bounds.changes as u64).saturating_sub(self.held()),
+                (self.bounds.bytes as u64).saturating_sub(self.held_bytes()),
+            )
+        })
+    }
+
+    /// Takes, as a member of a cohort (`cohort.rs`), the `queued` live changes of `bytes`
+    /// bytes it queued since it formed, the last of them `last`: they are already in the
+    /// turn's shared frames, right after its run, and in the held total.
+    pub(super) fn settle_cohort(&mut self, queued: u64, bytes: u64, last: &Change) {
+        self.sent_messages += queued;
+        self.sent_bytes += bytes;
+        if last.kind == Kind::Commit {
+            self.watermark = last.watermark.clone();
+        }
+        self.position.1 = last.pos;
+        self.in_txn = !matches!(last.kind, Kind::Commit | Kind::Rollback);
+        if let Some(run) = &mut self.follows {
+            run.end += queued as usize;
+        }
+    }
+
+    /// Adds what it holds, from now on, to `total` (the streamer's, as it registers it).
+    pub(super) fn share_total(&mut self, total: &HeldTotal) {
+        let held = self.held_bytes();
+        self.total.change(held, 0);
+        total.change(0, held);
+        self.total = total.clone();
+    }
+
+    /// Takes what it holds out of the shared total (as the streamer forgets it).
+    pub(super) fn leave_total(&mut self) {
+        let held = self.held_bytes();
+        self.total.change(held, 0);
+        self.total = HeldTotal::default();
+        self.total.change(0, held);
     }
 
     /// Whether this subscriber takes part in live forwarding and broadcasts.
@@ -194,6 +263,7 @@ impl Subscriber {
     /// subscriber keeps one place for the `rollback` that must close a transaction it began
     /// (never stored, so it goes whatever the budget). What it admits is added to `budget`.
     /// Sent frames join this turn's [`SharedFrames`] when they can.
+    #[inline]
     pub fn send_live(
         &mut self,
         change: &Arc<Change>,
@@ -209,6 +279,7 @@ impl Subscriber {
         delivery
     }
 
+    #[inline]
     fn admit_live(
         &mut self,
         change: &Arc<Change>,
@@ -232,6 +303,7 @@ impl Subscriber {
                     Delivery::Overflowed
                 } else {
                     self.backlog_bytes += len as u64;
+                    self.total.change(0, len as u64);
                     self.backlog.push(change.clone());
                     Delivery::Backlogged
                 }
@@ -285,6 +357,7 @@ impl Subscriber {
     /// change of the same transaction (the same watermark, usually the same shared text, so
     /// the equality is a pointer check) is above the last commit sent: only a sent commit
     /// moves that, and it would have ended the transaction here (a rollback ends it too).
+    #[inline]
     fn deliver(
         &mut self,
         change: &Change,
@@ -324,6 +397,7 @@ impl Subscriber {
     /// A frame of its own asks for a progress report every `report_every` frames
     /// ([`Token::Progress`]); live frames carry the streamer's own marks
     /// ([`SharedFrames::progress_mark`]), the same for every subscriber.
+    #[inline]
     fn queue(
         &mut self,
         message: &Arc<str>,
@@ -333,7 +407,9 @@ impl Subscriber {
         live: bool,
     ) {
         self.sent_messages += 1;
+        let before = self.held_bytes();
         self.sent_bytes += message.len() as u64;
+        self.total.change(before, self.held_bytes());
         if live && self.outbox.is_empty() {
             let frames = &mut shared.frames;
             let len = frames.len();
@@ -444,11 +520,13 @@ impl Subscriber {
     /// Forgets its backlog (read from the change log instead).
     pub(super) fn clear_backlog(&mut self) {
         self.backlog.clear();
+        self.total.change(self.backlog_bytes, 0);
         self.backlog_bytes = 0;
     }
 
     /// Takes its backlog, to send it.
     pub(super) fn take_backlog(&mut self) -> Vec<Arc<Change>> {
+        self.total.change(self.backlog_bytes, 0);
         self.backlog_bytes = 0;
         std::mem::take(&mut self.backlog)
     }
@@ -461,7 +539,9 @@ impl Subscriber {
         acked_commit: Option<Watermark>,
     ) {
         self.acked_messages = self.acked_messages.max(acked_messages);
+        let before = self.held_bytes();
         self.acked_bytes = self.acked_bytes.max(acked_bytes);
+        self.total.change(before, self.held_bytes());
         while self
             .sent_at
             .front()
