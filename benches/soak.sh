@@ -9,13 +9,14 @@
 # life's service log go to OUT.
 #
 #   benches/soak.sh                          30 minutes
-#   DURATION_S=150 KILL_MIN_S=30 KILL_MAX_S=60 benches/soak.sh
+#   DURATION_S=400 KILL_MIN_S=160 KILL_MAX_S=200 benches/soak.sh   a short one (2 lives judged)
 #
 # Knobs (environment):
 #   DURATION_S=1800      how long
 #   RATE=300             transactions a second offered by the change source (1 to 3 inserts each)
 #   SUBSCRIBERS=6        serving subscribers (plus one backup replicator and two restoring tasks)
-#   KILL_MIN_S=120 KILL_MAX_S=240   the time between two kill -9
+#   KILL_MIN_S=240 KILL_MAX_S=360   the time between two kill -9 (a life of the service settles
+#                        in about 2-3 minutes: SQLite's page cache fills over the change log)
 #   OUT=target/soak      where the samples, the plot and the logs go
 #   BIN=path             the service binary (default: this tree's release build)
 #   SEED=N               the driver's choices
@@ -26,8 +27,8 @@ cd "$ROOT"
 DURATION_S=${DURATION_S:-1800}
 RATE=${RATE:-300}
 SUBSCRIBERS=${SUBSCRIBERS:-6}
-KILL_MIN_S=${KILL_MIN_S:-120}
-KILL_MAX_S=${KILL_MAX_S:-240}
+KILL_MIN_S=${KILL_MIN_S:-240}
+KILL_MAX_S=${KILL_MAX_S:-360}
 OUT=${OUT:-target/soak}
 SEED=${SEED:-11400714819323198485}
 

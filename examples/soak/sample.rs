@@ -1,5 +1,5 @@
-//! The service's footprint over time, read from `/proc/PID`: `RssAnon` (its heap, not the mapped
-//! binary or the page cache) and the number of open file descriptors, with the sockets the soak
+//! The service's footprint over time, read from `/proc/PID`: `RssAnon` (its heap, SQLite's page cache
+//! included; not the mapped binary, not the kernel's page cache) and the number of open file descriptors, with the sockets the soak
 //! holds open at that moment (each is one fd of the service), and what "flat" means for them:
 //! no upward trend within each life of the process and none across its restarts.
 
@@ -40,14 +40,18 @@ pub fn read(pid: u32) -> Option<(u64, u64)> {
     Some((rss, fds))
 }
 
-/// Samples younger than this in their life are warm-up (caches filling, subscribers catching
-/// up after the restart) and left out of the trends.
-pub const WARM_UP_S: f64 = 30.0;
+/// A life at least this long is judged; a shorter one (the last, cut by the end of the run) is
+/// only drawn.
+pub const JUDGED_LIFE_S: f64 = 150.0;
 
-/// Least-squares slope of `y` over `x` (per unit of `x`), 0 with fewer than 3 points.
+/// The window at the end of a life whose median is its plateau, compared with the window
+/// before it.
+pub const WINDOW_S: f64 = 60.0;
+
+/// Least-squares slope of `y` over `x` (per unit of `x`), 0 with fewer than 2 points.
 pub fn slope(points: &[(f64, f64)]) -> f64 {
     let n = points.len() as f64;
-    if points.len() < 3 {
+    if points.len() < 2 {
         return 0.0;
     }
     let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
@@ -69,17 +73,23 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The trend of one quantity: per life (median after warm-up, and the rise from the first half
-/// of the life to the second), and across lives (slope of the whole run after warm-ups).
+/// The trend of one quantity. A life of the service starts cold (RssAnon grows while SQLite's
+/// page cache fills over the change log), so "flat" is judged where a life has settled:
+/// - **within each life**: the median of its last [`WINDOW_S`] against the median of the
+///   window before: the growth has stopped by the end of the life;
+/// - **across lives**: the plateaus (last-window medians) of the lives in order, their
+///   least-squares slope times the number of steps between the first and the last: no life
+///   settles higher than the one before it.
 pub struct Trend {
     pub name: &'static str,
     pub unit: &'static str,
-    pub per_life_median: Vec<f64>,
-    /// Largest rise, within one life, of the second half's median over the first half's.
+    /// Each judged life's plateau.
+    pub plateaus: Vec<f64>,
+    /// Largest rise, within one life, of its last window over the window before.
     pub worst_rise_in_life: f64,
-    /// Rise of the whole run, from its slope, over its length.
-    pub rise_over_run: f64,
-    pub overall_median: f64,
+    /// The plateaus' rise over the run, from their slope.
+    pub rise_across_lives: f64,
+    pub max: f64,
     /// How much rise still counts as flat.
     pub tolerance: f64,
 }
@@ -92,55 +102,73 @@ impl Trend {
         value: impl Fn(&Sample) -> f64,
         tolerance: impl Fn(f64) -> f64,
     ) -> Trend {
-        let warm: Vec<&Sample> = samples.iter().filter(|s| s.age >= WARM_UP_S).collect();
         let lives = samples.iter().map(|s| s.life).max().map_or(0, |l| l + 1);
-        let mut per_life_median = Vec::new();
-        let mut worst_rise_in_life = 0f64;
+        let mut plateaus = Vec::new();
+        let mut worst_rise_in_life = f64::MIN;
         for life in 0..lives {
-            let in_life: Vec<&Sample> = warm.iter().copied().filter(|s| s.life == life).collect();
-            if in_life.is_empty() {
+            let in_life: Vec<&Sample> = samples.iter().filter(|s| s.life == life).collect();
+            let Some(end) = in_life.last().map(|s| s.age) else {
+                continue;
+            };
+            if end < JUDGED_LIFE_S {
                 continue;
             }
-            per_life_median.push(median(in_life.iter().map(|s| value(s)).collect()));
-            let half = in_life.len() / 2;
-            if half >= 3 {
-                let a = median(in_life[..half].iter().map(|s| value(s)).collect());
-                let b = median(in_life[half..].iter().map(|s| value(s)).collect());
-                worst_rise_in_life = worst_rise_in_life.max(b - a);
-            }
+            let window = |from: f64, to: f64| {
+                median(
+                    in_life
+                        .iter()
+                        .filter(|s| s.age >= from && s.age < to)
+                        .map(|s| value(s))
+                        .collect(),
+                )
+            };
+            let last = window(end - WINDOW_S, f64::MAX);
+            let before = window(end - 2.0 * WINDOW_S, end - WINDOW_S);
+            plateaus.push(last);
+            worst_rise_in_life = worst_rise_in_life.max(last - before);
         }
-        let points: Vec<(f64, f64)> = warm.iter().map(|s| (s.t, value(s))).collect();
-        let span = match (points.first(), points.last()) {
-            (Some(a), Some(b)) => b.0 - a.0,
-            _ => 0.0,
-        };
-        let overall_median = median(points.iter().map(|p| p.1).collect());
+        let steps: Vec<(f64, f64)> = plateaus
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as f64, *p))
+            .collect();
+        let rise_across_lives = slope(&steps) * (steps.len().max(1) - 1) as f64;
+        let max = samples.iter().map(&value).fold(0.0, f64::max);
+        let tolerance = tolerance(median(plateaus.clone()));
         Trend {
             name,
             unit,
-            per_life_median,
-            worst_rise_in_life,
-            rise_over_run: slope(&points) * span,
-            overall_median,
-            tolerance: tolerance(overall_median),
+            plateaus,
+            worst_rise_in_life: worst_rise_in_life.max(0.0),
+            rise_across_lives,
+            max,
+            tolerance,
         }
     }
 
+    /// Flat, and judged on at least two lives.
     pub fn flat(&self) -> bool {
-        self.rise_over_run <= self.tolerance && self.worst_rise_in_life <= self.tolerance
+        self.plateaus.len() >= 2
+            && self.rise_across_lives <= self.tolerance
+            && self.worst_rise_in_life <= self.tolerance
+    }
+
+    /// The larger of the two rises.
+    pub fn rise(&self) -> f64 {
+        self.rise_across_lives.max(self.worst_rise_in_life)
     }
 
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "{}: median {:.1} {u}, rise over the run {:+.1} {u}, worst rise within a life {:+.1} {u} (flat: at most {:.1} {u}); per life:",
+            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise in a life's last minute {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {JUDGED_LIFE_S:.0} s or more); plateau of each life:",
             self.name,
-            self.overall_median,
-            self.rise_over_run,
+            self.max,
+            self.rise_across_lives,
             self.worst_rise_in_life,
             self.tolerance,
             u = self.unit
         );
-        for m in &self.per_life_median {
+        for m in &self.plateaus {
             let _ = write!(s, " {m:.1}");
         }
         s
