@@ -408,6 +408,8 @@ async fn main() {
     up.stop().await;
 
     let samples = samples.borrow().clone();
+    // The report exits the process: the data directory goes first.
+    drop(dir);
     report::report(
         &args,
         elapsed,
