@@ -133,9 +133,9 @@ pub fn report(
         kills.acked_but_lost,
         kills.unserved,
         refused,
-        if rss.flat() { "flat" } else { "RISING" },
+        if rss.plateaus.len() < 2 { "not judged (under 2 lives of 150 s)" } else if rss.flat() { "flat" } else { "RISING" },
         rss.rise(),
-        if fds.flat() { "flat" } else { "RISING" },
+        if fds.plateaus.len() < 2 { "not judged" } else if fds.flat() { "flat" } else { "RISING" },
         fds.rise(),
     );
     std::process::exit(if pass { 0 } else { 1 });
