@@ -211,6 +211,13 @@ impl FakeUpstream {
         self.state.lock().unwrap().acks.clone()
     }
 
+    /// How many acks arrived so far and the newest one, without copying them all (a soak that
+    /// asks every few milliseconds, after hundreds of thousands of acks).
+    pub fn last_ack(&self) -> (usize, Option<String>) {
+        let s = self.state.lock().unwrap();
+        (s.acks.len(), s.acks.last().cloned())
+    }
+
     /// The close frames the service sent so far (code, reason), in order.
     pub fn closes(&self) -> Vec<(u16, String)> {
         self.state.lock().unwrap().closes.clone()

@@ -1,0 +1,176 @@
+//! The service's footprint over time, read from `/proc/PID`: `RssAnon` (its heap, SQLite's page cache
+//! included; not the mapped binary, not the kernel's page cache) and the number of open file descriptors, with the sockets the soak
+//! holds open at that moment (each is one fd of the service), and what "flat" means for them:
+//! no upward trend within each life of the process and none across its restarts.
+
+use std::fmt::Write;
+
+/// One reading.
+#[derive(Clone, Copy, Debug)]
+pub struct Sample {
+    /// Seconds since the soak began.
+    pub t: f64,
+    /// Which start of the service (0 = the first).
+    pub life: usize,
+    /// Seconds since this life began.
+    pub age: f64,
+    pub rss_anon_kb: u64,
+    pub fds: u64,
+    /// Subscriber and reservation sockets the soak held open then.
+    pub sockets: i64,
+}
+
+impl Sample {
+    /// The fds that are not the soak's sockets: listeners, the change log, the upstream
+    /// connection, and anything leaked.
+    pub fn own_fds(&self) -> i64 {
+        self.fds as i64 - self.sockets
+    }
+}
+
+/// `RssAnon` (kB) and the open fds of `pid`, or `None` once it is gone.
+pub fn read(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("RssAnon:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())?;
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    Some((rss, fds))
+}
+
+/// A life at least this long is judged; a shorter one (the last, cut by the end of the run) is
+/// only drawn.
+pub const JUDGED_LIFE_S: f64 = 150.0;
+
+/// The window at the end of a life whose median is its plateau, compared with the window
+/// before it.
+pub const WINDOW_S: f64 = 60.0;
+
+/// Least-squares slope of `y` over `x` (per unit of `x`), 0 with fewer than 2 points.
+pub fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx == 0.0 {
+        0.0
+    } else {
+        sxy / sxx
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The trend of one quantity. A life of the service starts cold (RssAnon grows while SQLite's
+/// page cache fills over the change log), so "flat" is judged where a life has settled:
+/// - **within each life**: the median of its last [`WINDOW_S`] against the median of the
+///   window before: the growth has stopped by the end of the life;
+/// - **across lives**: the plateaus (last-window medians) of the lives in order, their
+///   least-squares slope times the number of steps between the first and the last: no life
+///   settles higher than the one before it.
+pub struct Trend {
+    pub name: &'static str,
+    pub unit: &'static str,
+    /// Each judged life's plateau.
+    pub plateaus: Vec<f64>,
+    /// Largest rise, within one life, of its last window over the window before.
+    pub worst_rise_in_life: f64,
+    /// The plateaus' rise over the run, from their slope.
+    pub rise_across_lives: f64,
+    pub max: f64,
+    /// How much rise still counts as flat.
+    pub tolerance: f64,
+}
+
+impl Trend {
+    pub fn of(
+        name: &'static str,
+        unit: &'static str,
+        samples: &[Sample],
+        value: impl Fn(&Sample) -> f64,
+        tolerance: impl Fn(f64) -> f64,
+    ) -> Trend {
+        let lives = samples.iter().map(|s| s.life).max().map_or(0, |l| l + 1);
+        let mut plateaus = Vec::new();
+        let mut worst_rise_in_life = f64::MIN;
+        for life in 0..lives {
+            let in_life: Vec<&Sample> = samples.iter().filter(|s| s.life == life).collect();
+            let Some(end) = in_life.last().map(|s| s.age) else {
+                continue;
+            };
+            if end < JUDGED_LIFE_S {
+                continue;
+            }
+            let window = |from: f64, to: f64| {
+                median(
+                    in_life
+                        .iter()
+                        .filter(|s| s.age >= from && s.age < to)
+                        .map(|s| value(s))
+                        .collect(),
+                )
+            };
+            let last = window(end - WINDOW_S, f64::MAX);
+            let before = window(end - 2.0 * WINDOW_S, end - WINDOW_S);
+            plateaus.push(last);
+            worst_rise_in_life = worst_rise_in_life.max(last - before);
+        }
+        let steps: Vec<(f64, f64)> = plateaus
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (i as f64, *p))
+            .collect();
+        let rise_across_lives = slope(&steps) * (steps.len().max(1) - 1) as f64;
+        let max = samples.iter().map(&value).fold(0.0, f64::max);
+        let tolerance = tolerance(median(plateaus.clone()));
+        Trend {
+            name,
+            unit,
+            plateaus,
+            worst_rise_in_life: worst_rise_in_life.max(0.0),
+            rise_across_lives,
+            max,
+            tolerance,
+        }
+    }
+
+    /// Flat, and judged on at least two lives.
+    pub fn flat(&self) -> bool {
+        self.plateaus.len() >= 2
+            && self.rise_across_lives <= self.tolerance
+            && self.worst_rise_in_life <= self.tolerance
+    }
+
+    /// The larger of the two rises.
+    pub fn rise(&self) -> f64 {
+        self.rise_across_lives.max(self.worst_rise_in_life)
+    }
+
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise in a life's last minute {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {JUDGED_LIFE_S:.0} s or more); plateau of each life:",
+            self.name,
+            self.max,
+            self.rise_across_lives,
+            self.worst_rise_in_life,
+            self.tolerance,
+            u = self.unit
+        );
+        for m in &self.plateaus {
+            let _ = write!(s, " {m:.1}");
+        }
+        s
+    }
+}
