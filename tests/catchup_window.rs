@@ -7,7 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{commit_of, frame, payloads, WsClient};
+use change_streamer_test_support::client::{
+    commit_of, follow_acking_commits, frame, payloads, WsClient,
+};
 use change_streamer_test_support::service::{service_with_upstream, TestService};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
@@ -49,34 +51,7 @@ async fn a_client_acking_only_at_commits_catches_up_though_batches_end_inside_tr
     let last = 300;
     let (svc, _up) = stored(last, 40).await;
     let mut c = WsClient::connect(&batched_url(&svc, "commit-acker")).await;
-    let (mut next, mut open, mut ending_inside) = (101, false, 0);
-    while next <= last {
-        let (id, ps) = payloads(&frame(&mut c).await);
-        let mut has_commit = false;
-        for p in &ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open);
-                    open = false;
-                    assert_eq!(commit_of(p), Some(next), "out of order");
-                    next += 1;
-                    has_commit = true;
-                }
-                _ => {}
-            }
-        }
-        if open {
-            ending_inside += 1;
-        }
-        if has_commit {
-            c.ack(id).await;
-        }
-    }
+    let ending_inside = follow_acking_commits(&mut c, 101, last).await;
     assert!(
         ending_inside > 10,
         "only {ending_inside} frames ended inside a transaction"

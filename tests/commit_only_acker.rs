@@ -3,7 +3,7 @@
 //! flow control: the real server, a fake change source and a real websocket client.
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{commit_of, frame, payloads, WsClient};
+use change_streamer_test_support::client::{follow_acking_commits, WsClient};
 use change_streamer_test_support::service::service_with_upstream;
 use change_streamer_test_support::upstream::txn;
 use serde_json::json;
@@ -36,31 +36,7 @@ async fn a_client_acking_only_at_commits_never_wedges_live_flow_control() {
     for n in 101..=last {
         up.send(txn(n, 1000));
     }
-    let (mut next, mut open) = (101, false);
-    while next <= last {
-        let (id, ps) = payloads(&frame(&mut c).await);
-        let mut has_commit = false;
-        for p in &ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open);
-                    open = false;
-                    assert_eq!(commit_of(p), Some(next), "out of order");
-                    next += 1;
-                    has_commit = true;
-                }
-                _ => {}
-            }
-        }
-        if has_commit {
-            c.ack(id).await;
-        }
-    }
+    follow_acking_commits(&mut c, 101, last).await;
     let st = svc
         .wait_status("every commit acked", |s| {
             s["subscribers"][0]["acked"] == json!(w(last))

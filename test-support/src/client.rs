@@ -181,6 +181,42 @@ pub fn commit_of(p: &Value) -> Option<u64> {
     })
 }
 
+/// Follows a batched stream from the commit of `next` to the commit of `last` as a client that
+/// acks only at commits (PROTOCOL.md §5 "When to ack"): it acks each frame that holds a
+/// `commit`, and no other. Checks that transactions come whole and in order, each once;
+/// returns how many frames ended inside a transaction.
+pub async fn follow_acking_commits(c: &mut WsClient, mut next: u64, last: u64) -> usize {
+    let (mut open, mut ending_inside) = (false, 0);
+    while next <= last {
+        let (id, ps) = payloads(&frame(c).await);
+        let mut has_commit = false;
+        for p in &ps {
+            match p[0].as_str() {
+                Some("begin") => {
+                    assert!(!open, "begin inside a transaction: {p}");
+                    open = true;
+                }
+                Some("data") => assert!(open, "data outside a transaction"),
+                Some("commit") => {
+                    assert!(open);
+                    open = false;
+                    assert_eq!(commit_of(p), Some(next), "out of order");
+                    next += 1;
+                    has_commit = true;
+                }
+                _ => {}
+            }
+        }
+        if open {
+            ending_inside += 1;
+        }
+        if has_commit {
+            c.ack(id).await;
+        }
+    }
+    ending_inside
+}
+
 /// Reads (without acking) until a frame holds the commit of `last`; checks that transactions
 /// come whole and in order, each once; returns the last frame's id.
 pub async fn read_until(c: &mut WsClient, mut next: u64, last: u64) -> (u64, u64) {
