@@ -24,7 +24,6 @@
 //! is a `status`; "refused" is anything else (error type 2: its watermark was purged).
 
 use std::cell::{Cell, RefCell};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -33,7 +32,7 @@ use change_streamer_actors::clock::Clock;
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::{Seen, WsClient};
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
-use change_streamer_test_support::process::ServiceProcess;
+use change_streamer_test_support::process::{free_port, sibling_binary, ServiceProcess};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use futures_util::{SinkExt, StreamExt};
 
@@ -47,22 +46,6 @@ fn w(n: u64) -> String {
 enum Stop {
     Kill9,
     Sigterm,
-}
-
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("CHANGE_STREAMER_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    dir.join("change-streamer")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 /// A small deterministic generator (xorshift) for the restore times.
@@ -84,7 +67,7 @@ fn start(
 ) -> ServiceProcess {
     let floor = FLOOR_MS.to_string();
     ServiceProcess::spawn(
-        &binary(),
+        &sibling_binary(),
         port,
         dir,
         &[
@@ -248,10 +231,10 @@ fn parse_runs() -> u32 {
 #[actix_rt::main]
 async fn main() {
     let runs = parse_runs();
-    if !binary().exists() {
+    if !sibling_binary().exists() {
         eprintln!(
             "restart_soak: {} is not built; run `cargo build --release --bin change-streamer --example restart_soak`",
-            binary().display()
+            sibling_binary().display()
         );
         std::process::exit(2);
     }

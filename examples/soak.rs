@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::clock::Clock;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
-use change_streamer_test_support::process::ServiceProcess;
+use change_streamer_test_support::process::{free_port, sibling_binary, ServiceProcess};
 use change_streamer_test_support::upstream::FakeUpstream;
 
 #[path = "soak/check.rs"]
@@ -106,29 +106,13 @@ fn usage(problem: &str) -> ! {
     std::process::exit(2);
 }
 
-fn binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("CHANGE_STREAMER_BIN") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("current exe");
-    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
-    dir.join("change-streamer")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// The service on `port` and `dir`: backups from the stand-in page polled every second, purges
 /// checked every second but nothing younger than 30 s purged (every subscriber of the soak
 /// comes back well within it), liveness and slow-subscriber eviction after 5 s (so stalls end
 /// both ways).
 fn start(port: u16, dir: &Path, up: &FakeUpstream, lite: &FakeLitestream) -> ServiceProcess {
     ServiceProcess::spawn(
-        &binary(),
+        &sibling_binary(),
         port,
         dir,
         &[
@@ -220,10 +204,10 @@ fn save_log(out: &Path, life: usize, service: &ServiceProcess) {
 async fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = parse_args();
-    if !binary().exists() {
+    if !sibling_binary().exists() {
         eprintln!(
             "soak: {} is not built; run benches/soak.sh",
-            binary().display()
+            sibling_binary().display()
         );
         std::process::exit(2);
     }

@@ -2,7 +2,7 @@
 //! show: `kill -9` (SIGKILL) and SIGTERM at any moment, then a start on the same data directory.
 
 use std::io::{BufRead, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -10,6 +10,26 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::wait::{POLL, STATUS_LIMIT};
+
+/// The `change-streamer` binary an example beside it starts: `$CHANGE_STREAMER_BIN`, else the
+/// one in the example's target directory (`target/<profile>/change-streamer`).
+pub fn sibling_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("CHANGE_STREAMER_BIN") {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    dir.join("change-streamer")
+}
+
+/// A loopback port free at the moment of asking, for a service that must restart on the same
+/// one.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
 
 /// A running `change-streamer` process.
 pub struct ServiceProcess {
