@@ -20,6 +20,9 @@ fn font() -> bool {
 
 type Err = Box<dyn std::error::Error>;
 
+/// One line of a panel: its legend, its colour, and what it plots of a sample.
+type Series<'a> = (&'a str, RGBColor, &'a dyn Fn(&Sample) -> f64);
+
 /// One panel: `series` (name, colour, value) of `samples`, by life.
 fn panel(
     area: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
@@ -28,7 +31,7 @@ fn panel(
     y_desc: &str,
     samples: &[Sample],
     restarts: &[f64],
-    series: &[(&str, RGBColor, &dyn Fn(&Sample) -> f64)],
+    series: &[Series],
 ) -> Result<(), Err> {
     let t_max = samples.last().map_or(1.0, |s| s.t).max(1.0);
     let y_max = samples

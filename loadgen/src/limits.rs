@@ -22,7 +22,7 @@ pub fn raise_nofile(need: u64) -> Result<Option<(u64, u64)>, String> {
             std::io::Error::last_os_error()
         ));
     }
-    let (soft, hard) = (lim.rlim_cur as u64, lim.rlim_max as u64);
+    let (soft, hard): (u64, u64) = (lim.rlim_cur, lim.rlim_max);
     if soft >= need {
         return Ok(None);
     }
