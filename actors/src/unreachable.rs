@@ -9,8 +9,10 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use log::{debug, error, info, warn};
 use tokio::time::Instant;
+
+use crate::changelog::ChangeLogError;
 
 /// How often a failure that goes on is said again.
 pub const SAY_AGAIN_EVERY: Duration = Duration::from_secs(60);
@@ -26,6 +28,9 @@ pub enum Said {
     Quiet,
     /// The first success after failures: an INFO.
     Back,
+    /// A failure that is not the change DB out of reach ([`Unreachable::failed_with`]): an
+    /// ERROR, each time, and no outage begun or ended.
+    Fault,
     /// A success while all is well: nothing.
     Nothing,
 }
@@ -74,6 +79,17 @@ impl Unreachable {
         Said::Quiet
     }
 
+    /// An attempt failed with a change log's `error`: said as an outage ([`Unreachable::failed`])
+    /// when it is the change DB out of reach ([`ChangeLogError::is_unreachable`]), else as an
+    /// ERROR of its own each time, leaving the outage's state as it was (PROTOCOL.md §14.2).
+    pub fn failed_with(&mut self, error: &ChangeLogError, retry: &str) -> Said {
+        if error.is_unreachable() {
+            return self.failed(error, retry);
+        }
+        error!("{}: {error}; {retry}", self.part);
+        Said::Fault
+    }
+
     /// An attempt succeeded.
     pub fn answered(&mut self) -> Said {
         match self.since.take() {
@@ -118,5 +134,22 @@ mod tests {
         assert_eq!(u.answered(), Said::Nothing);
         // The next outage is a new event.
         assert_eq!(u.failed(&"refused", "retrying"), Said::Began);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fault_that_is_not_the_change_db_out_of_reach_is_said_each_time_and_is_no_outage() {
+        let mut u = Unreachable::new("test");
+        let corrupt = ChangeLogError::Corrupt("x".into());
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(u.failed_with(&corrupt, "retrying"), Said::Fault);
+        }
+        // No outage began, so none ends.
+        assert_eq!(u.answered(), Said::Nothing);
+        // A fault inside an outage neither ends it nor is silenced by it.
+        assert_eq!(u.failed(&"refused", "retrying"), Said::Began);
+        assert_eq!(u.failed_with(&corrupt, "retrying"), Said::Fault);
+        assert_eq!(u.failed(&"refused", "retrying"), Said::Quiet);
+        assert_eq!(u.answered(), Said::Back);
     }
 }

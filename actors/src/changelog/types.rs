@@ -54,6 +54,46 @@ pub enum ChangeLogError {
     PurgedPast { after: Watermark, oldest: Watermark },
 }
 
+impl ChangeLogError {
+    /// Whether this failure is the change DB out of reach, rather than a failure of what was
+    /// asked of it (PROTOCOL.md §14.2, "An outage is one event in the log"): the connection
+    /// refused, reset or ended ([`tokio_postgres::Error::is_closed`], or an I/O error under
+    /// it), or the server saying it cannot serve the session: SQLSTATE class 08 (connection
+    /// exception), 57P (operator intervention: `pg_terminate_backend`, a shutdown, a crash,
+    /// "cannot connect now") or 53300 (too many connections). An outage is said once and ends
+    /// with one line when the change DB answers again; anything else (a query the server
+    /// refused, a row that does not decode, a corrupt watermark) is a fault of its own, said
+    /// each time it happens, and says nothing of whether the change DB is reachable.
+    pub fn is_unreachable(&self) -> bool {
+        match self {
+            ChangeLogError::Postgres(e) => postgres_unreachable(e),
+            ChangeLogError::Write(cause) => cause.is_unreachable(),
+            _ => false,
+        }
+    }
+}
+
+/// [`ChangeLogError::is_unreachable`] for the PostgreSQL client's error.
+fn postgres_unreachable(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(state) = e.code() {
+        let code = state.code();
+        return code.starts_with("08") || code.starts_with("57P") || code == "53300";
+    }
+    // Not an answer of the server's: the client's I/O (refused, reset, a DNS failure) is
+    // the connection; the rest (a value that does not convert, a bad configuration) is not.
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if c.is::<std::io::Error>() {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// `e` and its causes, each said once: "db error: FATAL: terminating connection due to
 /// administrator command" where tokio-postgres alone says "db error". A cause whose text is
 /// already said (a wrapper that prints its source) is not repeated.

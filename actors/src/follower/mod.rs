@@ -257,8 +257,8 @@ impl Follower {
                 self.rebase_if_purged_past(&stats).await
             }
             Err(e) => {
-                let why = format!("its range: {e}");
-                self.unreachable.failed(&why, "again at the next poll");
+                self.unreachable
+                    .failed_with(&e, "asking its range again at the next poll");
                 Ok(())
             }
         }
@@ -311,7 +311,7 @@ impl Follower {
                     };
                 }
                 Err(e) => {
-                    self.unreachable.failed(&e, "again at the next poll");
+                    self.unreachable.failed_with(&e, "reading again at the next poll");
                     return Err(Pause::Retry);
                 }
             };

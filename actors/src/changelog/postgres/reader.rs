@@ -98,12 +98,13 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
 }
 
 /// Sends `result`, saying in the log why it failed if it did: a failure to reach the change DB
-/// once per outage (`unreachable`), a read past a purge each time.
+/// once per outage (`unreachable`), a read past a purge each time as a WARN, any other fault
+/// each time as an ERROR (PROTOCOL.md §14.2).
 fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {
     match &result {
         Err(e @ ChangeLogError::PurgedPast { .. }) => warn!("change log read failed: {e}"),
         Err(e) => {
-            unreachable.failed(e, "trying again at the next read");
+            unreachable.failed_with(e, "trying again at the next read");
         }
         Ok(_) => {
             unreachable.answered();

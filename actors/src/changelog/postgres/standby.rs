@@ -115,7 +115,7 @@ where
 fn send<T>(reply: Reply<T>, answer: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {
     match &answer {
         Ok(_) => unreachable.answered(),
-        Err(e) => unreachable.failed(e, "trying again at the next question"),
+        Err(e) => unreachable.failed_with(e, "trying again at the next question"),
     };
     let _ = reply.send(answer);
 }
