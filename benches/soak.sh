@@ -17,6 +17,8 @@
 #   SUBSCRIBERS=6        serving subscribers (plus one backup replicator and two restoring tasks)
 #   KILL_MIN_S=240 KILL_MAX_S=360   the time between two kill -9 (a life of the service settles
 #                        in about 2-3 minutes: SQLite's page cache fills over the change log)
+#                        RssAnon and fds are judged on each life of KILL_MIN_S (150 at least)
+#                        or more; the last life, which the end of the run cuts, when it is that long
 #   OUT=target/soak      where the samples, the plot and the logs go
 #   BIN=path             the service binary (default: this tree's release build)
 #   SEED=N               the driver's choices

@@ -6,7 +6,7 @@ use std::io::Write;
 
 use crate::check::Tally;
 use crate::restore;
-use crate::sample::{Sample, Trend};
+use crate::sample::{Sample, Trend, MIN_JUDGED_LIFE_S};
 use crate::source::{w, SourceState, FIRST};
 use crate::subscriber::Stats;
 use crate::{plot, Args, Kills};
@@ -34,9 +34,11 @@ pub fn report(
             );
         }
     }
+    let judged_life_s = (args.kill_min_s as f64).max(MIN_JUDGED_LIFE_S);
     let rss = Trend::of(
         "RssAnon",
         "MiB",
+        judged_life_s,
         samples,
         |s| s.rss_anon_kb as f64 / 1024.0,
         |m| (m * 0.10).max(3.0),
@@ -44,6 +46,7 @@ pub fn report(
     let fds = Trend::of(
         "fds less the soak's sockets",
         "fds",
+        judged_life_s,
         samples,
         |s| s.own_fds() as f64,
         |_| 3.0,
@@ -133,7 +136,7 @@ pub fn report(
         kills.acked_but_lost,
         kills.unserved,
         refused,
-        if rss.plateaus.len() < 2 { "not judged (under 2 lives of 150 s)" } else if rss.flat() { "flat" } else { "RISING" },
+        if rss.plateaus.len() < 2 { "not judged (under 2 judged lives)" } else if rss.flat() { "flat" } else { "RISING" },
         rss.rise(),
         if fds.plateaus.len() < 2 { "not judged" } else if fds.flat() { "flat" } else { "RISING" },
         fds.rise(),

@@ -40,9 +40,11 @@ pub fn read(pid: u32) -> Option<(u64, u64)> {
     Some((rss, fds))
 }
 
-/// A life at least this long is judged; a shorter one (the last, cut by the end of the run) is
-/// only drawn.
-pub const JUDGED_LIFE_S: f64 = 150.0;
+/// The shortest life that is judged, whatever the kill interval: a life needs about 2-3
+/// minutes to settle (SQLite's page cache fills over the change log, stalled subscribers fill
+/// their bounds). The soak passes its shortest kill interval when that is longer (see
+/// [`Trend::of`]).
+pub const MIN_JUDGED_LIFE_S: f64 = 150.0;
 
 /// The window at the end of a life whose median is its plateau, compared with the window
 /// before it.
@@ -92,12 +94,21 @@ pub struct Trend {
     pub max: f64,
     /// How much rise still counts as flat.
     pub tolerance: f64,
+    /// The shortest life judged.
+    pub judged_life_s: f64,
 }
 
 impl Trend {
+    /// `judged_life_s`: a life shorter than this is drawn, not judged. The soak passes its
+    /// shortest kill interval (at least [`MIN_JUDGED_LIFE_S`]): every life the soak kills is
+    /// judged, and the last life, which the end of the run cuts at any age, is judged only when
+    /// it lived as long as the shortest killed life may, so it is judged on the same footing
+    /// rather than while still filling (stop 38's third run failed on a 224 s last life whose
+    /// last minute was still filling to the stalled subscribers' bounds).
     pub fn of(
         name: &'static str,
         unit: &'static str,
+        judged_life_s: f64,
         samples: &[Sample],
         value: impl Fn(&Sample) -> f64,
         tolerance: impl Fn(f64) -> f64,
@@ -110,7 +121,7 @@ impl Trend {
             let Some(end) = in_life.last().map(|s| s.age) else {
                 continue;
             };
-            if end < JUDGED_LIFE_S {
+            if end < judged_life_s {
                 continue;
             }
             let window = |from: f64, to: f64| {
@@ -143,6 +154,7 @@ impl Trend {
             rise_across_lives,
             max,
             tolerance,
+            judged_life_s,
         }
     }
 
@@ -160,12 +172,13 @@ impl Trend {
 
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise in a life's last minute {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {JUDGED_LIFE_S:.0} s or more); plateau of each life:",
+            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise in a life's last minute {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {:.0} s or more); plateau of each life:",
             self.name,
             self.max,
             self.rise_across_lives,
             self.worst_rise_in_life,
             self.tolerance,
+            self.judged_life_s,
             u = self.unit
         );
         for m in &self.plateaus {
