@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{BackupFiles, ASKED_AND_PURGED_AT_ONCE};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
@@ -31,33 +32,23 @@ fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
 }
 
-/// One backup: its replicator, its litestream and where it backs up to.
+/// One backup: its files, its replicator and its litestream.
 struct Backup {
-    dir: PathBuf,
+    files: BackupFiles,
     replica: BackupReplica,
     replication: Option<Replication>,
-}
-
-impl Backup {
-    fn url(&self) -> String {
-        format!("file://{}", self.dir.join("backup").display())
-    }
-    fn socket(&self) -> PathBuf {
-        self.dir.join("ls.sock")
-    }
 }
 
 /// `--backups` with one `control` table per name, each in its own folder under `root`.
 fn backups_file(root: &Path) -> PathBuf {
     let mut text = String::new();
     for name in NAMES {
-        let dir = root.join(name);
-        std::fs::create_dir_all(&dir).expect("the backup's folder");
+        let files = BackupFiles::in_dir(&root.join(name));
         text += &format!(
-            "[[backup]]\nname = \"{name}\"\nurl = \"file://{}\"\nsource = \"control\"\ncontrol_url = \"unix:{}\"\ndb_path = \"{}\"\n\n",
-            dir.join("backup").display(),
-            dir.join("ls.sock").display(),
-            dir.join("replica.db").display()
+            "[[backup]]\nname = \"{name}\"\nurl = \"{}\"\nsource = \"control\"\ncontrol_url = \"{}\"\ndb_path = \"{}\"\n\n",
+            files.url(),
+            files.control_url(),
+            files.db().display()
         );
     }
     let path = root.join("backups.toml");
@@ -82,23 +73,16 @@ impl Quorum {
         let up = FakeUpstream::start().await;
         let up_url = up.url();
         let file_arg = file.display().to_string();
-        let svc = TestService::start(&[
+        let mut flags = vec![
             "--upstream",
             &up_url,
             "--backups",
             &file_arg,
             "--purge-quorum",
             "2",
-            "--backup-check-interval-ms",
-            "3600000",
-            "--min-cleanup-delay-ms",
-            "0",
-            "--purge-delay-ms",
-            "100",
-            "--change-log-retention-ms",
-            "0",
-        ])
-        .await;
+        ];
+        flags.extend(ASKED_AND_PURGED_AT_ONCE);
+        let svc = TestService::start(&flags).await;
         up.wait_connections(1).await;
         up.send(txn(100, 1));
         let st = svc
@@ -108,26 +92,15 @@ impl Quorum {
         let rv = w(100);
         let mut backups = Vec::new();
         for name in NAMES {
-            let dir = root.path().join(name);
-            let db = dir.join("replica.db");
-            let replica = BackupReplica::start_for_backup(&svc.base(), name, &rv, &rv, &db).await;
-            let mut b = Backup {
-                dir,
+            let files = BackupFiles::in_dir(&root.path().join(name));
+            let replica =
+                BackupReplica::start_for_backup(&svc.base(), name, &rv, &rv, &files.db()).await;
+            let replication = Some(files.replicate_controlled(&litestream).await);
+            backups.push(Backup {
+                files,
                 replica,
-                replication: None,
-            };
-            let replication = litestream.replicate_controlled(
-                &b.replica.db,
-                &b.url(),
-                &b.dir.join("litestream.yml"),
-                &b.socket(),
-                "1h",
-            );
-            replication
-                .wait_for_socket(&b.socket(), Duration::from_secs(20))
-                .await;
-            b.replication = Some(replication);
-            backups.push(b);
+                replication,
+            });
         }
         Quorum {
             _root: root,
@@ -178,10 +151,7 @@ impl Quorum {
 /// row once (PROTOCOL.md §8.4: no gap).
 async fn restore_and_follow(q: &Quorum, backup: &Backup, next: u64, out: &str) {
     let last = next + 1;
-    let db = backup.dir.join(out);
-    q.litestream
-        .restore(&backup.url(), &db)
-        .expect("litestream restore");
+    let db = backup.files.restore(&q.litestream, out);
     let (restored, rows) = read_replica(&db);
     let restored_n = Watermark::parse(&restored)
         .ok()
@@ -329,9 +299,12 @@ async fn single_backup_flags_are_one_backup_named_backup_with_a_quorum_of_one() 
     let flags = page.service_flags(3_600_000);
     let args: Vec<&str> = flags.iter().map(String::as_str).collect();
     let svc = TestService::start(&args).await;
+    // The backup's watermark (the monitor's) and its pending sample (the cleanup's, told by
+    // message after it) are two actors' answers: wait for both.
     let st = svc
-        .wait_status("the backup's watermark", |s| {
+        .wait_status("the backup's watermark and its pending sample", |s| {
             s["backups"][0]["watermark"] == w(103)
+                && s["backup"]["pendingWatermarks"][0]["replica"] == "s3"
         })
         .await;
     assert_eq!(st["backups"].as_array().map(Vec::len), Some(1), "{st}");

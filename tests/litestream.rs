@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -33,7 +33,8 @@ fn w(n: u64) -> String {
 /// The service reading its backup through the VFS, fed by a fake change source, with the
 /// backup replica following it; litestream is started by [`Backed::replicate`].
 struct Backed {
-    dir: TempDir,
+    _dir: TempDir,
+    files: BackupFiles,
     litestream: Litestream,
     up: FakeUpstream,
     svc: TestService,
@@ -48,24 +49,23 @@ impl Backed {
         // The service starts its VFS reader from this binary (this test process is not it).
         std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
         let dir = tempfile::tempdir().expect("tempdir");
-        let backup_url = format!("file://{}", dir.path().join("backup").display());
+        let files = BackupFiles::in_dir(dir.path());
         let up = FakeUpstream::start().await;
-        let (up_url, vfs) = (up.url(), litestream.vfs.to_string_lossy().into_owned());
+        let (up_url, flags) = (up.url(), files.vfs_flags(&litestream));
         let (poll, delay) = (POLL_MS.to_string(), DELAY_MS.to_string());
-        let svc = TestService::start(&[
-            "--upstream",
-            &up_url,
-            "--litestream-backup-url",
-            &backup_url,
-            "--litestream-vfs",
-            &vfs,
-            "--backup-check-interval-ms",
-            &poll,
-            "--min-cleanup-delay-ms",
-            &delay,
-            "--purge-delay-ms",
-            "100",
-        ])
+        let svc = TestService::start(&flag_refs(
+            &flags,
+            &[
+                "--upstream",
+                &up_url,
+                "--backup-check-interval-ms",
+                &poll,
+                "--min-cleanup-delay-ms",
+                &delay,
+                "--purge-delay-ms",
+                "100",
+            ],
+        ))
         .await;
         up.wait_connections(1).await;
         up.send(txn(100, 1));
@@ -74,16 +74,10 @@ impl Backed {
             .await;
         assert_eq!(st["backup"]["source"], "vfs", "{st}");
         let rv = w(100);
-        let replica = BackupReplica::start(
-            &svc.base(),
-            "backup",
-            &rv,
-            &rv,
-            &dir.path().join("replica.db"),
-        )
-        .await;
+        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
         Backed {
-            dir,
+            _dir: dir,
+            files,
             litestream,
             up,
             svc,
@@ -93,24 +87,19 @@ impl Backed {
     }
 
     fn backup_url(&self) -> String {
-        format!("file://{}", self.dir.path().join("backup").display())
+        self.files.url()
     }
 
     /// Starts `litestream replicate` of the backup replica's file.
     fn start_replicating(&mut self) {
-        self.replication = Some(self.litestream.replicate(
-            &self.replica.db,
-            &self.backup_url(),
-            &self.dir.path().join("litestream.yml"),
-        ));
+        self.replication = Some(self.files.replicate(&self.litestream));
     }
 
     /// Starts `litestream replicate` and waits for its first snapshot.
     async fn replicate(&mut self) {
         self.start_replicating();
         if let Some(r) = &self.replication {
-            r.wait_for_backup(&self.backup_url(), Duration::from_secs(20))
-                .await;
+            self.files.wait_for_backup(r, Duration::from_secs(20)).await;
         }
     }
 
@@ -119,22 +108,12 @@ impl Backed {
         for n in from..=to {
             self.up.send(txn(n, ROWS));
         }
-        let last = w(to);
-        wait_until(
-            "the backup replica applies what was sent",
-            Duration::from_secs(20),
-            || self.replica.applied().as_deref() == Some(last.as_str()),
-        )
-        .await;
+        self.replica.wait_applied(&w(to)).await;
     }
 
     /// Restores the latest backup into a new file and returns its path.
     fn restore(&self, name: &str) -> PathBuf {
-        let out = self.dir.path().join(name);
-        self.litestream
-            .restore(&self.backup_url(), &out)
-            .expect("litestream restore");
-        out
+        self.files.restore(&self.litestream, name)
     }
 }
 

@@ -6,32 +6,22 @@
 //! nothing else holds it back, and resumes only once a read reaches the confirmed watermark
 //! again (the directory put back as it was).
 
-use std::path::Path;
-use std::time::Duration;
-
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{
+    flag_refs, BackupFiles, ASKED_AND_PURGED_AT_ONCE,
+};
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, copy_dir, file_replica_dir};
+use change_streamer_test_support::stock_litestream::{
+    self, copy_dir, file_replica_dir, replace_dir,
+};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::{json, Value};
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-/// Puts a copy of `from` in place of `dir`, swapped by two renames.
-fn replace_dir(dir: &Path, from: &Path) {
-    let staged = dir.with_extension("staged");
-    let _ = std::fs::remove_dir_all(&staged);
-    copy_dir(from, &staged);
-    let old = dir.with_extension("old");
-    let _ = std::fs::remove_dir_all(&old);
-    std::fs::rename(dir, &old).expect("move the replica aside");
-    std::fs::rename(&staged, dir).expect("put the copy in place");
 }
 
 /// Reads and acks until the commit of `last`.
@@ -56,37 +46,15 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     // The service starts its VFS readers from this binary (this test process is not it).
     std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let backup_url = format!("file://{}", dir.path().join("backup").display());
-    let socket = dir.path().join("ls.sock");
-    let control = format!("unix:{}", socket.display());
-    let db = dir.path().join("replica.db");
-    let db_path = db.display().to_string();
-    let vfs = litestream.vfs.to_string_lossy().into_owned();
+    let files = BackupFiles::in_dir(dir.path());
     let up = FakeUpstream::start().await;
     let up_url = up.url();
-    let svc = TestService::start(&[
-        "--upstream",
-        &up_url,
-        "--litestream-backup-url",
-        &backup_url,
-        "--litestream-control-url",
-        &control,
-        "--litestream-db-path",
-        &db_path,
-        "--litestream-vfs",
-        &vfs,
-        "--backup-audit-interval-ms",
-        "300",
-        "--backup-check-interval-ms",
-        "3600000",
-        "--min-cleanup-delay-ms",
-        "0",
-        "--purge-delay-ms",
-        "100",
-        "--change-log-retention-ms",
-        "0",
-    ])
-    .await;
+    // The control API confirms, the VFS audits.
+    let flags = files.control_and_vfs_flags(&litestream);
+    let more = ["--upstream", &up_url, "--backup-audit-interval-ms", "300"];
+    let mut flags = flag_refs(&flags, &more);
+    flags.extend(ASKED_AND_PURGED_AT_ONCE);
+    let svc = TestService::start(&flags).await;
     up.wait_connections(1).await;
     up.send(txn(100, 1));
     let st = svc
@@ -100,16 +68,8 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     );
     assert_eq!(audit(&st)["intervalMs"], 300, "{st}");
     let rv = w(100);
-    let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &db).await;
-    let replication = litestream
-        .replicate_controlled_ready(
-            &db,
-            &backup_url,
-            &dir.path().join("litestream.yml"),
-            &socket,
-            "1h",
-        )
-        .await;
+    let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
+    let replication = files.replicate_controlled(&litestream).await;
     // A serving subscriber that acks only what the test says: it holds the purge back first.
     let mut sub = WsClient::connect(&svc.ws(&format!(
         "/replication/v6/changes?id=r&replicaVersion={rv}&watermark={rv}"
@@ -121,16 +81,8 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
         }
     };
     let applied = |n: u64| {
-        let want = w(n);
-        let replica = &replica;
-        async move {
-            wait_until(
-                "the backup replica applies",
-                Duration::from_secs(20),
-                || replica.applied().as_deref() == Some(want.as_str()),
-            )
-            .await
-        }
+        let (want, replica) = (w(n), &replica);
+        async move { replica.wait_applied(&want).await }
     };
 
     sent(101, 102);
@@ -143,7 +95,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     })
     .await;
     // The early state of the backup, kept to lie with later.
-    let replica_dir = file_replica_dir(&backup_url);
+    let replica_dir = file_replica_dir(&files.url());
     let early = dir.path().join("early");
     copy_dir(&replica_dir, &early);
 

@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{
+    flag_refs, BackupFiles, ASKED_AND_PURGED_AT_ONCE,
+};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::{json, Value};
 use tempfile::TempDir;
 
@@ -26,7 +28,8 @@ fn w(n: u64) -> String {
 /// The service asking litestream's control socket, fed by a fake change source, with the
 /// backup replica following it; litestream is started by [`Controlled::replicate`].
 struct Controlled {
-    dir: TempDir,
+    _dir: TempDir,
+    files: BackupFiles,
     litestream: Litestream,
     up: FakeUpstream,
     svc: TestService,
@@ -40,30 +43,12 @@ impl Controlled {
     async fn start() -> Controlled {
         let litestream = stock_litestream::install();
         let dir = tempfile::tempdir().expect("tempdir");
-        let backup_url = format!("file://{}", dir.path().join("backup").display());
-        let control = format!("unix:{}", dir.path().join("ls.sock").display());
-        let db = dir.path().join("replica.db").display().to_string();
+        let files = BackupFiles::in_dir(dir.path());
         let up = FakeUpstream::start().await;
-        let up_url = up.url();
-        let svc = TestService::start(&[
-            "--upstream",
-            &up_url,
-            "--litestream-backup-url",
-            &backup_url,
-            "--litestream-control-url",
-            &control,
-            "--litestream-db-path",
-            &db,
-            "--backup-check-interval-ms",
-            "3600000",
-            "--min-cleanup-delay-ms",
-            "0",
-            "--purge-delay-ms",
-            "100",
-            "--change-log-retention-ms",
-            "0",
-        ])
-        .await;
+        let (up_url, flags) = (up.url(), files.control_flags());
+        let mut flags = flag_refs(&flags, &["--upstream", &up_url]);
+        flags.extend(ASKED_AND_PURGED_AT_ONCE);
+        let svc = TestService::start(&flags).await;
         up.wait_connections(1).await;
         up.send(txn(100, 1));
         let st = svc
@@ -71,9 +56,10 @@ impl Controlled {
             .await;
         assert_eq!(st["backup"]["source"], "control", "{st}");
         let rv = w(100);
-        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, Path::new(&db)).await;
+        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
         Controlled {
-            dir,
+            _dir: dir,
+            files,
             litestream,
             up,
             svc,
@@ -82,24 +68,9 @@ impl Controlled {
         }
     }
 
-    fn backup_url(&self) -> String {
-        format!("file://{}", self.dir.path().join("backup").display())
-    }
-
     /// Starts `litestream replicate` of the backup replica's file, with its control socket.
     async fn replicate(&mut self) {
-        let socket = self.dir.path().join("ls.sock");
-        let replication = self.litestream.replicate_controlled(
-            &self.replica.db,
-            &self.backup_url(),
-            &self.dir.path().join("litestream.yml"),
-            &socket,
-            "1h",
-        );
-        replication
-            .wait_for_socket(&socket, Duration::from_secs(20))
-            .await;
-        self.replication = Some(replication);
+        self.replication = Some(self.files.replicate_controlled(&self.litestream).await);
     }
 
     /// Sends transactions `from..=to` and waits until the backup replica has applied them.
@@ -107,22 +78,12 @@ impl Controlled {
         for n in from..=to {
             self.up.send(txn(n, 2));
         }
-        let last = w(to);
-        wait_until(
-            "the backup replica applies what was sent",
-            Duration::from_secs(20),
-            || self.replica.applied().as_deref() == Some(last.as_str()),
-        )
-        .await;
+        self.replica.wait_applied(&w(to)).await;
     }
 
     /// Restores the latest backup into a new file and returns its path.
     fn restore(&self, name: &str) -> PathBuf {
-        let out = self.dir.path().join(name);
-        self.litestream
-            .restore(&self.backup_url(), &out)
-            .expect("litestream restore");
-        out
+        self.files.restore(&self.litestream, name)
     }
 }
 

@@ -10,12 +10,12 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
 use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::json;
 
 fn w(n: u64) -> String {
@@ -27,29 +27,22 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
 ) {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
-    let backup_url = format!("file://{}", dir.path().join("backup").display());
-    let socket = dir.path().join("ls.sock");
-    let control = format!("unix:{}", socket.display());
-    let db = dir.path().join("replica.db");
-    let db_path = db.display().to_string();
+    let files = BackupFiles::in_dir(dir.path());
     let data = dir.path().join("data");
     let up = FakeUpstream::start().await;
-    let up_url = up.url();
+    let (up_url, control) = (up.url(), files.control_flags());
     // The periodic poll is an hour apart: every confirmation comes from an ack or a join.
-    let flags = [
-        "--upstream",
-        &up_url,
-        "--litestream-backup-url",
-        &backup_url,
-        "--litestream-control-url",
+    let flags = flag_refs(
         &control,
-        "--litestream-db-path",
-        &db_path,
-        "--backup-check-interval-ms",
-        "3600000",
-        "--min-cleanup-delay-ms",
-        "3600000",
-    ];
+        &[
+            "--upstream",
+            &up_url,
+            "--backup-check-interval-ms",
+            "3600000",
+            "--min-cleanup-delay-ms",
+            "3600000",
+        ],
+    );
     let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
     let first = ServiceProcess::spawn(bin, 0, &data, &flags);
     up.wait_connections(1).await;
@@ -59,17 +52,9 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         .await;
     assert_eq!(first.readyz().await, (200, "ready".into()), "a first start");
     let rv = w(100);
-    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &db).await;
+    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &files.db()).await;
     // litestream syncs hourly by itself: what the backup holds, it holds because it was asked.
-    let replication = litestream
-        .replicate_controlled_ready(
-            &db,
-            &backup_url,
-            &dir.path().join("litestream.yml"),
-            &socket,
-            "1h",
-        )
-        .await;
+    let replication = files.replicate_controlled(&litestream).await;
     for n in 101..=103 {
         up.send(txn(n, 2));
     }
@@ -85,12 +70,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         up.send(txn(n, 2));
     }
     let applied = w(105);
-    wait_until(
-        "the backup replica applies 105",
-        Duration::from_secs(20),
-        || replica.applied().as_deref() == Some(applied.as_str()),
-    )
-    .await;
+    replica.wait_applied(&applied).await;
     // The change log's writer keeps call order: 105 stored means 103's record is durable too.
     first
         .wait_status("105 stored", |s| {
@@ -99,10 +79,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         .await;
     first.kill9();
     drop(replica);
-    let restored = dir.path().join("pending.db");
-    litestream
-        .restore(&backup_url, &restored)
-        .expect("litestream restore");
+    let restored = files.restore(&litestream, "pending.db");
     assert_eq!(
         read_replica(&restored).0,
         w(103),
@@ -117,7 +94,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
     );
     assert_eq!(second.readyz().await, (503, behind.clone()));
     // The backup replicator comes back from what its file holds; litestream cannot answer.
-    let replica = BackupReplica::start(&second.addr, "backup", &rv, &applied, &db).await;
+    let replica = BackupReplica::start(&second.addr, "backup", &rv, &applied, &files.db()).await;
     let mut res = WsClient::connect(&second.ws("/replication/v6/snapshot?taskID=t1")).await;
     let st = second
         .wait_status("the reservation is open, unverified", |s| {
@@ -157,10 +134,7 @@ async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_
         "the replicator's starting point, confirmed without a new commit: {st}"
     );
     assert_eq!(st["reservations"][0]["verified"], json!(true), "{st}");
-    let restored = dir.path().join("caught-up.db");
-    litestream
-        .restore(&backup_url, &restored)
-        .expect("litestream restore");
+    let restored = files.restore(&litestream, "caught-up.db");
     assert_eq!(read_replica(&restored).0, w(105));
     eprintln!(
         "covered {} ms after litestream was thawed",

@@ -8,12 +8,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::stock_litestream::{self, copy_dir, file_replica_dir};
+use change_streamer_test_support::stock_litestream::{
+    self, copy_dir, file_replica_dir, replace_dir,
+};
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::json;
 
 fn w(n: u64) -> String {
@@ -24,24 +26,21 @@ fn w(n: u64) -> String {
 async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_and_statuses() {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
-    let backup_url = format!("file://{}", dir.path().join("backup").display());
-    let db = dir.path().join("replica.db");
+    let files = BackupFiles::in_dir(dir.path());
     let data = dir.path().join("data");
-    let vfs = litestream.vfs.to_string_lossy().into_owned();
     let up = FakeUpstream::start().await;
-    let up_url = up.url();
-    let flags = [
-        "--upstream",
-        &up_url,
-        "--litestream-backup-url",
-        &backup_url,
-        "--litestream-vfs",
+    let (up_url, vfs) = (up.url(), files.vfs_flags(&litestream));
+    let flags = flag_refs(
         &vfs,
-        "--backup-check-interval-ms",
-        "200",
-        "--min-cleanup-delay-ms",
-        "3600000",
-    ];
+        &[
+            "--upstream",
+            &up_url,
+            "--backup-check-interval-ms",
+            "200",
+            "--min-cleanup-delay-ms",
+            "3600000",
+        ],
+    );
     let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
     let first = ServiceProcess::spawn(bin, 0, &data, &flags);
     up.wait_connections(1).await;
@@ -50,19 +49,14 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
         .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
         .await;
     let rv = w(100);
-    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &db).await;
-    let replication = litestream.replicate(&db, &backup_url, &dir.path().join("litestream.yml"));
+    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &files.db()).await;
+    let replication = files.replicate(&litestream);
     let send_and_read = |n: u64| {
         up.send(txn(n, 2));
         let want = w(n);
         let (first, replica) = (&first, &replica);
         async move {
-            wait_until(
-                "the backup replica applies",
-                Duration::from_secs(20),
-                || replica.applied().as_deref() == Some(want.as_str()),
-            )
-            .await;
+            replica.wait_applied(&want).await;
             first
                 .wait_status("read back from the backup", |s| {
                     s["backup"]["monitor"]["backupWatermark"] == json!(want)
@@ -72,7 +66,7 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     };
     send_and_read(101).await;
     send_and_read(102).await;
-    let replica_dir = file_replica_dir(&backup_url);
+    let replica_dir = file_replica_dir(&files.url());
     let early = dir.path().join("early");
     copy_dir(&replica_dir, &early);
     send_and_read(103).await;
@@ -88,8 +82,7 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     drop(replica);
     let late = dir.path().join("late");
     copy_dir(&replica_dir, &late);
-    std::fs::remove_dir_all(&replica_dir).expect("remove the replica");
-    copy_dir(&early, &replica_dir);
+    replace_dir(&replica_dir, &early);
 
     up.drop_connection();
     let second = ServiceProcess::spawn(bin, 0, &data, &flags);
@@ -119,10 +112,7 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     assert!(res.next(Duration::from_millis(1)).await.is_none());
 
     // The backup as it was: read at 103 again, statuses and readiness follow.
-    let staged = dir.path().join("staged");
-    copy_dir(&late, &staged);
-    std::fs::remove_dir_all(&replica_dir).expect("remove the rolled-back replica");
-    std::fs::rename(&staged, &replica_dir).expect("put the replica back");
+    replace_dir(&replica_dir, &late);
     let (id, status) = res.msg().await;
     assert_eq!(status[0], json!("status"), "{status}");
     res.ack(id).await;

@@ -75,7 +75,10 @@ async fn a_refused_connection_is_the_change_db_out_of_reach() {
     // configuration's fault, said each time.
     let db = TestDb::create("errc").await;
     let missing = format!("{}_missing", db.url);
-    let e = tokio_postgres::connect(&missing, NoTls).await.err().unwrap();
+    let e = tokio_postgres::connect(&missing, NoTls)
+        .await
+        .err()
+        .unwrap();
     assert_eq!(e.code().map(|c| c.code()), Some("3D000"));
     assert!(!said(e).is_unreachable());
 }

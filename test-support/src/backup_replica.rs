@@ -11,13 +11,14 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{params, Connection};
 use serde_json::Value;
 
 use crate::access::Credentials;
 use crate::client::{Seen, WsClient};
+use crate::wait::wait_until;
 
 /// The SQL the replica's file is made of.
 const SCHEMA: &str = r#"
@@ -130,6 +131,16 @@ impl BackupReplica {
     /// The last committed watermark.
     pub fn applied(&self) -> Option<String> {
         self.progress.borrow().applied.clone()
+    }
+
+    /// Waits (20 s at most) until the replica has committed `watermark`.
+    pub async fn wait_applied(&self, watermark: &str) {
+        wait_until(
+            "the backup replica applies what was sent",
+            Duration::from_secs(20),
+            || self.applied().as_deref() == Some(watermark),
+        )
+        .await;
     }
 }
 

@@ -5,6 +5,7 @@
 //! of its own for each test, waiting on a condition, and a client's thread of its own.
 
 pub mod access;
+pub mod backup_files;
 pub mod backup_replica;
 pub mod client;
 pub mod feed;

@@ -231,6 +231,18 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// Puts a copy of `from` in place of the folder `dir` (a `file://` replica rolled back or put
+/// back, say), swapped by two renames so that a reader sees one or the other, never a mix.
+pub fn replace_dir(dir: &Path, from: &Path) {
+    let staged = dir.with_extension("staged");
+    let _ = std::fs::remove_dir_all(&staged);
+    copy_dir(from, &staged);
+    let old = dir.with_extension("old");
+    let _ = std::fs::remove_dir_all(&old);
+    std::fs::rename(dir, &old).expect("move the replica aside");
+    std::fs::rename(&staged, dir).expect("put the copy in place");
+}
+
 impl Replication {
     /// The process id of `litestream replicate` (to stop it with SIGSTOP, say).
     pub fn pid(&self) -> u32 {

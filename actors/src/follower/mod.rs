@@ -311,7 +311,8 @@ impl Follower {
                     };
                 }
                 Err(e) => {
-                    self.unreachable.failed_with(&e, "reading again at the next poll");
+                    self.unreachable
+                        .failed_with(&e, "reading again at the next poll");
                     return Err(Pause::Retry);
                 }
             };

@@ -1,0 +1,140 @@
+//! One stock-litestream backup inside a test's folder, named once: the backup replicator's
+//! SQLite file that litestream backs up, its `file://` replica, litestream's control socket and
+//! config, and the service flags that point at them, for the control source (PROTOCOL.md §8.1c)
+//! or the VFS source (§8.1b). The end-to-end litestream tests each set up the same files and
+//! flags; here they are written once.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::stock_litestream::{Litestream, Replication};
+
+/// The files of one backup under `dir`.
+pub struct BackupFiles {
+    pub dir: PathBuf,
+}
+
+impl BackupFiles {
+    /// A backup whose files live in `dir` (created if missing).
+    pub fn in_dir(dir: &Path) -> BackupFiles {
+        std::fs::create_dir_all(dir).expect("the backup's folder");
+        BackupFiles {
+            dir: dir.to_path_buf(),
+        }
+    }
+
+    /// The backup replicator's SQLite file: what litestream backs up.
+    pub fn db(&self) -> PathBuf {
+        self.dir.join("replica.db")
+    }
+
+    /// The `file://` replica litestream writes and restores from.
+    pub fn url(&self) -> String {
+        format!("file://{}", self.dir.join("backup").display())
+    }
+
+    /// litestream's control socket.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("ls.sock")
+    }
+
+    /// The service's `--litestream-control-url` for [`BackupFiles::socket`].
+    pub fn control_url(&self) -> String {
+        format!("unix:{}", self.socket().display())
+    }
+
+    /// litestream's config file (its log beside it, `.log` appended).
+    pub fn config(&self) -> PathBuf {
+        self.dir.join("litestream.yml")
+    }
+
+    /// The service's flags for the control source: the backup's URL, the control socket and
+    /// the file it backs up.
+    pub fn control_flags(&self) -> Vec<String> {
+        vec![
+            "--litestream-backup-url".into(),
+            self.url(),
+            "--litestream-control-url".into(),
+            self.control_url(),
+            "--litestream-db-path".into(),
+            self.db().display().to_string(),
+        ]
+    }
+
+    /// The service's flags for the VFS source: the backup's URL and litestream's VFS extension.
+    pub fn vfs_flags(&self, litestream: &Litestream) -> Vec<String> {
+        vec![
+            "--litestream-backup-url".into(),
+            self.url(),
+            "--litestream-vfs".into(),
+            litestream.vfs.display().to_string(),
+        ]
+    }
+
+    /// Both: the control API confirms and the VFS audits (PROTOCOL.md §8.1d).
+    pub fn control_and_vfs_flags(&self, litestream: &Litestream) -> Vec<String> {
+        let mut flags = self.control_flags();
+        flags.extend([
+            "--litestream-vfs".into(),
+            litestream.vfs.display().to_string(),
+        ]);
+        flags
+    }
+
+    /// `litestream replicate` of [`BackupFiles::db`] syncing only when asked (an hourly
+    /// interval), with its control socket, returned once the socket accepts connections: what
+    /// the backup holds within a test, it holds because the service asked.
+    pub async fn replicate_controlled(&self, litestream: &Litestream) -> Replication {
+        litestream
+            .replicate_controlled_ready(
+                &self.db(),
+                &self.url(),
+                &self.config(),
+                &self.socket(),
+                "1h",
+            )
+            .await
+    }
+
+    /// `litestream replicate` of [`BackupFiles::db`] syncing every 50 ms by itself.
+    pub fn replicate(&self, litestream: &Litestream) -> Replication {
+        litestream.replicate(&self.db(), &self.url(), &self.config())
+    }
+
+    /// The latest backup restored into a new file `name` in the backup's folder.
+    pub fn restore(&self, litestream: &Litestream, name: &str) -> PathBuf {
+        let out = self.dir.join(name);
+        litestream
+            .restore(&self.url(), &out)
+            .expect("litestream restore");
+        out
+    }
+
+    /// Waits (up to `limit`) until litestream has written a first snapshot of this backup.
+    pub async fn wait_for_backup(&self, replication: &Replication, limit: Duration) {
+        replication.wait_for_backup(&self.url(), limit).await;
+    }
+}
+
+/// The service's flags for a test in which the backup is confirmed only when asked (the
+/// periodic poll an hour apart: every confirmation comes from an ack or a join) and the log is
+/// purged as soon as the rules allow (no cleanup delay, no retention, a 100 ms purge delay).
+pub const ASKED_AND_PURGED_AT_ONCE: [&str; 8] = [
+    "--backup-check-interval-ms",
+    "3600000",
+    "--min-cleanup-delay-ms",
+    "0",
+    "--purge-delay-ms",
+    "100",
+    "--change-log-retention-ms",
+    "0",
+];
+
+/// `flags` and `more` as the `&str`s a service's start takes.
+pub fn flag_refs<'a>(flags: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
+    flags
+        .iter()
+        .map(String::as_str)
+        .chain(more.iter().copied())
+        .collect()
+}
