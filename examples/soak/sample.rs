@@ -77,8 +77,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// The trend of one quantity. A life of the service starts cold (RssAnon grows while SQLite's
 /// page cache fills over the change log), so "flat" is judged where a life has settled:
-/// - **within each life**: the median of its last [`WINDOW_S`] against the median of the
-///   window before: the growth has stopped by the end of the life;
+/// - **within each life**: the median of its last [`WINDOW_S`] against the highest median of
+///   its earlier windows (each [`WINDOW_S`], counted back from the last): a life that keeps
+///   growing sets a new high at its end; one that has filled its bounds and moves within them
+///   (stalled subscribers fill and release their queues, a few MiB at a time) does not. The
+///   rule compared the last window with the one just before until stop 39, and failed two
+///   30-minute runs on such steps (+3.3 and +3.7 MiB) in lives whose peaks were no higher
+///   than the earlier lives';
 /// - **across lives**: the plateaus (last-window medians) of the lives in order, their
 ///   least-squares slope times the number of steps between the first and the last: no life
 ///   settles higher than the one before it.
@@ -87,7 +92,7 @@ pub struct Trend {
     pub unit: &'static str,
     /// Each judged life's plateau.
     pub plateaus: Vec<f64>,
-    /// Largest rise, within one life, of its last window over the window before.
+    /// Largest rise, within one life, of its last window over the highest earlier window.
     pub worst_rise_in_life: f64,
     /// The plateaus' rise over the run, from their slope.
     pub rise_across_lives: f64,
@@ -134,7 +139,13 @@ impl Trend {
                 )
             };
             let last = window(end - WINDOW_S, f64::MAX);
-            let before = window(end - 2.0 * WINDOW_S, end - WINDOW_S);
+            // The highest of the life's earlier minutes, counted back from its last.
+            let mut before = f64::MIN;
+            let mut to = end - WINDOW_S;
+            while to > WINDOW_S / 2.0 {
+                before = before.max(window(to - WINDOW_S, to));
+                to -= WINDOW_S;
+            }
             plateaus.push(last);
             worst_rise_in_life = worst_rise_in_life.max(last - before);
         }
@@ -172,7 +183,7 @@ impl Trend {
 
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise in a life's last minute {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {:.0} s or more); plateau of each life:",
+            "{}: max {:.1} {u}; rise across lives {:+.1} {u}, worst rise of a life's last minute over its earlier high {:+.1} {u} (flat: at most {:.1} {u}, over at least 2 lives of {:.0} s or more); plateau of each life:",
             self.name,
             self.max,
             self.rise_across_lives,
