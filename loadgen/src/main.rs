@@ -21,6 +21,12 @@
 //! initial sync is stored and before anyone subscribes, then S seconds after every subscriber
 //! has its `status` (connected, caught up, no traffic yet).
 //!
+//! `--check-subs K` checks a sample: K of the subscribers ([`sample`], spread over the
+//! addresses and threads) read as above; the others are light ([`light`]: they check the frame
+//! ids, ack and count every delivery, but parse no message), so that at hundreds of subscribers
+//! the generator does not take the CPU the service needs. Deliveries, messages and frames count
+//! every subscriber; latencies and gaps are the K checked ones' (`checkedSubs` in the JSON).
+//!
 //! Everything runs on the main thread by default; `--threads N` spreads the subscribers over N
 //! threads (the main one and N-1 more, [`crew`]) for the loads one thread cannot read.
 
@@ -29,9 +35,11 @@ mod cpu;
 mod crew;
 mod ctx;
 mod frames;
+mod light;
 mod limits;
 mod memory;
 mod report;
+mod sample;
 mod sched;
 mod sent;
 mod shared;
@@ -81,6 +89,16 @@ struct Args {
     label: String,
     #[arg(long, default_value_t = 8)]
     subs: usize,
+    /// Subscribers (of --subs) that check every message and measure latency: K of them,
+    /// spread evenly over the --service addresses, the --threads and the connecting order.
+    /// The others are light: they check that frame ids run 1, 2, 3…, ack as the checked ones
+    /// do and count every delivery (deliveries/s stay exact), but parse no message (no
+    /// transaction, watermark or gap check). Commit→receipt percentiles and the longest gap
+    /// are then over the K checked subscribers only (`checkedSubs` in the JSON); the light
+    /// ones' newest commit per frame is a separate figure (`lightNewestCommitLatencyMs`).
+    /// Default: all checked.
+    #[arg(long, value_name = "K")]
+    check_subs: Option<usize>,
     /// OS threads the subscribers are spread over, round-robin (subscriber k on thread k mod
     /// N), each with its own single-threaded runtime; thread 0 is the main thread, which also
     /// runs the change source. One thread reads ~1.3 M messages/s at most: 64 batched
@@ -263,8 +281,10 @@ async fn run(args: Args) -> i32 {
     // Subscriber k reads from service address k mod n on thread k mod --threads; this thread's
     // share runs beside the change source.
     let main_ctx = Rc::new(setup.ctx(run.clone(), counters[0].clone()));
+    let checked_subs = args.check_subs.unwrap_or(args.subs).min(args.subs);
     let mut plan = Some(crew::plan(
         args.subs,
+        checked_subs,
         args.never_reading,
         &services,
         threads,
@@ -322,6 +342,7 @@ async fn run(args: Args) -> i32 {
     let report = Report {
         label: &args.label,
         subs: args.subs,
+        checked_subs,
         never_reading: args.never_reading,
         batched: args.batched,
         changes_per_txn: args.changes,
