@@ -184,6 +184,7 @@ mod tests {
             access: ServiceAccess {
                 secret: None,
                 tls: None,
+                read_buffer: 128 * 1024,
             },
             changes: 10,
             framing: Framing::Batched,

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
@@ -269,14 +270,19 @@ async fn connect(url: &str, access: &ServiceAccess) -> Result<Ws, String> {
             .map_err(|_| "the secret cannot be a header value".to_string())?;
         request.headers_mut().insert("authorization", value);
     }
+    let config = WebSocketConfig::default().read_buffer_size(access.read_buffer);
     let connector = match &access.tls {
         Some(tls) if url.starts_with("wss://") => Connector::Rustls(tls.clone()),
         _ => Connector::Plain,
     };
-    let (mut ws, _) =
-        tokio_tungstenite::client_async_tls_with_config(request, tcp, None, Some(connector))
-            .await
-            .map_err(|e| e.to_string())?;
+    let (mut ws, _) = tokio_tungstenite::client_async_tls_with_config(
+        request,
+        tcp,
+        Some(config),
+        Some(connector),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     match ws.next().await {
         Some(Ok(Message::Text(t))) => {
             let f: Frame = serde_json::from_str(t.as_str()).map_err(|e| format!("{e}: {t}"))?;
@@ -446,6 +452,7 @@ mod measure {
                 access: ServiceAccess {
                     secret: None,
                     tls: None,
+                    read_buffer: 128 * 1024,
                 },
                 changes: 10,
                 framing: Framing::Batched,
