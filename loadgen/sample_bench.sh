@@ -11,6 +11,8 @@
 #   loadgen/sample_bench.sh        # ~4 min on 2 cores: 3 rounds of 4 runs of 3 + 8 s
 #   LOADS="256:2000 1024:200" CHECK=32 RUNS=3 WARM_S=3 MEAS_S=8 WINDOW=256
 #   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags) SERVICE_FLAGS= (more service flags)
+#   BASE_LOADGEN=path/to/change-streamer-loadgen: a third case, `base`, run by that build (e.g.
+#   one from before --check-subs, which checks every subscriber), alternated with the others
 #
 # Results (one JSON line a run) and logs go to a new /tmp/smp-sample.* folder.
 set -euo pipefail
@@ -34,12 +36,14 @@ echo "machine: $(nproc) CPUs; load before: $(cut -d' ' -f1-3 /proc/loadavg); com
 for r in $(seq "$RUNS"); do
   for kv in $LOADS; do
     n=${kv%%:*} rate=${kv#*:}
-    for k in all "$CHECK"; do
-      check=()
-      [[ $k == all ]] || check=(--check-subs "$k")
+    for k in ${BASE_LOADGEN:+base} all "$CHECK"; do
+      check=() built=$LOADGEN
+      [[ $k == all || $k == base ]] || check=(--check-subs "$k")
+      [[ $k == base ]] && LOADGEN=$BASE_LOADGEN
       e2e_ours "n$n-k$k-r$r" --label "n$n-k$k" --batched --threads "$LG_THREADS" --window "$WINDOW" \
         --warm-s "$WARM_S" --meas-s "$MEAS_S" --subs "$n" --rate "$rate" "${check[@]}" \
         "${LG_EXTRA[@]}" || true
+      LOADGEN=$built
     done
   done
   echo "round $r done; load $(cut -d' ' -f1-3 /proc/loadavg)"
