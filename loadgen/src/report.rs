@@ -322,3 +322,57 @@ impl Report<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of `subs` subscribers of which `checked` were checked, light latencies `light`.
+    fn check_report(subs: usize, checked: usize, light: Vec<u32>) {
+        let (run, source) = (Run::new(), SourceStats::new());
+        let received = Received {
+            light_latencies_us: light,
+            ..Received::default()
+        };
+        let snap = || Snapshot::take(&run, &source, &[], &[]);
+        let report = Report {
+            label: "t",
+            subs,
+            checked_subs: checked,
+            never_reading: 0,
+            batched: true,
+            changes_per_txn: 10,
+            rate: 2000.0,
+            window: 256,
+            join_late: false,
+            services: &[],
+            pid_files: &[],
+            a: snap(),
+            b: snap(),
+            run: &run,
+            source: &source,
+            received: &received,
+            service_rss_anon_peak_kib: 0,
+            service_rss_anon_idle_kib: None,
+            churn: None,
+        };
+        if checked < subs {
+            assert_eq!(
+                report.sample_words(),
+                format!(" over the {checked} checked subscribers")
+            );
+            let light = report.light_latency_json();
+            assert_eq!(light["n"], 2);
+            assert_eq!(light["max"], 0.5);
+        } else {
+            assert_eq!(report.sample_words(), "");
+            assert!(report.light_latency_json().is_null());
+        }
+    }
+
+    #[test]
+    fn percentiles_say_when_they_are_over_the_checked_sample_only() {
+        check_report(256, 32, vec![250, 500]);
+        check_report(256, 256, Vec::new());
+    }
+}
