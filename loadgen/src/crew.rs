@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use crate::churn;
 use crate::ctx::{Ctx, Setup};
+use crate::sample;
 use crate::shared::{Phases, Run};
 use crate::subscriber;
 use crate::tally::{Counters, Received};
@@ -26,6 +27,8 @@ pub enum Job {
         base: String,
         service: usize,
         name: String,
+        /// Every check and the latencies, or light (`--check-subs`, [`crate::sample`]).
+        checked: bool,
     },
     Hold {
         base: String,
@@ -34,9 +37,11 @@ pub enum Job {
 }
 
 /// The subscribers of each of `threads` threads: subscriber k reads from service address
-/// k mod n (its name says which, `s<i>`) on thread k mod `threads`; never-reading ones alike.
+/// k mod n (its name says which, `s<i>`) on thread k mod `threads`, checked if it is one of
+/// the `check` of [`sample::checked`]; never-reading ones alike.
 pub fn plan(
     subs: usize,
+    check: usize,
     never_reading: usize,
     services: &[String],
     threads: usize,
@@ -52,6 +57,7 @@ pub fn plan(
             base: base(i),
             service: i,
             name: format!("lg-{pid}-s{i}-{k}"),
+            checked: sample::checked(k, subs, check, n, threads),
         });
     }
     for k in 0..never_reading {
@@ -76,8 +82,10 @@ pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>, t: usize, threads: usize) {
                 base,
                 service,
                 name,
+                checked,
             } => {
-                tokio::task::spawn_local(subscriber::run(ctx.clone(), base, service, name));
+                let sub = subscriber::run(ctx.clone(), base, service, name, checked);
+                tokio::task::spawn_local(sub);
             }
             Job::Hold { base, name } => {
                 tokio::task::spawn_local(subscriber::hold(ctx.clone(), base, name));
@@ -188,13 +196,14 @@ mod tests {
             base: services[i].clone(),
             service: i,
             name: format!("lg-{pid}-s{i}-{k}"),
+            checked: true,
         };
         let hold = Job::Hold {
             base: services[0].clone(),
             name: format!("lg-{pid}-s0-never-0"),
         };
         assert_eq!(
-            plan(5, 1, &services, 3),
+            plan(5, usize::MAX, 1, &services, 3),
             vec![
                 vec![read(0, 0), read(1, 3), hold],
                 vec![read(1, 1), read(0, 4)],
@@ -202,6 +211,19 @@ mod tests {
             ]
         );
         // One thread: everything on the main thread, as without --threads.
-        assert_eq!(plan(5, 1, &services, 1)[0].len(), 6);
+        assert_eq!(plan(5, usize::MAX, 1, &services, 1)[0].len(), 6);
+    }
+
+    #[test]
+    fn check_subs_marks_that_many_subscribers_checked() {
+        let services = ["ws://a".to_string()];
+        let checked: Vec<usize> = plan(256, 32, 0, &services, 2)
+            .iter()
+            .map(|jobs| {
+                let is_checked = |j: &Job| matches!(j, Job::Read { checked: true, .. });
+                jobs.iter().filter(|j| is_checked(j)).count()
+            })
+            .collect();
+        assert_eq!(checked, vec![16, 16]);
     }
 }

@@ -21,6 +21,12 @@
 //! initial sync is stored and before anyone subscribes, then S seconds after every subscriber
 //! has its `status` (connected, caught up, no traffic yet).
 //!
+//! `--check-subs K` checks a sample: K of the subscribers ([`sample`], spread over the
+//! addresses and threads) read as above; the others are light ([`light`]: they check the frame
+//! ids, ack and count every delivery, but parse no message), so that at hundreds of subscribers
+//! the generator does not take the CPU the service needs. Deliveries, messages and frames count
+//! every subscriber; latencies and gaps are the K checked ones' (`checkedSubs` in the JSON).
+//!
 //! Everything runs on the main thread by default; `--threads N` spreads the subscribers over N
 //! threads (the main one and N-1 more, [`crew`]) for the loads one thread cannot read.
 
@@ -29,9 +35,11 @@ mod cpu;
 mod crew;
 mod ctx;
 mod frames;
+mod light;
 mod limits;
 mod memory;
 mod report;
+mod sample;
 mod sched;
 mod sent;
 mod shared;
@@ -81,6 +89,16 @@ struct Args {
     label: String,
     #[arg(long, default_value_t = 8)]
     subs: usize,
+    /// Subscribers (of --subs) that check every message and measure latency: K of them,
+    /// spread evenly over the --service addresses, the --threads and the connecting order.
+    /// The others are light: they check that frame ids run 1, 2, 3…, ack as the checked ones
+    /// do and count every delivery (deliveries/s stay exact), but parse no message (no
+    /// transaction, watermark or gap check). Commit→receipt percentiles and the longest gap
+    /// are then over the K checked subscribers only (`checkedSubs` in the JSON); the light
+    /// ones' newest commit per frame is a separate figure (`lightNewestCommitLatencyMs`).
+    /// Default: all checked.
+    #[arg(long, value_name = "K")]
+    check_subs: Option<usize>,
     /// OS threads the subscribers are spread over, round-robin (subscriber k on thread k mod
     /// N), each with its own single-threaded runtime; thread 0 is the main thread, which also
     /// runs the change source. One thread reads ~1.3 M messages/s at most: 64 batched
@@ -88,6 +106,12 @@ struct Args {
     /// service's latency.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
     threads: u16,
+    /// Bytes each subscriber reads from its socket at most per read (tungstenite's
+    /// `read_buffer_size`, 128 KiB there). tungstenite zero-fills that much before every read,
+    /// one that finds nothing included: at 128 KiB that memset was 16-21 % of the generator's
+    /// CPU with 256 subscribers; at 4 KiB the extra reads cost more than it saved.
+    #[arg(long, default_value_t = 16 * 1024)]
+    ws_read_buffer: usize,
     /// Inserts per transaction.
     #[arg(long, default_value_t = 10)]
     changes: usize,
@@ -250,6 +274,7 @@ async fn run(args: Args) -> i32 {
         access: ServiceAccess {
             secret: args.secret.clone(),
             tls,
+            read_buffer: args.ws_read_buffer,
         },
         changes: args.changes,
         framing,
@@ -263,8 +288,10 @@ async fn run(args: Args) -> i32 {
     // Subscriber k reads from service address k mod n on thread k mod --threads; this thread's
     // share runs beside the change source.
     let main_ctx = Rc::new(setup.ctx(run.clone(), counters[0].clone()));
+    let checked_subs = args.check_subs.unwrap_or(args.subs).min(args.subs);
     let mut plan = Some(crew::plan(
         args.subs,
+        checked_subs,
         args.never_reading,
         &services,
         threads,
@@ -322,6 +349,7 @@ async fn run(args: Args) -> i32 {
     let report = Report {
         label: &args.label,
         subs: args.subs,
+        checked_subs,
         never_reading: args.never_reading,
         batched: args.batched,
         changes_per_txn: args.changes,

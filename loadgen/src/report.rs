@@ -56,6 +56,9 @@ impl Snapshot {
 pub struct Report<'a> {
     pub label: &'a str,
     pub subs: usize,
+    /// Subscribers (of `subs`) that checked every message and measured latency
+    /// (`--check-subs`); the others read light.
+    pub checked_subs: usize,
     pub never_reading: usize,
     pub batched: bool,
     pub changes_per_txn: usize,
@@ -153,6 +156,7 @@ impl Report<'_> {
         let j = json!({
             "service": self.label,
             "subs": self.subs,
+            "checkedSubs": self.checked_subs,
             "neverReading": self.never_reading,
             "framing": if self.batched { "batched" } else { "per-frame" },
             "changesPerTxn": self.changes_per_txn,
@@ -177,6 +181,7 @@ impl Report<'_> {
             "loadgenCpuUsPerDelivery": r2(per_delivery_us(own_cpu)),
             "latencyMs": {"n": lat.len(), "p50": p50, "p99": p99, "p999": p999, "max": quantile(&lat, 1.0)},
             "longestCommitGapMs": gap_ms,
+            "lightNewestCommitLatencyMs": self.light_latency_json(),
             "ackLatencyMs": latency_json(&self.source.ack_latencies_us.borrow()),
             "errors": self.run.error_count(),
             "firstErrors": self.run.first_errors(),
@@ -190,7 +195,7 @@ impl Report<'_> {
         });
         println!("{j}");
         println!(
-            "{} {} subs{} {}{}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; service RssAnon peak {:.0} MiB; {} errors",
+            "{} {} subs{} {}{}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt{} p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; service RssAnon peak {:.0} MiB; {} errors",
             self.label,
             self.subs,
             if self.never_reading > 0 { format!(" (+{} never reading)", self.never_reading) } else { String::new() },
@@ -201,9 +206,21 @@ impl Report<'_> {
             per_delivery_us(service_cpu),
             service_cpu / secs,
             per_delivery_us(own_cpu),
+            self.sample_words(),
             self.service_rss_anon_peak_kib as f64 / 1024.0,
             self.run.error_count()
         );
+        if self.checked_subs < self.subs {
+            let l = &j["lightNewestCommitLatencyMs"];
+            println!(
+                "  light subscribers ({} of {}: ids, acks and counts only): newest commit of each frame p50 {} ms p99 {} ms ({} frames; a floor on a frame's delay, not per-commit)",
+                self.subs - self.checked_subs,
+                self.subs,
+                l["p50"],
+                l["p99"],
+                l["n"]
+            );
+        }
         println!(
             "  threads waiting runnable (CPUs held by other work): service {} ms/s beside {} ms/s run, loadgen {} ms/s beside {} ms/s run",
             j["serviceSched"]["waitMsPerS"], j["serviceSched"]["runMsPerS"],
@@ -257,6 +274,24 @@ impl Report<'_> {
 }
 
 impl Report<'_> {
+    /// What the human line's percentiles are over: empty when every subscriber was checked.
+    fn sample_words(&self) -> String {
+        if self.checked_subs < self.subs {
+            format!(" over the {} checked subscribers", self.checked_subs)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The light subscribers' newest commit per frame (`--check-subs`), or null without any.
+    fn light_latency_json(&self) -> serde_json::Value {
+        if self.checked_subs < self.subs {
+            latency_json(&self.received.light_latencies_us)
+        } else {
+            serde_json::Value::Null
+        }
+    }
+
     /// `{"beforeKiB", "afterKiB", "kibPerSub"}` of `--idle-s`, or null.
     fn idle_json(&self) -> serde_json::Value {
         match self.service_rss_anon_idle_kib {
@@ -285,5 +320,59 @@ impl Report<'_> {
             "txnsPerS": r2((b.churn_commits - a.churn_commits) as f64 / secs),
             "deliveriesPerS": r2((b.churn_changes - a.churn_changes) as f64 / secs),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report of `subs` subscribers of which `checked` were checked, light latencies `light`.
+    fn check_report(subs: usize, checked: usize, light: Vec<u32>) {
+        let (run, source) = (Run::new(), SourceStats::new());
+        let received = Received {
+            light_latencies_us: light,
+            ..Received::default()
+        };
+        let snap = || Snapshot::take(&run, &source, &[], &[]);
+        let report = Report {
+            label: "t",
+            subs,
+            checked_subs: checked,
+            never_reading: 0,
+            batched: true,
+            changes_per_txn: 10,
+            rate: 2000.0,
+            window: 256,
+            join_late: false,
+            services: &[],
+            pid_files: &[],
+            a: snap(),
+            b: snap(),
+            run: &run,
+            source: &source,
+            received: &received,
+            service_rss_anon_peak_kib: 0,
+            service_rss_anon_idle_kib: None,
+            churn: None,
+        };
+        if checked < subs {
+            assert_eq!(
+                report.sample_words(),
+                format!(" over the {checked} checked subscribers")
+            );
+            let light = report.light_latency_json();
+            assert_eq!(light["n"], 2);
+            assert_eq!(light["max"], 0.5);
+        } else {
+            assert_eq!(report.sample_words(), "");
+            assert!(report.light_latency_json().is_null());
+        }
+    }
+
+    #[test]
+    fn percentiles_say_when_they_are_over_the_checked_sample_only() {
+        check_report(256, 32, vec![250, 500]);
+        check_report(256, 256, Vec::new());
     }
 }

@@ -178,6 +178,8 @@ impl Phases {
 pub struct ServiceAccess {
     pub secret: Option<String>,
     pub tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    /// Bytes of each subscriber's websocket read buffer (`--ws-read-buffer`).
+    pub read_buffer: usize,
 }
 
 impl ServiceAccess {

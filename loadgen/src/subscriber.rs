@@ -11,6 +11,10 @@
 //! `--churn-subs`) subscribes from a given watermark, is checked the same way from there (its
 //! first `begin` must be the one right after it), and leaves when told; its figures are kept
 //! apart from the steady subscribers'.
+//!
+//! With `--check-subs K` only K steady subscribers ([`crate::sample`]) read this way; the
+//! others read light ([`crate::light`]: ids, acks and counts, no message parsed). Both are a
+//! [`Reader`] driven by the same read loop, so they read and ack alike.
 
 use std::future::Future;
 use std::rc::Rc;
@@ -19,19 +23,29 @@ use std::time::{Duration, Instant};
 use futures_util::{FutureExt, SinkExt, StreamExt};
 use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 
 use crate::ctx::{Ctx, Framing};
 use crate::frames::{ack_text, payloads, split_batch, split_frame, Frame};
+use crate::light::Light;
 use crate::shared::{Phases, Run, ServiceAccess};
 use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
 
+/// How a subscriber reads each frame: with every check ([`Check`]) or light ([`Light`]).
+pub trait Reader {
+    /// Reads one frame's text; the id to ack, or `None` when the subscription cannot go on.
+    fn frame(&mut self, ctx: &Ctx, text: &str) -> Option<u64>;
+    /// The subscriber's name, for errors.
+    fn name(&self) -> &str;
+}
+
 /// Whose figures a subscriber's receipts go to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     /// A steady subscriber (`--subs`): deliveries, latencies and gaps.
     Steady,
     /// A churning joiner (`--churn-subs`): its own counters only.
@@ -39,7 +53,7 @@ enum Role {
 }
 
 /// Where a subscriber is in the stream it checks.
-struct Check {
+pub(crate) struct Check {
     name: String,
     last_id: u64,
     /// Sequence number of the last whole transaction received.
@@ -54,7 +68,7 @@ struct Check {
 }
 
 impl Check {
-    fn new(ctx: &Ctx, name: String, service: usize, from: u64, role: Role) -> Self {
+    pub(crate) fn new(ctx: &Ctx, name: String, service: usize, from: u64, role: Role) -> Self {
         Check {
             name,
             last_id: 1,
@@ -69,8 +83,9 @@ impl Check {
 }
 
 /// Connects to `base`, service address number `service` (retrying while the service is not up
-/// or not initialised), waits for `status`, reports ready, then reads until the run stops.
-pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
+/// or not initialised), waits for `status`, reports ready, then reads until the run stops:
+/// with every check when `checked`, else light (`--check-subs`).
+pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String, checked: bool) {
     let (shared, framing) = (&*ctx.run, ctx.framing);
     let subscribed = subscribe(
         shared,
@@ -85,8 +100,12 @@ pub async fn run(ctx: Rc<Ctx>, base: String, service: usize, name: String) {
         return;
     };
     shared.sub_ready();
-    let mut check = Check::new(&ctx, name, service, FIRST_SEQ, Role::Steady);
-    read(&ctx, &mut ws, &mut check).await;
+    if checked {
+        let mut check = Check::new(&ctx, name, service, FIRST_SEQ, Role::Steady);
+        read(&ctx, &mut ws, &mut check).await;
+    } else {
+        read(&ctx, &mut ws, &mut Light::new(name, service)).await;
+    }
 }
 
 /// A churning joiner: subscribes once from watermark `from` (a commit the service stored),
@@ -124,7 +143,7 @@ pub async fn join(
 }
 
 /// Reads, checks and acks until the stream ends or the run stops.
-async fn read(ctx: &Ctx, ws: &mut Ws, check: &mut Check) {
+async fn read(ctx: &Ctx, ws: &mut Ws, check: &mut impl Reader) {
     let (shared, framing) = (&*ctx.run, ctx.framing);
     while !shared.phases.stopped() {
         let Some(first) = ws.next().await else { break };
@@ -143,14 +162,14 @@ async fn read(ctx: &Ctx, ws: &mut Ws, check: &mut Check) {
                 },
                 Ok(Message::Close(c)) => {
                     if !shared.phases.stopped() {
-                        shared.error(format!("{}: closed by the service: {c:?}", check.name));
+                        shared.error(format!("{}: closed by the service: {c:?}", check.name()));
                     }
                     return;
                 }
                 Ok(_) => {}
                 Err(e) => {
                     if !shared.phases.stopped() {
-                        shared.error(format!("{}: {e}", check.name));
+                        shared.error(format!("{}: {e}", check.name()));
                     }
                     return;
                 }
@@ -159,12 +178,12 @@ async fn read(ctx: &Ctx, ws: &mut Ws, check: &mut Check) {
         }
         if let Some(id) = last_read {
             if ws.feed(Message::text(ack_text(id))).await.is_err() && !shared.phases.stopped() {
-                shared.error(format!("{}: ack write failed", check.name));
+                shared.error(format!("{}: ack write failed", check.name()));
                 return;
             }
         }
         if ws.flush().await.is_err() && !shared.phases.stopped() {
-            shared.error(format!("{}: ack write failed", check.name));
+            shared.error(format!("{}: ack write failed", check.name()));
             return;
         }
     }
@@ -251,14 +270,19 @@ async fn connect(url: &str, access: &ServiceAccess) -> Result<Ws, String> {
             .map_err(|_| "the secret cannot be a header value".to_string())?;
         request.headers_mut().insert("authorization", value);
     }
+    let config = WebSocketConfig::default().read_buffer_size(access.read_buffer);
     let connector = match &access.tls {
         Some(tls) if url.starts_with("wss://") => Connector::Rustls(tls.clone()),
         _ => Connector::Plain,
     };
-    let (mut ws, _) =
-        tokio_tungstenite::client_async_tls_with_config(request, tcp, None, Some(connector))
-            .await
-            .map_err(|e| e.to_string())?;
+    let (mut ws, _) = tokio_tungstenite::client_async_tls_with_config(
+        request,
+        tcp,
+        Some(config),
+        Some(connector),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     match ws.next().await {
         Some(Ok(Message::Text(t))) => {
             let f: Frame = serde_json::from_str(t.as_str()).map_err(|e| format!("{e}: {t}"))?;
@@ -275,7 +299,7 @@ async fn connect(url: &str, access: &ServiceAccess) -> Result<Ws, String> {
     }
 }
 
-impl Check {
+impl Reader for Check {
     /// Checks one frame, of either shape; the id to ack, or `None` when the subscription
     /// cannot go on.
     fn frame(&mut self, ctx: &Ctx, text: &str) -> Option<u64> {
@@ -320,6 +344,12 @@ impl Check {
         Some(id)
     }
 
+    fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Check {
     /// Checks one payload; `None` when the subscription cannot go on.
     fn message(&mut self, ctx: &Ctx, msg: &str) -> Option<()> {
         let (shared, counters) = (&*ctx.run, &ctx.tally.counters);
@@ -422,6 +452,7 @@ mod measure {
                 access: ServiceAccess {
                     secret: None,
                     tls: None,
+                    read_buffer: 128 * 1024,
                 },
                 changes: 10,
                 framing: Framing::Batched,

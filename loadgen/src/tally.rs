@@ -7,6 +7,8 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use crate::light::Contents;
+
 /// One counter alone on its cache lines, so that two threads' counters never share one.
 #[repr(align(128))]
 #[derive(Default)]
@@ -107,6 +109,9 @@ pub struct Tally {
     service_latencies_us: Vec<RefCell<Vec<u32>>>,
     /// Longest receipt gap (µs) between two commits of one subscriber, inside the window.
     longest_gap_us: Cell<u64>,
+    /// Light subscribers' (`--check-subs`) latencies (µs) of each frame's newest commit,
+    /// inside the window: apart from the checked ones' per-commit `latencies_us`.
+    light_latencies_us: RefCell<Vec<u32>>,
 }
 
 impl Tally {
@@ -117,7 +122,26 @@ impl Tally {
             latencies_us: RefCell::new(Vec::new()),
             service_latencies_us: (0..services).map(|_| RefCell::default()).collect(),
             longest_gap_us: Cell::new(0),
+            light_latencies_us: RefCell::new(Vec::new()),
         }
+    }
+
+    /// What a light subscriber (`--check-subs`) read in one frame from service address
+    /// `service`, counted as a checked one's messages are (one add per counter a frame).
+    pub fn light_frame(&self, service: usize, got: &Contents) {
+        let c = &self.counters;
+        c.frames.add(1);
+        c.msgs.add(got.msgs());
+        c.changes.add(got.data);
+        c.commits.add(got.commits);
+        if let Some(s) = c.service_changes.get(service) {
+            s.add(got.data);
+        }
+    }
+
+    /// The latency of a frame's newest commit, read by a light subscriber.
+    pub fn light_latency(&self, us: u32) {
+        self.light_latencies_us.borrow_mut().push(us);
     }
 
     /// A `data` change from service address `service`.
@@ -146,6 +170,7 @@ impl Tally {
             latencies_us: self.latencies_us.take(),
             service_latencies_us: self.service_latencies_us.iter().map(|l| l.take()).collect(),
             longest_gap_us: self.longest_gap_us.get(),
+            light_latencies_us: self.light_latencies_us.take(),
         }
     }
 }
@@ -156,6 +181,7 @@ pub struct Received {
     pub latencies_us: Vec<u32>,
     pub service_latencies_us: Vec<Vec<u32>>,
     pub longest_gap_us: u64,
+    pub light_latencies_us: Vec<u32>,
 }
 
 impl Received {
@@ -176,6 +202,7 @@ impl Received {
                 sum.extend(l);
             }
             all.longest_gap_us = all.longest_gap_us.max(p.longest_gap_us);
+            all.light_latencies_us.extend(p.light_latencies_us);
         }
         all
     }
@@ -216,6 +243,7 @@ mod tests {
                 latencies_us: vec![2, 5, 9],
                 service_latencies_us: vec![vec![5], vec![9, 2]],
                 longest_gap_us: 11,
+                light_latencies_us: Vec::new(),
             }
         );
         // Taken out: a second take is empty.
