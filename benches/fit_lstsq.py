@@ -11,9 +11,8 @@ plain Python: a clean checkout's machine has no numpy, and the fits have a handf
   every other subset whose fit is non-negative is feasible, so the feasible fit with the least
   squared residual is the optimum (2^k small fits, no iteration to converge or not).
 - `vif`: variance inflation factors, how far each column is explained by the others (1: not at
-  all; ≥ 10: the fit cannot tell that column's cost from the others'). The scale bench's first
-  CPU fit regressed on frames and deliveries of runs where the two grew together: that is what
-  made its per-delivery term come out negative.
+  all; ≥ 10: the fit cannot tell that column's cost from the others'), printed beside a fit
+  so that a design whose columns move together shows itself.
 
     python3 -m unittest benches/test_fit_lstsq.py
 """

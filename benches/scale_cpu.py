@@ -1,0 +1,172 @@
+"""The CPU fit of benches/scale.sh (issue 31 item 1): how the service's CPU grows with its
+subscribers, from the script's `fit-*` runs, checked on the runs it did not see.
+
+The model, each term one kind of work the service does:
+
+    service cores = c0 + t·txns/s + u·changes/s + f·frames/s + b·deliveries/s
+
+  c0  idle: timers, the upstream's keep-alive (cores)
+  t   per transaction ingested from the upstream: its commit, the change log's append, the ack
+  u   per change ingested (each insert parsed and stored)
+  f   per websocket frame a subscriber receives, whatever it batches: its header, one write,
+      one ack read, the wake-ups around them
+  b   per change delivered: its bytes copied to the socket
+
+t, u, f, b in µs of service CPU each (cores = µs × events/s / 10^6). What one more subscriber
+costs at R transactions/s of K changes, a frame each: R·(f + K·b) µs per second.
+
+Why a designed set of runs: the script's first fit took the rate-N and saturated runs and
+regressed on frames and deliveries alone. There frames and deliveries grow together (a frame
+per transaction of 10 changes, or a few transactions a frame saturated), the service's own
+ingest cost rides on the same runs, and each run is noisy: its per-delivery term came out
+negative on the quiet run. Here each column moves on its own (the script prints each column's
+variance inflation over these runs, and over the rate-N and sat-N runs, to show it):
+
+  - no subscriber (`fit-n0-*`): t and u, at two rates and two transaction sizes, and c0 at 1
+    txn/s;
+  - N subscribers at one rate (`fit-nN-*`), the transaction's size K varied: frames stay, the
+    deliveries grow K-fold (b); N varied at one K: frames and deliveries grow together (f).
+
+The fit is non-negative least squares (benches/fit_lstsq.py): a negative cost cannot be, and a
+fit that wants one is told by the unconstrained fit printed beside it. "Reliable" is shown, not
+claimed: the columns' variance inflation, the fit of each round alone (median and range of each
+coefficient over the rounds), each case's residual, and the prediction of every run the fit did
+not see (the rate-N, sat-N, steady and `hold-*` runs), from its measured rates, with its error.
+"""
+import statistics
+
+import fit_lstsq as fl
+
+TERMS = [
+    ("c0", "cores idle"),
+    ("t", "µs per transaction ingested"),
+    ("u", "µs per change ingested"),
+    ("f", "µs per frame delivered"),
+    ("b", "µs per change delivered"),
+]
+
+
+def x_of(r):
+    """The run's regressors: 1 and its txns/s, changes/s ingested, frames/s and deliveries/s,
+    each in millions a second (so the coefficients are µs per event)."""
+    up = r["upstreamTxnsPerS"]
+    return [1.0, up / 1e6, up * r["changesPerTxn"] / 1e6, r["framesPerS"] / 1e6,
+            r["deliveriesPerS"] / 1e6]
+
+
+def cores_of(r):
+    """The service's CPU in the measured window, in cores (utime + stime of its process,
+    exited threads included)."""
+    return r["serviceCpuS"] / r["seconds"] if r.get("seconds") else float("nan")
+
+
+def sizing_cores(coefs, n, rate, changes):
+    """Cores for n subscribers at `rate` txns/s of `changes` inserts, a frame per transaction
+    per subscriber (what a held rate at low latency sends; batching sends fewer): the model
+    with frames = n·rate and deliveries = n·rate·changes."""
+    c0, t, u, f, b = coefs
+    return c0 + rate * (t + changes * u) / 1e6 + n * rate * (f + changes * b) / 1e6
+
+
+def by_round(rows):
+    """{label: [runs in the order they ran]}: the i-th run of a label is round i's."""
+    out = {}
+    for r in rows:
+        out.setdefault(r["service"], []).append(r)
+    return out
+
+
+def usable(r):
+    return r.get("seconds") and r.get("serviceCpuS") is not None and r.get("framesPerS") is not None
+
+
+def fmt(v, unit):
+    return f"{v:.3f}" if unit == "cores idle" else f"{v:.4f}" if v < 1 else f"{v:.3f}"
+
+
+def report(rows):
+    """Prints the fit, its spread, residuals and held-out errors; returns
+    {"pooled": coefs, "rounds": [coefs per round]} or None when there are no fit runs."""
+    cases = by_round([r for r in rows if usable(r)])
+    fit_cases = {c: rs for c, rs in cases.items() if c.startswith("fit-")}
+    if not fit_cases:
+        print("\nCPU fit: no fit-* runs (FIT=0)")
+        return None
+    runs = [r for rs in fit_cases.values() for r in rs]
+    xs, ys = [x_of(r) for r in runs], [cores_of(r) for r in runs]
+
+    print(f"\nCPU fit: service cores = c0 + t·txns/s + u·changes/s + f·frames/s + b·deliveries/s,"
+          f" non-negative least squares over {len(runs)} fit-* runs ({len(fit_cases)} cases)")
+    print("  the design (medians per case): txns/s, changes/s ingested, frames/s, deliveries/s →"
+          " service cores; its threads' run-queue wait")
+    for c in sorted(fit_cases, key=lambda c: [int(p[1:]) for p in c.split("-")[1:]]):
+        rs = fit_cases[c]
+        m = lambda f: statistics.median(f(r) for r in rs)
+        wait = m(lambda r: (r.get("serviceSched") or {}).get("waitMsPerS", float("nan")))
+        print(f"    {c:20} {m(lambda r: r['upstreamTxnsPerS']):7.0f} {m(lambda r: r['upstreamTxnsPerS'] * r['changesPerTxn']):8.0f}"
+              f" {m(lambda r: r['framesPerS']):8.0f} {m(lambda r: r['deliveriesPerS']):9.0f} → {m(cores_of):.3f}"
+              f" (runs {', '.join(f'{cores_of(r):.3f}' for r in rs)}); waited {wait:.0f} ms/s")
+    inflation = fl.vif(xs)
+    print("  variance inflation of each column over these runs (1: independent of the others; ≥ 10:"
+          " not separable): " + ", ".join(f"{TERMS[j][0]} {v:.1f}" for j, v in inflation.items()))
+    old = [r for c, rs in cases.items() if c.split("-")[0] in ("rate", "sat") for r in rs]
+    if len(old) >= 3:
+        try:
+            vo = fl.vif([[1.0, x[3], x[4]] for x in map(x_of, old)])
+            print(f"  (the rate-N and sat-N runs, frames and deliveries alone, as the first fit took them:"
+                  f" f {vo[1]:.1f}, b {vo[2]:.1f})")
+        except fl.Singular:
+            pass
+
+    try:
+        pooled = fl.nnls(xs, ys)
+    except fl.Singular as e:
+        print(f"  not possible: {e}")
+        return None
+    try:
+        free = fl.lstsq(xs, ys)
+    except fl.Singular:
+        free = [float("nan")] * len(TERMS)
+    rounds = []
+    for i in range(max(len(rs) for rs in fit_cases.values())):
+        rr = [rs[i] for rs in fit_cases.values() if len(rs) > i]
+        try:
+            rounds.append(fl.nnls([x_of(r) for r in rr], [cores_of(r) for r in rr]))
+        except fl.Singular:
+            pass
+    print(f"  coefficients: pooled (all runs) | each round alone ({len(rounds)} rounds): median [min – max]"
+          " | pooled without the ≥ 0 constraint")
+    for j, (name, unit) in enumerate(TERMS):
+        per = [c[j] for c in rounds]
+        spread = (f"{fmt(statistics.median(per), unit)} [{fmt(min(per), unit)} – {fmt(max(per), unit)}]"
+                  if per else "—")
+        print(f"    {name:2} {fmt(pooled[j], unit):>8} {unit:28} | {spread:28} | {fmt(free[j], unit)}")
+    tss = sum((y - statistics.mean(ys)) ** 2 for y in ys)
+    res = fl.ssr(pooled, xs, ys)
+    print(f"  residuals (measured − fitted, medians per case; R² {1 - res / tss:.3f},"
+          f" rms {(res / len(ys)) ** 0.5:.3f} cores):")
+    print("    " + "; ".join(
+        f"{c} {statistics.median(cores_of(r) - fl.predict(pooled, x_of(r)) for r in rs):+.3f}"
+        for c, rs in sorted(fit_cases.items())))
+
+    held = {c: rs for c, rs in cases.items()
+            if c.split("-")[0] in ("rate", "sat", "hold", "steady")}
+    if held:
+        print("  held out (runs the fit did not see), medians: measured cores | predicted from the run's"
+              " measured rates (error) | the sizing formula, a frame per transaction (error);"
+              " frames per transaction per subscriber; the service's run-queue wait")
+        for c, rs in sorted(held.items()):
+            meas = statistics.median(cores_of(r) for r in rs)
+            pred = statistics.median(fl.predict(pooled, x_of(r)) for r in rs)
+            size = statistics.median(
+                sizing_cores(pooled, r["subs"], r["upstreamTxnsPerS"], r["changesPerTxn"]) for r in rs)
+            fpt = statistics.median(r["framesPerS"] / max(1.0, r["upstreamTxnsPerS"] * r["subs"]) for r in rs)
+            wait = statistics.median((r.get("serviceSched") or {}).get("waitMsPerS", float("nan")) for r in rs)
+            print(f"    {c:20} {rs[0]['subs']:5} subs × {statistics.median(r['upstreamTxnsPerS'] for r in rs):6.0f}"
+                  f" txns/s × {rs[0]['changesPerTxn']}: {meas:.3f} | {pred:.3f} ({pred / meas - 1:+.0%}) |"
+                  f" {size:.3f} ({size / meas - 1:+.0%}); {fpt:.2f} frames/txn; waited {wait:.0f} ms/s")
+    c0, t, u, f, b = pooled
+    print(f"  one more subscriber, a frame per transaction: f + K·b = {f + b:.3f} µs per transaction of 1"
+          f" change, {f + 10 * b:.3f} of 10: at 200 txns/s of 10 {200 * (f + 10 * b) / 1e6 * 1e3:.2f} millicores,"
+          f" at 2,000 {2000 * (f + 10 * b) / 1e6 * 1e3:.2f}")
+    return {"pooled": pooled, "rounds": rounds}
