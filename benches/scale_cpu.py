@@ -3,17 +3,22 @@ subscribers, from the script's `fit-*` runs, checked on the runs it did not see.
 
 The model, each term one kind of work the service does:
 
-    service cores = c0 + t·txns/s + u·changes/s + f·frames/s + b·deliveries/s
+    service cores = c0 + t·txns/s + u·changes/s + w·fan-outs/s + f·frames/s + b·deliveries/s
 
   c0  idle: timers, the upstream's keep-alive (cores)
   t   per transaction ingested from the upstream: its commit, the change log's append, the ack
   u   per change ingested (each insert parsed and stored)
+  w   per fan-out, however many subscribers it reaches (fan-outs/s = frames/s ÷ N: a
+      transaction, or a batch of them, sent to every subscriber; 0 with none): the streamer's
+      and the workers' wake-ups for it. Without it the first runs fitted ~26 µs a frame at 16
+      subscribers and ~10 at 64 (load 6-7): the step from none to some subscribers is not per
+      subscriber
   f   per websocket frame a subscriber receives, whatever it batches: its header, one write,
       one ack read, the wake-ups around them
   b   per change delivered: its bytes copied to the socket
 
-t, u, f, b in µs of service CPU each (cores = µs × events/s / 10^6). What one more subscriber
-costs at R transactions/s of K changes, a frame each: R·(f + K·b) µs per second.
+t, u, w, f, b in µs of service CPU each (cores = µs × events/s / 10^6). What one more
+subscriber costs at R transactions/s of K changes, a frame each: R·(f + K·b) µs per second.
 
 Why a designed set of runs: the script's first fit took the rate-N and saturated runs and
 regressed on frames and deliveries alone. There frames and deliveries grow together (a frame
@@ -25,7 +30,9 @@ variance inflation over these runs, and over the rate-N and sat-N runs, to show 
   - no subscriber (`fit-n0-*`): t and u, at two rates and two transaction sizes, and c0 at 1
     txn/s;
   - N subscribers at one rate (`fit-nN-*`), the transaction's size K varied: frames stay, the
-    deliveries grow K-fold (b); N varied at one K: frames and deliveries grow together (f).
+    deliveries grow K-fold (b); N varied at one K: frames and deliveries grow together (f), and
+    the step from no subscriber to some is w (three N, so that a cost per frame that is not
+    linear in N shows in the residuals).
 
 The fit is non-negative least squares (benches/fit_lstsq.py): a negative cost cannot be, and a
 fit that wants one is told by the unconstrained fit printed beside it. "Reliable" is shown, not
@@ -41,17 +48,19 @@ TERMS = [
     ("c0", "cores idle"),
     ("t", "µs per transaction ingested"),
     ("u", "µs per change ingested"),
+    ("w", "µs per fan-out"),
     ("f", "µs per frame delivered"),
     ("b", "µs per change delivered"),
 ]
 
 
 def x_of(r):
-    """The run's regressors: 1 and its txns/s, changes/s ingested, frames/s and deliveries/s,
-    each in millions a second (so the coefficients are µs per event)."""
-    up = r["upstreamTxnsPerS"]
-    return [1.0, up / 1e6, up * r["changesPerTxn"] / 1e6, r["framesPerS"] / 1e6,
-            r["deliveriesPerS"] / 1e6]
+    """The run's regressors: 1 and its txns/s, changes/s ingested, fan-outs/s (frames/s per
+    subscriber), frames/s and deliveries/s, each in millions a second (so the coefficients are
+    µs per event)."""
+    up, n = r["upstreamTxnsPerS"], r["subs"]
+    return [1.0, up / 1e6, up * r["changesPerTxn"] / 1e6, r["framesPerS"] / n / 1e6 if n else 0.0,
+            r["framesPerS"] / 1e6, r["deliveriesPerS"] / 1e6]
 
 
 def cores_of(r):
@@ -64,8 +73,9 @@ def sizing_cores(coefs, n, rate, changes):
     """Cores for n subscribers at `rate` txns/s of `changes` inserts, a frame per transaction
     per subscriber (what a held rate at low latency sends; batching sends fewer): the model
     with frames = n·rate and deliveries = n·rate·changes."""
-    c0, t, u, f, b = coefs
-    return c0 + rate * (t + changes * u) / 1e6 + n * rate * (f + changes * b) / 1e6
+    c0, t, u, w, f, b = coefs
+    return (c0 + rate * (t + changes * u + (w if n > 0 else 0.0)) / 1e6
+            + n * rate * (f + changes * b) / 1e6)
 
 
 def by_round(rows):
@@ -95,7 +105,7 @@ def report(rows):
     runs = [r for rs in fit_cases.values() for r in rs]
     xs, ys = [x_of(r) for r in runs], [cores_of(r) for r in runs]
 
-    print(f"\nCPU fit: service cores = c0 + t·txns/s + u·changes/s + f·frames/s + b·deliveries/s,"
+    print(f"\nCPU fit: service cores = c0 + t·txns/s + u·changes/s + w·fan-outs/s + f·frames/s + b·deliveries/s,"
           f" non-negative least squares over {len(runs)} fit-* runs ({len(fit_cases)} cases)")
     print("  the design (medians per case): txns/s, changes/s ingested, frames/s, deliveries/s →"
           " service cores; its threads' run-queue wait")
@@ -112,7 +122,7 @@ def report(rows):
     old = [r for c, rs in cases.items() if c.split("-")[0] in ("rate", "sat") for r in rs]
     if len(old) >= 3:
         try:
-            vo = fl.vif([[1.0, x[3], x[4]] for x in map(x_of, old)])
+            vo = fl.vif([[1.0, x[4], x[5]] for x in map(x_of, old)])
             print(f"  (the rate-N and sat-N runs, frames and deliveries alone, as the first fit took them:"
                   f" f {vo[1]:.1f}, b {vo[2]:.1f})")
         except fl.Singular:
@@ -165,7 +175,7 @@ def report(rows):
             print(f"    {c:20} {rs[0]['subs']:5} subs × {statistics.median(r['upstreamTxnsPerS'] for r in rs):6.0f}"
                   f" txns/s × {rs[0]['changesPerTxn']}: {meas:.3f} | {pred:.3f} ({pred / meas - 1:+.0%}) |"
                   f" {size:.3f} ({size / meas - 1:+.0%}); {fpt:.2f} frames/txn; waited {wait:.0f} ms/s")
-    c0, t, u, f, b = pooled
+    f, b = pooled[4], pooled[5]
     print(f"  one more subscriber, a frame per transaction: f + K·b = {f + b:.3f} µs per transaction of 1"
           f" change, {f + 10 * b:.3f} of 10: at 200 txns/s of 10 {200 * (f + 10 * b) / 1e6 * 1e3:.2f} millicores,"
           f" at 2,000 {2000 * (f + 10 * b) / 1e6 * 1e3:.2f}")

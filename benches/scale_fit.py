@@ -173,12 +173,12 @@ def sizing(fit, cases, ns, changes=10):
     fitted = [r for c, rs in cases.items() if c.startswith("fit-") for r in rs]
     max_frames = max(r["framesPerS"] for r in fitted)
     max_deliveries = max(r["deliveriesPerS"] for r in fitted)
-    c0, t, u, f, b = pooled
+    c0, t, u, w, f, b = pooled
     mem_fit = ("peak_m0", "peak_m1", "peak under load") if "peak_m1" in fit else (
         ("idle_m0", "idle_m1", "idle") if "idle_m1" in fit else None)
     print(f"\nsizing (from the fits): {changes}-insert transactions, batched frames, a frame per transaction per"
-          f" subscriber (at most: batching sends fewer); cores = c0 + R·(t + K·u) + N·R·(f + K·b) ="
-          f" {c0:.3f} + R·{t + changes * u:.2f} µs + N·R·{f + changes * b:.3f} µs (K = {changes}); [the rounds' fits' range];"
+          f" subscriber (at most: batching sends fewer); cores = c0 + R·(t + K·u + w) + N·R·(f + K·b) ="
+          f" {c0:.3f} + R·{t + changes * u + w:.2f} µs + N·R·{f + changes * b:.3f} µs (K = {changes}); [the rounds' fits' range];"
           + (f" memory = the {mem_fit[2]} fit" if mem_fit else " no memory fit") +
           "; 'measured' = the run at that N and rate; † = past the fitted runs' frames/s or deliveries/s"
           f" ({max_frames:,.0f}, {max_deliveries:,.0f}):\n")
