@@ -89,6 +89,14 @@ class CpuFit(unittest.TestCase):
         size = scale_cpu.sizing_cores(got["pooled"], 1024, 200, 10)
         self.assertAlmostEqual(size, pred, delta=1e-9)
 
+    def test_cores_come_from_schedstat_unless_a_thread_exited_in_the_window(self):
+        r = {"seconds": 4.0, "serviceCpuS": 0.1, "serviceSched": {"runMsPerS": 24.3}}
+        self.assertAlmostEqual(scale_cpu.cores_of(r), 0.0243)  # within a tick: the precise one
+        r["serviceSched"]["runMsPerS"] = 12.0  # a thread's time gone from schedstat
+        self.assertAlmostEqual(scale_cpu.cores_of(r), 0.025)
+        del r["serviceSched"]
+        self.assertAlmostEqual(scale_cpu.cores_of(r), 0.025)
+
     def test_no_fit_runs_no_fit(self):
         self.assertIsNone(quiet(scale_cpu.report, rate_runs(random.Random(6))))
 
