@@ -20,7 +20,9 @@
 #   fit-n0-rR-kK    no subscriber, R txns/s of K inserts each (FIT_INGEST, R:K pairs; R=1 is
 #                   the service idle): the service's own cost, per transaction and per change
 #   fit-nN-rR-kK    N subscribers (FIT_NS) at FIT_RATE txns/s of K inserts (FIT_KS), every pair:
-#                   at one N, frames stay and deliveries grow with K; at one K, both grow with N
+#                   at one N, frames stay and deliveries grow with K; at one K, both grow with N;
+#                   and FIT_WIDE (N:R:K): many subscribers at a low rate, as many frames a
+#                   second as the largest N above in fewer fan-outs, up to the N the sizing is for
 #   hold-nN-rR-kK   FIT_HOLD (N:R:K): a run the fit does not see, to check its prediction
 #   mem-N           N idle subscribers (MEM_NS): RssAnon only, for the memory fit over N
 #
@@ -38,8 +40,9 @@
 #   NS="64 256 1024" RATES="64:2000 256:2000 1024:200" RATE=2000 (for an N not in RATES)
 #   SAT=1 (0: no saturated runs) CHURN=1 (0: no churn pair) CHURN_STEADY=64 CHURN_TXNS=2000
 #   CHURN_SUBS=64 CHURN_RATE=50 RUNS=3 WARM_S=3 MEAS_S=8 IDLE_S=2 WINDOW=256
-#   FIT=1 (0: no fit runs) FIT_ONLY=0 (1: only the fit's runs) FIT_RATE=400 FIT_NS="8 24 64"
-#   FIT_KS="1 16 64" FIT_INGEST="1:1 400:1 400:64 2000:1" FIT_HOLD="64:1000:10" MEM_NS="512"
+#   FIT=1 (0: no fit runs) FIT_ONLY=0 (1: only the fit's runs) FIT_RATE=400 FIT_NS="8 64"
+#   FIT_KS="1 16 64" FIT_WIDE="256:100:1 256:100:16 1024:25:1" FIT_INGEST="1:1 400:1 400:64 2000:1"
+#   FIT_HOLD="64:1000:10" MEM_NS="512"
 #   FIT_WARM_S=2 FIT_MEAS_S=4
 #   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags) SERVICE_FLAGS= (more service
 #   flags) BIN=path/to/change-streamer (another build: the load generator is still built)
@@ -56,8 +59,9 @@ NS=${NS:-64 256 1024} RATES=${RATES:-64:2000 256:2000 1024:200} RATE=${RATE:-200
 SAT=${SAT:-1} CHURN=${CHURN:-1} CHURN_STEADY=${CHURN_STEADY:-64} CHURN_TXNS=${CHURN_TXNS:-2000}
 CHURN_SUBS=${CHURN_SUBS:-64} CHURN_RATE=${CHURN_RATE:-50}
 RUNS=${RUNS:-3} WARM_S=${WARM_S:-3} MEAS_S=${MEAS_S:-8} IDLE_S=${IDLE_S:-2} WINDOW=${WINDOW:-256}
-FIT=${FIT:-1} FIT_ONLY=${FIT_ONLY:-0} FIT_RATE=${FIT_RATE:-400} FIT_NS=${FIT_NS:-8 24 64}
-FIT_KS=${FIT_KS:-1 16 64} FIT_INGEST=${FIT_INGEST:-1:1 400:1 400:64 2000:1}
+FIT=${FIT:-1} FIT_ONLY=${FIT_ONLY:-0} FIT_RATE=${FIT_RATE:-400} FIT_NS=${FIT_NS:-8 64}
+FIT_KS=${FIT_KS:-1 16 64} FIT_WIDE=${FIT_WIDE:-256:100:1 256:100:16 1024:25:1}
+FIT_INGEST=${FIT_INGEST:-1:1 400:1 400:64 2000:1}
 FIT_HOLD=${FIT_HOLD:-64:1000:10} MEM_NS=${MEM_NS:-512}
 FIT_WARM_S=${FIT_WARM_S:-2} FIT_MEAS_S=${FIT_MEAS_S:-4}
 if ((FIT_ONLY)); then NS="" CHURN=0 FIT=1; fi
@@ -72,7 +76,7 @@ max_n=0
 ((CHURN)) && max_n=$CHURN_STEADY
 for n in $NS; do ((n > max_n)) && max_n=$n; done
 if ((FIT)); then
-  for n in $FIT_NS $MEM_NS ${FIT_HOLD%%:*}; do ((n > max_n)) && max_n=$n; done
+  for n in $FIT_NS $MEM_NS $FIT_HOLD $FIT_WIDE; do n=${n%%:*}; ((n > max_n)) && max_n=$n; done
 fi
 need=$((max_n + CHURN_SUBS + 512))
 soft=$(ulimit -Sn) hard=$(ulimit -Hn)
@@ -114,6 +118,10 @@ fit_cases() {
     for k in $FIT_KS; do
       echo "fit-n$n-r$FIT_RATE-k$k --subs $n --rate $FIT_RATE --changes $k --idle-s $IDLE_S"
     done
+  done
+  for kv in $FIT_WIDE; do
+    IFS=: read -r n rate k <<< "$kv"
+    echo "fit-n$n-r$rate-k$k --subs $n --rate $rate --changes $k --idle-s $IDLE_S"
   done
   for hold in $FIT_HOLD; do
     IFS=: read -r n rate k <<< "$hold"

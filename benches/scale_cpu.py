@@ -79,13 +79,15 @@ def cores_of(r):
     return run if abs(run - ticks) <= 0.01 / r["seconds"] + 0.05 * ticks else ticks
 
 
-def sizing_cores(coefs, n, rate, changes):
-    """Cores for n subscribers at `rate` txns/s of `changes` inserts, a frame per transaction
-    per subscriber (what a held rate at low latency sends; batching sends fewer): the model
-    with frames = n·rate and deliveries = n·rate·changes."""
+def sizing_cores(coefs, n, rate, changes, fanouts=None):
+    """Cores for n subscribers at `rate` txns/s of `changes` inserts, sent in `fanouts` frames
+    a second to each subscriber: by default a frame per transaction (what a held rate at low
+    latency sends, the most; a service short of CPU batches, and sends fewer). The model with
+    frames = n·fanouts and deliveries = n·rate·changes."""
     c0, t, u, w, f, b = coefs
-    return (c0 + rate * (t + changes * u + (w if n > 0 else 0.0)) / 1e6
-            + n * rate * (f + changes * b) / 1e6)
+    fanouts = rate if fanouts is None else min(rate, fanouts)
+    return (c0 + rate * (t + changes * u) / 1e6
+            + (fanouts * (w + n * f) if n > 0 else 0.0) / 1e6 + n * rate * changes * b / 1e6)
 
 
 def by_round(rows):
@@ -104,9 +106,19 @@ def fmt(v, unit):
     return f"{v:.3f}" if unit == "cores idle" else f"{v:.4f}" if v < 1 else f"{v:.3f}"
 
 
+def case_median(rs):
+    """A run of the medians of a case's runs: its rates and its CPU (a run that other work on
+    the machine disturbed moves a median less than a mean)."""
+    m = lambda f: statistics.median(f(r) for r in rs)
+    return {"service": rs[0]["service"], "subs": rs[0]["subs"], "changesPerTxn": rs[0]["changesPerTxn"],
+            "upstreamTxnsPerS": m(lambda r: r["upstreamTxnsPerS"]), "framesPerS": m(lambda r: r["framesPerS"]),
+            "deliveriesPerS": m(lambda r: r["deliveriesPerS"]), "seconds": 1.0, "serviceCpuS": m(cores_of)}
+
+
 def report(rows):
-    """Prints the fit, its spread, residuals and held-out errors; returns
-    {"pooled": coefs, "rounds": [coefs per round]} or None when there are no fit runs."""
+    """Prints the fit, its spread, residuals and held-out errors; returns {"coefs": the fit on
+    the cases' medians, "pooled": on every run, "rounds": [each round's]} or None when there
+    are no fit runs."""
     cases = by_round([r for r in rows if usable(r)])
     fit_cases = {c: rs for c, rs in cases.items() if c.startswith("fit-")}
     if not fit_cases:
@@ -138,7 +150,10 @@ def report(rows):
         except fl.Singular:
             pass
 
+    meds = [case_median(rs) for rs in fit_cases.values()]
+    mx, my = [x_of(r) for r in meds], [cores_of(r) for r in meds]
     try:
+        coefs = fl.nnls(mx, my)
         pooled = fl.nnls(xs, ys)
     except fl.Singular as e:
         print(f"  not possible: {e}")
@@ -154,20 +169,20 @@ def report(rows):
             rounds.append(fl.nnls([x_of(r) for r in rr], [cores_of(r) for r in rr]))
         except fl.Singular:
             pass
-    print(f"  coefficients: pooled (all runs) | each round alone ({len(rounds)} rounds): median [min – max]"
-          " | pooled without the ≥ 0 constraint")
+    print(f"  coefficients: the fit (on each case's medians; used below) | each round alone ({len(rounds)}"
+          " rounds): median [min – max] | every run pooled | pooled without the ≥ 0 constraint")
     for j, (name, unit) in enumerate(TERMS):
         per = [c[j] for c in rounds]
         spread = (f"{fmt(statistics.median(per), unit)} [{fmt(min(per), unit)} – {fmt(max(per), unit)}]"
                   if per else "—")
-        print(f"    {name:2} {fmt(pooled[j], unit):>8} {unit:28} | {spread:28} | {fmt(free[j], unit)}")
-    tss = sum((y - statistics.mean(ys)) ** 2 for y in ys)
-    res = fl.ssr(pooled, xs, ys)
-    print(f"  residuals (measured − fitted, medians per case; R² {1 - res / tss:.3f},"
-          f" rms {(res / len(ys)) ** 0.5:.3f} cores):")
-    print("    " + "; ".join(
-        f"{c} {statistics.median(cores_of(r) - fl.predict(pooled, x_of(r)) for r in rs):+.3f}"
-        for c, rs in sorted(fit_cases.items())))
+        print(f"    {name:2} {fmt(coefs[j], unit):>8} {unit:30} | {spread:28} | {fmt(pooled[j], unit):>8} |"
+              f" {fmt(free[j], unit)}")
+    tss = sum((y - statistics.mean(my)) ** 2 for y in my)
+    res = fl.ssr(coefs, mx, my)
+    print(f"  residuals of the fit (measured − fitted, on the medians; R² {1 - res / tss:.3f},"
+          f" rms {(res / len(my)) ** 0.5:.3f} cores):")
+    print("    " + "; ".join(f"{r['service']} {cores_of(r) - fl.predict(coefs, x_of(r)):+.3f}"
+                             for r in sorted(meds, key=lambda r: r["service"])))
 
     held = {c: rs for c, rs in cases.items()
             if c.split("-")[0] in ("rate", "sat", "hold", "steady")}
@@ -177,16 +192,16 @@ def report(rows):
               " frames per transaction per subscriber; the service's run-queue wait")
         for c, rs in sorted(held.items()):
             meas = statistics.median(cores_of(r) for r in rs)
-            pred = statistics.median(fl.predict(pooled, x_of(r)) for r in rs)
+            pred = statistics.median(fl.predict(coefs, x_of(r)) for r in rs)
             size = statistics.median(
-                sizing_cores(pooled, r["subs"], r["upstreamTxnsPerS"], r["changesPerTxn"]) for r in rs)
+                sizing_cores(coefs, r["subs"], r["upstreamTxnsPerS"], r["changesPerTxn"]) for r in rs)
             fpt = statistics.median(r["framesPerS"] / max(1.0, r["upstreamTxnsPerS"] * r["subs"]) for r in rs)
             wait = statistics.median((r.get("serviceSched") or {}).get("waitMsPerS", float("nan")) for r in rs)
             print(f"    {c:20} {rs[0]['subs']:5} subs × {statistics.median(r['upstreamTxnsPerS'] for r in rs):6.0f}"
                   f" txns/s × {rs[0]['changesPerTxn']}: {meas:.3f} | {pred:.3f} ({pred / meas - 1:+.0%}) |"
                   f" {size:.3f} ({size / meas - 1:+.0%}); {fpt:.2f} frames/txn; waited {wait:.0f} ms/s")
-    f, b = pooled[4], pooled[5]
+    f, b = coefs[4], coefs[5]
     print(f"  one more subscriber, a frame per transaction: f + K·b = {f + b:.3f} µs per transaction of 1"
           f" change, {f + 10 * b:.3f} of 10: at 200 txns/s of 10 {200 * (f + 10 * b) / 1e6 * 1e3:.2f} millicores,"
           f" at 2,000 {2000 * (f + 10 * b) / 1e6 * 1e3:.2f}")
-    return {"pooled": pooled, "rounds": rounds}
+    return {"coefs": coefs, "pooled": pooled, "rounds": rounds}

@@ -166,38 +166,49 @@ def main(path):
         sizing(fit, cases, ns)
 
 
-def sizing(fit, cases, ns, changes=10):
-    """The sizing table (Markdown): cores from the CPU fit (pooled; the range of the rounds'
-    own fits beside), memory from the peak-under-load fit (else the idle one)."""
-    pooled, rounds = fit["cpu"]["pooled"], fit["cpu"]["rounds"]
+def sizing(fit, cases, ns, changes=10, batched_hz=100):
+    """The sizing table (Markdown): cores from the CPU fit (the range of the rounds' own fits
+    beside), for a frame per transaction per subscriber (the most: what a service with CPU to
+    spare sends) and for frames batched to `batched_hz` a second (a frame every 10 ms: what a
+    service short of CPU does by itself, at that much more latency); memory from the
+    peak-under-load fit (else the idle one)."""
+    coefs, rounds = fit["cpu"]["coefs"], fit["cpu"]["rounds"]
     fitted = [r for c, rs in cases.items() if c.startswith("fit-") for r in rs]
     max_frames = max(r["framesPerS"] for r in fitted)
     max_deliveries = max(r["deliveriesPerS"] for r in fitted)
-    c0, t, u, w, f, b = pooled
+    c0, t, u, w, f, b = coefs
     mem_fit = ("peak_m0", "peak_m1", "peak under load") if "peak_m1" in fit else (
         ("idle_m0", "idle_m1", "idle") if "idle_m1" in fit else None)
-    print(f"\nsizing (from the fits): {changes}-insert transactions, batched frames, a frame per transaction per"
-          f" subscriber (at most: batching sends fewer); cores = c0 + R·(t + K·u + w) + N·R·(f + K·b) ="
-          f" {c0:.3f} + R·{t + changes * u + w:.2f} µs + N·R·{f + changes * b:.3f} µs (K = {changes}); [the rounds' fits' range];"
+    print(f"\nsizing (from the fits): {changes}-insert transactions (K), batched frames; cores = c0 + R·(t + K·u)"
+          f" + F·(w + N·f) + N·R·K·b = {c0:.3f} + R·{t + changes * u:.2f} µs + F·({w:.1f} + N·{f:.3f}) µs"
+          f" + N·R·{changes * b:.3f} µs, F = frames a second to each subscriber: R (a frame per transaction) or"
+          f" at most {batched_hz} (a frame every {1000 / batched_hz:.0f} ms); [the rounds' fits' range];"
           + (f" memory = the {mem_fit[2]} fit" if mem_fit else " no memory fit") +
-          "; 'measured' = the run at that N and rate; † = past the fitted runs' frames/s or deliveries/s"
-          f" ({max_frames:,.0f}, {max_deliveries:,.0f}):\n")
-    print("| subscribers | txns/s | deliveries/s (frames/s) | service cores | service RssAnon | measured |")
-    print("|---|---|---|---|---|---|")
+          "; 'measured' = the run at that N and rate (its frames per transaction per subscriber);"
+          f" † = past the fitted runs' frames/s or deliveries/s ({max_frames:,.0f}, {max_deliveries:,.0f}):\n")
+    print(f"| subscribers | txns/s | deliveries/s | service cores, a frame per txn | service cores, ≤ {batched_hz}"
+          " frames/s per subscriber | service RssAnon | measured |")
+    print("|---|---|---|---|---|---|---|")
+
+    def cell(n, rate, hz):
+        cores = scale_cpu.sizing_cores(coefs, n, rate, changes, hz)
+        each = [scale_cpu.sizing_cores(c, n, rate, changes, hz) for c in rounds]
+        spread = f" [{min(each):.2f}–{max(each):.2f}]" if each else ""
+        frames = n * (rate if hz is None else min(rate, hz))
+        past = "†" if frames > max_frames or n * rate * changes > max_deliveries else ""
+        return f"{cores:.2f}{spread}{past}"
+
     for n in (64, 256, 1024, 4096):
         for rate in (200, 2000):
-            cores = scale_cpu.sizing_cores(pooled, n, rate, changes)
-            each = [scale_cpu.sizing_cores(c, n, rate, changes) for c in rounds]
-            spread = f" [{min(each):.2f}–{max(each):.2f}]" if each else ""
-            past = "†" if n * rate > max_frames or n * rate * changes > max_deliveries else ""
             mem = (f"{(fit[mem_fit[0]] + fit[mem_fit[1]] * n) / 1024:.0f} MiB"
                    + (" (extrapolated)" if ns and n > max(ns) else "")) if mem_fit else "—"
             rs = [r for r in cases.get(f"rate-{n}", []) if r["targetTxnsPerS"] == rate]
             seen = (f"{med(rs, lambda r: r['upstreamTxnsPerS']):.0f} txns/s held, "
-                    f"{med(rs, scale_cpu.cores_of):.2f} cores, p99 "
+                    f"{med(rs, scale_cpu.cores_of):.2f} cores ({med(rs, lambda r: r['framesPerS'] / max(1.0, r['subs'] * r['upstreamTxnsPerS'])):.2f}), p99 "
                     f"{med(rs, lambda r: r['latencyMs']['p99']):.1f} ms") if rs else "not run"
-            print(f"| {n:,} | {rate:,} | {n * rate * changes / 1e6:.2f} M ({n * rate / 1e6:.2f} M) |"
-                  f" {cores:.2f}{spread}{past} | {mem} | {seen} |")
+            print(f"| {n:,} | {rate:,} | {n * rate * changes / 1e6:.2f} M | {cell(n, rate, None)} |"
+                  f" {cell(n, rate, batched_hz)} | {mem} | {seen} |")
+
 
 if __name__ == "__main__":
     main(sys.argv[1])

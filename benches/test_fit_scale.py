@@ -28,14 +28,16 @@ def run(rng, label, n, rate, k, batch=1.0, noise=0.05):
 
 
 def designed(rng, rounds=3):
-    """benches/scale.sh's default fit-* runs (FIT_INGEST, FIT_NS × FIT_KS at FIT_RATE)."""
+    """benches/scale.sh's default fit-* runs (FIT_INGEST, FIT_NS × FIT_KS at FIT_RATE, FIT_WIDE)."""
     rows = []
     for _ in range(rounds):
         for rate, k in ((1, 1), (400, 1), (400, 64), (2000, 1)):
             rows.append(run(rng, f"fit-n0-r{rate}-k{k}", 0, rate, k))
-        for n in (8, 24, 64):
+        for n in (8, 64):
             for k in (1, 16, 64):
                 rows.append(run(rng, f"fit-n{n}-r400-k{k}", n, 400, k))
+        for n, rate, k in ((256, 100, 1), (256, 100, 16), (1024, 25, 1)):
+            rows.append(run(rng, f"fit-n{n}-r{rate}-k{k}", n, rate, k))
     return rows
 
 
