@@ -31,8 +31,13 @@ variance inflation over these runs, and over the rate-N and sat-N runs, to show 
     txn/s;
   - N subscribers at one rate (`fit-nN-*`), the transaction's size K varied: frames stay, the
     deliveries grow K-fold (b); N varied at one K: frames and deliveries grow together (f), and
-    the step from no subscriber to some is w (three N, so that a cost per frame that is not
-    linear in N shows in the residuals).
+    the step from no subscriber to some is w;
+  - many subscribers at a low rate (FIT_WIDE: 256 at 100 txns/s, 1,024 at 25): as many frames
+    a second as 64 at 400 in a quarter or a sixteenth of the fan-outs (w against f), and up to
+    the N the sizing is for, so that a cost per frame that grows with N shows in the residuals.
+
+The headline fit is on each case's medians (a run that other work on the machine disturbed
+moves a median less than a least-squares fit over every run); every run pooled is beside it.
 
 The fit is non-negative least squares (benches/fit_lstsq.py): a negative cost cannot be, and a
 fit that wants one is told by the unconstrained fit printed beside it. "Reliable" is shown, not
