@@ -176,13 +176,14 @@ def sizing(fit, cases, ns, changes=10, batched_hz=100):
     fitted = [r for c, rs in cases.items() if c.startswith("fit-") for r in rs]
     max_frames = max(r["framesPerS"] for r in fitted)
     max_deliveries = max(r["deliveriesPerS"] for r in fitted)
-    c0, t, u, w, f, b = coefs
+    c0, t, u, w, f, g, b = coefs
     mem_fit = ("peak_m0", "peak_m1", "peak under load") if "peak_m1" in fit else (
         ("idle_m0", "idle_m1", "idle") if "idle_m1" in fit else None)
     print(f"\nsizing (from the fits): {changes}-insert transactions (K), batched frames; cores = c0 + R·(t + K·u)"
-          f" + F·(w + N·f) + N·R·K·b = {c0:.3f} + R·{t + changes * u:.2f} µs + F·({w:.1f} + N·{f:.3f}) µs"
+          f" + F·(w + N·(f + g·N/1000)) + N·R·K·b = {c0:.3f} + R·{t + changes * u:.2f} µs"
+          f" + F·({w:.1f} + N·({f:.3f} + {g:.3f}·N/1000)) µs"
           f" + N·R·{changes * b:.3f} µs, F = frames a second to each subscriber: R (a frame per transaction) or"
-          f" at most {batched_hz} (a frame every {1000 / batched_hz:.0f} ms); [the rounds' fits' range];"
+          f" at most {batched_hz} (a frame every {1000 / batched_hz:.0f} ms); [the range of the rounds' own fits, which the medians' fit may fall outside];"
           + (f" memory = the {mem_fit[2]} fit" if mem_fit else " no memory fit") +
           "; 'measured' = the run at that N and rate (its frames per transaction per subscriber);"
           f" † = past the fitted runs' frames/s or deliveries/s ({max_frames:,.0f}, {max_deliveries:,.0f}):\n")
