@@ -35,8 +35,8 @@
 # runs with their errors); the fits of memory over N (KiB per subscriber); the goals of issue
 # 31 met or not; and a sizing table (Markdown) derived from the fits.
 #
-#   benches/scale.sh                                  # ~11 min on 2 cores: 3 rounds
-#   FIT_ONLY=1 benches/scale.sh                       # ~4 min: the fit's runs alone
+#   benches/scale.sh                                  # ~10.5 min on 2 cores: 3 rounds
+#   FIT_ONLY=1 benches/scale.sh                       # ~5.5 min: the fit's runs alone
 #   NS="64 256 1024" RATES="64:2000 256:2000 1024:200" RATE=2000 (for an N not in RATES)
 #   SAT=1 (0: no saturated runs) CHURN=1 (0: no churn pair) CHURN_STEADY=64 CHURN_TXNS=2000
 #   CHURN_SUBS=64 CHURN_RATE=50 RUNS=3 WARM_S=3 MEAS_S=8 IDLE_S=2 WINDOW=256

@@ -140,7 +140,7 @@ def report(rows):
     runs = [r for rs in fit_cases.values() for r in rs]
     xs, ys = [x_of(r) for r in runs], [cores_of(r) for r in runs]
 
-    print(f"\nCPU fit: service cores = c0 + t·txns/s + u·changes/s + w·fan-outs/s + f·frames/s + b·deliveries/s,"
+    print(f"\nCPU fit: service cores = c0 + t·txns/s + u·changes/s + w·fan-outs/s + (f + g·N/1000)·frames/s + b·deliveries/s,"
           f" non-negative least squares over {len(runs)} fit-* runs ({len(fit_cases)} cases)")
     print("  the design (medians per case): txns/s, changes/s ingested, frames/s, deliveries/s →"
           " service cores; its threads' run-queue wait")
