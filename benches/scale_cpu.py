@@ -203,6 +203,7 @@ def report(rows):
         print("  held out (runs the fit did not see), medians: measured cores | predicted from the run's"
               " measured rates (error) | the sizing formula, a frame per transaction (error);"
               " frames per transaction per subscriber; the service's run-queue wait")
+        errors = []
         for c, rs in sorted(held.items()):
             meas = statistics.median(cores_of(r) for r in rs)
             pred = statistics.median(fl.predict(coefs, x_of(r)) for r in rs)
@@ -213,6 +214,9 @@ def report(rows):
             print(f"    {c:20} {rs[0]['subs']:5} subs × {statistics.median(r['upstreamTxnsPerS'] for r in rs):6.0f}"
                   f" txns/s × {rs[0]['changesPerTxn']}: {meas:.3f} | {pred:.3f} ({pred / meas - 1:+.0%}) |"
                   f" {size:.3f} ({size / meas - 1:+.0%}); {fpt:.2f} frames/txn; waited {wait:.0f} ms/s")
+            errors.append(pred / meas - 1)
+        print(f"  held-out prediction errors: median {statistics.median(errors):+.0%}, from {min(errors):+.0%}"
+              f" to {max(errors):+.0%} over {len(errors)} cases")
     f, g, b = coefs[4], coefs[5], coefs[6]
     one = lambda n, k: f + 2 * g * n / 1000 + k * b
     print(f"  one more subscriber, a frame per transaction: f + 2·g·N/1000 + K·b µs per transaction ="
