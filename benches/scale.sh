@@ -44,7 +44,8 @@
 #   FIT_KS="1 16 64" FIT_WIDE="256:100:1 256:100:16 1024:25:1" FIT_INGEST="1:1 400:1 400:64 2000:1"
 #   FIT_HOLD="64:1000:10" MEM_NS="512"
 #   FIT_WARM_S=2 FIT_MEAS_S=4
-#   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags) SERVICE_FLAGS= (more service
+#   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags, e.g. --check-subs K; not --changes,
+#   which the fit runs set) SERVICE_FLAGS= (more service
 #   flags) BIN=path/to/change-streamer (another build: the load generator is still built)
 #   Its folder (/tmp/cs-scale.*, printed first) keeps every run's log and results.jsonl: fit
 #   again with `python3 benches/scale_fit.py /tmp/cs-scale.*/results.jsonl`.
