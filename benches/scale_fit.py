@@ -1,53 +1,31 @@
 #!/usr/bin/env python3
 """The figures of benches/scale.sh from its results.jsonl (one load-generator JSON line per
-run, `service` = the case: rate-N, sat-N, steady, churn): medians per case, least-squares fits
-of how the service's CPU and memory grow with the subscriber count N, issue 31's goals met or
-not, and a sizing table (Markdown) derived from the fits.
+run, `service` = the case: rate-N, sat-N, steady, churn, fit-*, hold-*, mem-N): medians per
+case, the fit of the service's CPU (benches/scale_cpu.py: its design, spread over rounds,
+residuals and held-out errors), the fits of its memory over N, issue 31's goals met or not, and
+a sizing table (Markdown) derived from the fits.
 
-CPU fit, over every rate-N and sat-N run (each run one point):
-    service cores = c0 + f * (frames/s) + b * (deliveries/s)
-frames are the websocket frames the subscribers received (each one write, one ack, one wake-up
-in the service, however many changes it batches), deliveries the changes: f is the µs of
-service CPU per frame, b per delivery, c0 the rest (ingest, timers). A fit on deliveries alone
-goes wrong: a saturated run batches many transactions a frame and costs less CPU for more
-deliveries than a run at a fixed rate. Beside it, each N's own median µs per delivery (all its
-CPU over its deliveries), and a line through the saturated ones over N. The sizing assumes one
-frame per transaction per subscriber (what a held rate with low latency sends; more batching
-costs less).
 Memory fits, over N: the RssAnon of N idle subscribers (connected, caught up, no traffic; the
-rate-N runs' `--idle-s` sample) and the RssAnon peak under load (the larger of each N's rate
-and saturated medians), each = m0 + m1 * N: m1 in KiB per subscriber.
+`--idle-s` sample of every run that took one: rate-N, fit-nN-*, mem-N) and the RssAnon peak
+under load (the larger of each N's rate and saturated medians), each = m0 + m1 * N: m1 in KiB
+per subscriber. The sizing table takes cores from the CPU fit, a frame per transaction per
+subscriber (at most: batching sends fewer), with the range over the rounds' own fits.
 
     python3 benches/scale_fit.py RESULTS.jsonl
 """
 import json
+import os
 import statistics
 import sys
 
-
-def lstsq(xs, ys):
-    """Least squares of ys on the rows xs (each a list of regressors, an intercept column
-    included by the caller), by the normal equations; the coefficients."""
-    k = len(xs[0])
-    ata = [[sum(x[i] * x[j] for x in xs) for j in range(k)] for i in range(k)]
-    aty = [sum(x[i] * y for x, y in zip(xs, ys)) for i in range(k)]
-    # Gauss-Jordan with partial pivoting.
-    m = [row[:] + [v] for row, v in zip(ata, aty)]
-    for c in range(k):
-        p = max(range(c, k), key=lambda r: abs(m[r][c]))
-        if abs(m[p][c]) < 1e-12:
-            raise ValueError("singular: too few distinct points for the fit")
-        m[c], m[p] = m[p], m[c]
-        for r in range(k):
-            if r != c:
-                f = m[r][c] / m[c][c]
-                m[r] = [a - f * b for a, b in zip(m[r], m[c])]
-    return [m[i][k] / m[i][i] for i in range(k)]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fit_lstsq  # noqa: E402
+import scale_cpu  # noqa: E402
 
 
 def line(ns, ys):
     """(intercept, slope) of ys on ns."""
-    return tuple(lstsq([[1.0, n] for n in ns], ys))
+    return tuple(fit_lstsq.lstsq([[1.0, n] for n in ns], ys))
 
 
 def med(rs, f):
@@ -64,10 +42,10 @@ def main(path):
 
     def order(c):
         kind, _, n = c.partition("-")
-        return (kind not in ("rate", "sat"), int(n) if n.isdigit() else 0, kind)
+        return (kind not in ("rate", "sat"), kind in ("steady", "churn"), kind, int(n) if n.isdigit() else 0, n)
 
-    print("\nmedians per case (runs):")
-    for c in sorted(cases, key=order):
+    print("\nmedians per case (runs; the fit-* runs are in the CPU fit's design below):")
+    for c in sorted((c for c in cases if not c.startswith("fit-")), key=order):
         rs = cases[c]
         lat = lambda k: med(rs, lambda r: r["latencyMs"][k])
         idle = med(rs, lambda r: (r.get("idle") or {}).get("kibPerSub"))
@@ -90,19 +68,15 @@ def main(path):
 
     scale = [r for c, rs in cases.items() if c.split("-")[0] in ("rate", "sat") for r in rs]
     fit = {}
-    try:
-        c0, f, b = lstsq([[1.0, r["framesPerS"], r["deliveriesPerS"]] for r in scale],
-                         [r["serviceCores"] for r in scale])
-        fit.update(c0=c0, f_us=f * 1e6, b_us=b * 1e6)
-        print(f"\nCPU fit over {len(scale)} runs: service cores = {c0:.3f} + {f * 1e6:.3f} µs × frames/s"
-              f" + {b * 1e6:.4f} µs × deliveries/s" + ("  (a negative term: too few or too noisy runs)" if min(f, b) < 0 else ""))
-    except (ValueError, IndexError) as e:
-        print(f"\nCPU fit: not possible ({e})")
+    cpu = scale_cpu.report(rows)
+    if cpu:
+        fit["cpu"] = cpu
     per_n = {}
     for r in scale:
         per_n.setdefault(r["subs"], []).append(r)
     ns = sorted(per_n)
-    print("µs of service CPU per delivery by N (median of rate / saturated runs): "
+    if ns:
+        print("\nµs of service CPU per delivery by N (median of rate / saturated runs): "
           + ", ".join(f"{n}: {med([r for r in per_n[n] if r['mode'] == 'rate'], lambda r: r['serviceCpuUsPerDelivery']):.3f}"
                       f" / {med([r for r in per_n[n] if r['mode'] == 'saturate'], lambda r: r['serviceCpuUsPerDelivery']):.3f}"
                       for n in ns))
@@ -111,12 +85,20 @@ def main(path):
         i, s = line(sat_ns, [med([r for r in per_n[n] if r["mode"] == "saturate"],
                                  lambda r: r["serviceCpuUsPerDelivery"]) for n in sat_ns])
         print(f"  saturated µs per delivery = {i:.4f} + {s * 1000:.4f} per 1,000 subscribers")
-    idle_after = {n: med(per_n[n], lambda r: (r.get("idle") or {}).get("afterKiB")) for n in ns}
-    idle_ns = [n for n in ns if idle_after[n] == idle_after[n]]  # not NaN: measured
+    idle_runs = {}
+    for r in rows:
+        if (r.get("idle") or {}).get("afterKiB") and r["subs"] > 0:
+            idle_runs.setdefault(r["subs"], []).append(r)
+    idle_after = {n: med(rs, lambda r: r["idle"]["afterKiB"]) for n, rs in idle_runs.items()}
+    idle_ns = sorted(idle_after)
     if len(idle_ns) >= 2:
         m0, m1 = line(idle_ns, [idle_after[n] for n in idle_ns])
         fit.update(idle_m0=m0, idle_m1=m1)
-        print(f"memory fit, idle subscribers: RssAnon = {m0 / 1024:.1f} MiB + {m1:.1f} KiB × N")
+        res = [idle_after[n] - (m0 + m1 * n) for n in idle_ns]
+        print(f"\nmemory fit, idle subscribers (medians at N = {', '.join(map(str, idle_ns))}): RssAnon ="
+              f" {m0 / 1024:.1f} MiB + {m1:.1f} KiB × N; residuals {', '.join(f'{v:+.0f}' for v in res)} KiB;"
+              f" per subscriber in each run, median by N: "
+              + ", ".join(f"{n}: {med(idle_runs[n], lambda r: r['idle']['kibPerSub']):.1f}" for n in idle_ns))
     if len(ns) >= 2:
         peaks = [max(med([r for r in per_n[n] if r["mode"] == m], lambda r: r["serviceRssAnonPeakMiB"])
                      for m in ("rate", "saturate") if any(r["mode"] == m for r in per_n[n])) for n in ns]
@@ -126,6 +108,7 @@ def main(path):
               f"(peaks {dict(zip(ns, [round(p, 1) for p in peaks]))} MiB)")
 
     print("\ngoals (issue 31; held = ≥ 97 % of the target rate upstream):")
+    met = []
 
     def goal(case, p99_max, extra=None):
         rs = cases.get(case)
@@ -139,6 +122,7 @@ def main(path):
         if extra:
             more, ok_more = extra(rs)
             text, ok = text + more, ok and ok_more
+        met.append((case, ok))
         print(text + (": met" if ok else ": MISSED"))
 
     goal("rate-256", 10)
@@ -151,6 +135,13 @@ def main(path):
                 f" {slope:.1f} by the fit (≤ 64)", peak <= 256 and idle <= 64 and not slope > 64)
 
     goal("rate-1024", 20, memory)
+    if "sat-64" in cases:
+        us = med(cases["sat-64"], lambda r: r["serviceCpuUsPerDelivery"])
+        met.append(("sat-64", us <= 0.10))
+        print(f"  64 saturated: {us:.3f} µs of service CPU per delivery (≤ 0.10; runs"
+              f" {[r['serviceCpuUsPerDelivery'] for r in cases['sat-64']]})" + (": met" if us <= 0.10 else ": MISSED"))
+    else:
+        print("  sat-64: not run")
     if "steady" in cases and "churn" in cases:
         st, ch = cases["steady"], cases["churn"]
         p_st, p_ch = med(st, lambda r: r["latencyMs"]["p99"]), med(ch, lambda r: r["latencyMs"]["p99"])
@@ -159,28 +150,65 @@ def main(path):
         empty = sum((r.get("churn") or {}).get("leftEmptyTotal", 0) for r in ch)
         change = p_ch / p_st - 1
         pairs = [f"{c['latencyMs']['p99'] / s['latencyMs']['p99'] - 1:+.0%}" for s, c in zip(st, ch)]
+        ok = change <= 0.10 and errors == 0 and joins > 0
+        met.append(("churn", ok))
         print(f"  churn: {ch[0]['churn']['subs']} joining and leaving at {ch[0]['churn']['rate']:.0f}/s beside"
               f" {ch[0]['subs']} steady at {ch[0]['targetTxnsPerS']:.0f} txns/s: steady p99 {p_st:.2f} → {p_ch:.2f} ms,"
               f" {change:+.1%} (≤ +10 %; per round {pairs}); {joins} joins, {errors} errors (gaps),"
               f" {empty} left with no transaction; {med(ch, lambda r: r['upstreamTxnsPerS']):.0f} txns/s upstream"
-              + (": met" if change <= 0.10 and errors == 0 and joins > 0 else ": MISSED"))
+              + (": met" if ok else ": MISSED"))
+    else:
+        print("  churn: not run")
+    if met:
+        print(f"  met: {', '.join(c for c, ok in met if ok) or 'none'}; missed: {', '.join(c for c, ok in met if not ok) or 'none'}")
 
-    if {"c0", "f_us", "b_us", "peak_m0", "peak_m1"} <= fit.keys():
-        changes = (scale[0]["changesPerTxn"] if scale else 10)
-        print(f"\nsizing (from the fits; {changes}-insert transactions, batched frames; cores = the CPU fit,"
-              f" memory = the peak-under-load fit; 'measured' = what the run at that N and rate did):\n")
-        print("| subscribers | txns/s | deliveries/s (frames/s) | service CPU, cores (a frame per txn: at most) | service RssAnon | measured |")
-        print("|---|---|---|---|---|---|")
-        for n in (64, 256, 1024, 4096):
-            for rate in (200, 2000):
-                cores = fit["c0"] + (fit["f_us"] * n * rate + fit["b_us"] * n * rate * changes) / 1e6
-                mem = (fit["peak_m0"] + fit["peak_m1"] * n) / 1024
-                past = " (extrapolated)" if ns and n > max(ns) else ""
-                rs = [r for r in cases.get(f"rate-{n}", []) if r["targetTxnsPerS"] == rate]
-                seen = (f"{med(rs, lambda r: r['upstreamTxnsPerS']):.0f} txns/s held, p99 "
-                        f"{med(rs, lambda r: r['latencyMs']['p99']):.1f} ms") if rs else "not run"
-                print(f"| {n:,} | {rate:,} | {n * rate * changes / 1e6:.2f} M ({n * rate / 1e6:.2f} M) | {cores:.2f}{past} |"
-                      f" {mem:.0f} MiB{past} | {seen} |")
+    if "cpu" in fit:
+        sizing(fit, cases, ns)
+
+
+def sizing(fit, cases, ns, changes=10, batched_hz=100):
+    """The sizing table (Markdown): cores from the CPU fit (the range of the rounds' own fits
+    beside), for a frame per transaction per subscriber (the most: what a service with CPU to
+    spare sends) and for frames batched to `batched_hz` a second (a frame every 10 ms: what a
+    service short of CPU does by itself, at that much more latency); memory from the
+    peak-under-load fit (else the idle one)."""
+    coefs, rounds = fit["cpu"]["coefs"], fit["cpu"]["rounds"]
+    fitted = [r for c, rs in cases.items() if c.startswith("fit-") for r in rs]
+    max_frames = max(r["framesPerS"] for r in fitted)
+    max_deliveries = max(r["deliveriesPerS"] for r in fitted)
+    c0, t, u, w, f, g, b = coefs
+    mem_fit = ("peak_m0", "peak_m1", "peak under load") if "peak_m1" in fit else (
+        ("idle_m0", "idle_m1", "idle") if "idle_m1" in fit else None)
+    print(f"\nsizing (from the fits): {changes}-insert transactions (K), batched frames; cores = c0 + R·(t + K·u)"
+          f" + F·(w + N·(f + g·N/1000)) + N·R·K·b = {c0:.3f} + R·{t + changes * u:.2f} µs"
+          f" + F·({w:.1f} + N·({f:.3f} + {g:.3f}·N/1000)) µs"
+          f" + N·R·{changes * b:.3f} µs, F = frames a second to each subscriber: R (a frame per transaction) or"
+          f" at most {batched_hz} (a frame every {1000 / batched_hz:.0f} ms); [the range of the rounds' own fits, which the medians' fit may fall outside];"
+          + (f" memory = the {mem_fit[2]} fit" if mem_fit else " no memory fit") +
+          "; 'measured' = the run at that N and rate (its frames per transaction per subscriber);"
+          f" † = past the fitted runs' frames/s or deliveries/s ({max_frames:,.0f}, {max_deliveries:,.0f}):\n")
+    print(f"| subscribers | txns/s | deliveries/s | service cores, a frame per txn | service cores, ≤ {batched_hz}"
+          " frames/s per subscriber | service RssAnon | measured |")
+    print("|---|---|---|---|---|---|---|")
+
+    def cell(n, rate, hz):
+        cores = scale_cpu.sizing_cores(coefs, n, rate, changes, hz)
+        each = [scale_cpu.sizing_cores(c, n, rate, changes, hz) for c in rounds]
+        spread = f" [{min(each):.2f}–{max(each):.2f}]" if each else ""
+        frames = n * (rate if hz is None else min(rate, hz))
+        past = "†" if frames > max_frames or n * rate * changes > max_deliveries else ""
+        return f"{cores:.2f}{spread}{past}"
+
+    for n in (64, 256, 1024, 4096):
+        for rate in (200, 2000):
+            mem = (f"{(fit[mem_fit[0]] + fit[mem_fit[1]] * n) / 1024:.0f} MiB"
+                   + (" (extrapolated)" if ns and n > max(ns) else "")) if mem_fit else "—"
+            rs = [r for r in cases.get(f"rate-{n}", []) if r["targetTxnsPerS"] == rate]
+            seen = (f"{med(rs, lambda r: r['upstreamTxnsPerS']):.0f} txns/s held, "
+                    f"{med(rs, scale_cpu.cores_of):.2f} cores ({med(rs, lambda r: r['framesPerS'] / max(1.0, r['subs'] * r['upstreamTxnsPerS'])):.2f}), p99 "
+                    f"{med(rs, lambda r: r['latencyMs']['p99']):.1f} ms") if rs else "not run"
+            print(f"| {n:,} | {rate:,} | {n * rate * changes / 1e6:.2f} M | {cell(n, rate, None)} |"
+                  f" {cell(n, rate, batched_hz)} | {mem} | {seen} |")
 
 
 if __name__ == "__main__":
