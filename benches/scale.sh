@@ -26,6 +26,18 @@
 #   hold-nN-rR-kK   FIT_HOLD (N:R:K): a run the fit does not see, to check its prediction
 #   mem-N           N idle subscribers (MEM_NS): RssAnon only, for the memory fit over N
 #
+# and, beside the churn pair, the churn's own cost with the extra subscribers held apart:
+#
+#   steady2x CHURN_STEADY + CHURN_SUBS steady subscribers, none joining or leaving: the load
+#            of as many connected subscribers as the churn run has, without the churn
+#
+# Checking: each run's load generator checks CHECK_SUBS of its subscribers fully (ids, whole
+# transactions, watermarks, per-commit latency; spread over its threads and the connecting
+# order) and reads the others light (frame ids checked, acked, every delivery counted, no
+# message parsed: loadgen's --check-subs), so that at hundreds of subscribers the generator
+# does not take the CPU the service needs. Latency figures are over the checked ones; joiners
+# (churn) are always checked. CHECK_SUBS=all checks every subscriber, as before stop 39.
+#
 # Cases run alternately, round by round (RUNS rounds; the fit's runs in reverse order every
 # other round, so a drift of the machine's load does not line up with one column), so every
 # ratio is taken in one invocation. Each run prints its human line; then, per case, the
@@ -44,6 +56,7 @@
 #   FIT_KS="1 16 64" FIT_WIDE="256:100:1 256:100:16 1024:25:1" FIT_INGEST="1:1 400:1 400:64 2000:1"
 #   FIT_HOLD="64:1000:10" MEM_NS="512"
 #   FIT_WARM_S=2 FIT_MEAS_S=4
+#   CHECK_SUBS=32 (all: every subscriber checked)
 #   LG_THREADS=$(nproc) LG_FLAGS= (more load-generator flags, e.g. --check-subs K; not --changes,
 #   which the fit runs set) SERVICE_FLAGS= (more service
 #   flags) BIN=path/to/change-streamer (another build: the load generator is still built)
@@ -67,7 +80,9 @@ FIT_HOLD=${FIT_HOLD:-64:1000:10} MEM_NS=${MEM_NS:-512}
 FIT_WARM_S=${FIT_WARM_S:-2} FIT_MEAS_S=${FIT_MEAS_S:-4}
 if ((FIT_ONLY)); then NS="" CHURN=0 FIT=1; fi
 LG_THREADS=${LG_THREADS:-$(nproc)}
+CHECK_SUBS=${CHECK_SUBS:-32}
 read -r -a LG_EXTRA <<< "${LG_FLAGS:-}"
+if [[ $CHECK_SUBS != all ]]; then LG_EXTRA+=(--check-subs "$CHECK_SUBS"); fi
 OUT=$(mktemp -d /tmp/cs-scale.XXXXXX)
 echo "logs and results in $OUT" >&2
 
@@ -142,7 +157,7 @@ fit_round() { # the fit's runs, forwards in odd rounds and backwards in even one
   done
 }
 
-echo "machine: $(nproc) CPUs; load before: $(cut -d' ' -f1-3 /proc/loadavg); commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "machine: $(nproc) CPUs; checked subscribers per run: $CHECK_SUBS; load before: $(cut -d' ' -f1-3 /proc/loadavg); commit $(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo '?')"
 for r in $(seq "$RUNS"); do
   for n in $NS; do
     lg "rate-$n" --subs "$n" --rate "$(rate_of "$n")" --idle-s "$IDLE_S"
@@ -151,6 +166,7 @@ for r in $(seq "$RUNS"); do
   ((FIT)) && fit_round
   if ((CHURN)); then
     lg steady --subs "$CHURN_STEADY" --rate "$CHURN_TXNS"
+    lg steady2x --subs "$((CHURN_STEADY + CHURN_SUBS))" --rate "$CHURN_TXNS"
     lg churn --subs "$CHURN_STEADY" --rate "$CHURN_TXNS" --churn-subs "$CHURN_SUBS" --churn-rate "$CHURN_RATE"
   fi
   echo "round $r done; load $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -42,7 +42,7 @@ def main(path):
 
     def order(c):
         kind, _, n = c.partition("-")
-        return (kind not in ("rate", "sat"), kind in ("steady", "churn"), kind, int(n) if n.isdigit() else 0, n)
+        return (kind not in ("rate", "sat"), kind in ("steady", "steady2x", "churn"), kind, int(n) if n.isdigit() else 0, n)
 
     print("\nmedians per case (runs; the fit-* runs are in the CPU fit's design below):")
     for c in sorted((c for c in cases if not c.startswith("fit-")), key=order):
@@ -58,7 +58,9 @@ def main(path):
               f"{med(rs, lambda r: r.get('loadgenRssAnonMiB')):.0f} MiB), "
               f"RssAnon peak {med(rs, lambda r: r['serviceRssAnonPeakMiB']):.1f} MiB"
               + (f", idle {idle:.1f} KiB/sub" if idle == idle else "")
-              + f"; p50 {lat('p50'):.2f} p99 {lat('p99'):.2f} p99.9 {lat('p999'):.2f} ms, "
+              + f"; p50 {lat('p50'):.2f} p99 {lat('p99'):.2f} p99.9 {lat('p999'):.2f} ms"
+              + (f" (over {rs[0]['checkedSubs']} checked)" if rs[0].get("checkedSubs", rs[0]["subs"]) < rs[0]["subs"] else "")
+              + ", "
               f"longest gap {med(rs, lambda r: r['longestCommitGapMs']):.1f} ms; "
               f"errors {sum(r['errors'] for r in rs)}; runs p99 {[r['latencyMs']['p99'] for r in rs]}"
               + (f"; waiting runnable: service {med(rs, lambda r: r['serviceSched']['waitMsPerS']):.0f} ms/s"
@@ -157,6 +159,12 @@ def main(path):
               f" {change:+.1%} (≤ +10 %; per round {pairs}); {joins} joins, {errors} errors (gaps),"
               f" {empty} left with no transaction; {med(ch, lambda r: r['upstreamTxnsPerS']):.0f} txns/s upstream"
               + (": met" if ok else ": MISSED"))
+        if "steady2x" in cases:
+            both = cases["steady2x"]
+            p_both = med(both, lambda r: r["latencyMs"]["p99"])
+            print(f"    the churn alone: {both[0]['subs']} steady subscribers (as many connected as in the churn run, none"
+                  f" joining) p99 {p_both:.2f} ms; with churn {p_ch:.2f} ms: {p_ch / p_both - 1:+.1%}"
+                  f" (the rest of the change above is the extra subscribers' load, not their joining and leaving)")
     else:
         print("  churn: not run")
     if met:
