@@ -9,7 +9,15 @@ use std::process::Command;
 fn the_scale_fits_python_tests_pass() {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = Command::new("python3")
-        .args(["-m", "unittest", "discover", "-s", "benches", "-p", "test_fit_*.py"])
+        .args([
+            "-m",
+            "unittest",
+            "discover",
+            "-s",
+            "benches",
+            "-p",
+            "test_fit_*.py",
+        ])
         .current_dir(root)
         .output()
         .expect("python3 runs the scale fit's tests (Python 3.8 or later is needed)");
@@ -18,6 +26,9 @@ fn the_scale_fits_python_tests_pass() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "benches/test_fit_*.py failed:\n{said}");
+    assert!(
+        out.status.success(),
+        "benches/test_fit_*.py failed:\n{said}"
+    );
     assert!(said.contains("OK"), "no tests ran:\n{said}");
 }

@@ -55,3 +55,23 @@ impl Setup {
         }
     }
 }
+
+#[cfg(test)]
+impl Setup {
+    /// The context the checks' tests read frames in: batched frames of 10-insert
+    /// transactions, no secret, one thread's counters.
+    pub fn batched_for_tests() -> Ctx {
+        let setup = Setup {
+            access: ServiceAccess {
+                secret: None,
+                tls: None,
+                read_buffer: 128 * 1024,
+            },
+            changes: 10,
+            framing: Framing::Batched,
+            deadline: Instant::now(),
+            churn: None,
+        };
+        setup.ctx(Arc::new(Run::new()), Arc::new(Counters::new(1)))
+    }
+}

@@ -168,30 +168,17 @@ impl Reader for Light {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Instant;
 
     use super::*;
-    use crate::ctx::{Framing, Setup};
+    use crate::ctx::Setup;
     use crate::frames::{split_batch, split_frame};
-    use crate::shared::{Run, ServiceAccess};
     use crate::subscriber::{Check, Role};
-    use crate::tally::{Counters, Counts};
+    use crate::tally::Counts;
     use crate::workload::{filler, live_tx, Filler, FIRST_SEQ};
 
     fn ctx() -> Ctx {
-        let setup = Setup {
-            access: ServiceAccess {
-                secret: None,
-                tls: None,
-                read_buffer: 128 * 1024,
-            },
-            changes: 10,
-            framing: Framing::Batched,
-            deadline: Instant::now(),
-            churn: None,
-        };
-        setup.ctx(Arc::new(Run::new()), Arc::new(Counters::new(1)))
+        Setup::batched_for_tests()
     }
 
     /// The frames of `txns` live transactions of 10 inserts after the replicaVersion, ids from 2:

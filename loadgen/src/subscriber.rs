@@ -434,11 +434,8 @@ impl Check {
 
 #[cfg(test)]
 mod measure {
-    use std::sync::Arc;
-
     use super::*;
     use crate::ctx::Setup;
-    use crate::tally::Counters;
     use crate::workload::{filler, live_tx};
 
     /// The checks' cost per message on batches of 4 transactions of 10 inserts (what each of 64
@@ -448,18 +445,7 @@ mod measure {
     #[ignore = "a measurement: cargo test --release -p change-streamer-loadgen -- --ignored checks_cost --nocapture"]
     fn checks_cost_per_message() {
         for row_bytes in [0, 1024] {
-            let setup = Setup {
-                access: ServiceAccess {
-                    secret: None,
-                    tls: None,
-                    read_buffer: 128 * 1024,
-                },
-                changes: 10,
-                framing: Framing::Batched,
-                deadline: Instant::now(),
-                churn: None,
-            };
-            let ctx = setup.ctx(Arc::new(Run::new()), Arc::new(Counters::new(1)));
+            let ctx = Setup::batched_for_tests();
             ctx.run.phases.record(true);
             let frames = 100;
             let texts: Vec<String> = (0..frames)
