@@ -17,6 +17,17 @@ def design(rng, n=30):
     return [[1.0, rng.uniform(0, 2000), rng.uniform(0, 2e6)] for _ in range(n)]
 
 
+
+def nudged(c, xs, ys, by):
+    """(the residual with one coefficient scaled by 1 ± `by`, the fit's own residual), for each
+    coefficient and both directions: a minimum has no nudge that lowers it."""
+    best = fl.ssr(c, xs, ys)
+    for j in range(len(c)):
+        for d in (1 + by, 1 - by):
+            moved = c[:]
+            moved[j] *= d
+            yield fl.ssr(moved, xs, ys), best
+
 class LeastSquares(unittest.TestCase):
     def test_least_squares_recovers_exact_coefficients_across_scales(self):
         rng = random.Random(1)
@@ -31,12 +42,8 @@ class LeastSquares(unittest.TestCase):
         xs = design(rng)
         ys = [fl.predict([1.0, 2e-3, 1e-6], x) + rng.gauss(0, 0.1) for x in xs]
         c = fl.lstsq(xs, ys)
-        best = fl.ssr(c, xs, ys)
-        for j in range(3):
-            for d in (1.001, 0.999):
-                moved = c[:]
-                moved[j] *= d
-                self.assertGreater(fl.ssr(moved, xs, ys), best)
+        for moved_ssr, best in nudged(c, xs, ys, 0.001):
+            self.assertGreater(moved_ssr, best)
 
     def test_collinear_columns_are_refused(self):
         xs = [[1.0, v, 10 * v] for v in (1.0, 2.0, 3.0, 4.0)]
@@ -62,12 +69,8 @@ class NonNegative(unittest.TestCase):
         self.assertTrue(all(v >= 0 for v in c))
         self.assertEqual(c[2], 0.0)
         # And it is the best non-negative fit: no feasible nudge lowers the residual.
-        best = fl.ssr(c, xs, ys)
-        for j in range(3):
-            for d in (1.01, 0.99):
-                moved = c[:]
-                moved[j] *= d
-                self.assertGreaterEqual(fl.ssr(moved, xs, ys), best)
+        for moved_ssr, best in nudged(c, xs, ys, 0.01):
+            self.assertGreaterEqual(moved_ssr, best)
 
     def test_nnls_leaves_kept_columns_unconstrained(self):
         xs = [[1.0, v] for v in (1.0, 2.0, 3.0, 4.0)]
