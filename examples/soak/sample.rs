@@ -198,3 +198,85 @@ impl Trend {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! What "flat" means (the soak's verdict on RssAnon and fds): run by `cargo test`
+    //! (`[[example]] soak`, `test = true`).
+    use super::*;
+
+    /// Samples every 2 s of lives of the given lengths, `mib(life, age)` each.
+    fn lives(lengths: &[f64], mib: impl Fn(usize, f64) -> f64) -> Vec<Sample> {
+        let mut out = Vec::new();
+        let mut t = 0.0;
+        for (life, &len) in lengths.iter().enumerate() {
+            let mut age = 0.0;
+            while age <= len {
+                out.push(Sample {
+                    t: t + age,
+                    life,
+                    age,
+                    rss_anon_kb: (mib(life, age) * 1024.0) as u64,
+                    fds: 30,
+                    sockets: 2,
+                });
+                age += 2.0;
+            }
+            t += len;
+        }
+        out
+    }
+
+    fn rss(samples: &[Sample], judged_life_s: f64) -> Trend {
+        Trend::of(
+            "RssAnon",
+            "MiB",
+            judged_life_s,
+            samples,
+            |s| s.rss_anon_kb as f64 / 1024.0,
+            |m| (m * 0.10).max(3.0),
+        )
+    }
+
+    #[test]
+    fn a_life_that_steps_within_its_bounds_is_flat_and_one_that_sets_a_new_high_at_its_end_is_not()
+    {
+        // Fills for 2 minutes, then steps down 4 MiB and back up to its high, ending 0.5 MiB
+        // above it: the minute-over-minute rule saw +4.5 MiB here.
+        let steps = |_: usize, age: f64| match age {
+            a if a < 120.0 => 20.0 * a / 120.0,
+            a if a < 180.0 => 20.0,
+            a if a < 240.0 => 16.0,
+            _ => 20.5,
+        };
+        let t = rss(&lives(&[300.0, 300.0, 300.0], steps), 240.0);
+        assert_eq!(t.plateaus.len(), 3);
+        assert!(t.flat(), "{}", t.describe());
+        // Growing 5 MiB a minute to the end of every life: a new high at each end.
+        let leak = |_: usize, age: f64| 10.0 + 5.0 * age / 60.0;
+        let t = rss(&lives(&[300.0, 300.0], leak), 240.0);
+        assert!(!t.flat(), "{}", t.describe());
+        assert!(t.worst_rise_in_life > 3.0, "{}", t.describe());
+    }
+
+    #[test]
+    fn plateaus_that_rise_from_life_to_life_are_not_flat() {
+        let climbing = |life: usize, age: f64| (age / 60.0).min(1.0) * (20.0 + 5.0 * life as f64);
+        let t = rss(&lives(&[300.0, 300.0, 300.0], climbing), 240.0);
+        assert!(t.rise_across_lives > 3.0, "{}", t.describe());
+        assert!(!t.flat(), "{}", t.describe());
+    }
+
+    #[test]
+    fn a_last_life_shorter_than_the_shortest_kill_interval_is_drawn_not_judged() {
+        // Two killed lives that settled; the last, cut at 200 s, still filling.
+        let filling = |life: usize, age: f64| if life < 2 { 20.0 } else { 5.0 + age / 10.0 };
+        let t = rss(&lives(&[300.0, 300.0, 200.0], filling), 240.0);
+        assert_eq!(t.plateaus.len(), 2, "the last life is not judged");
+        assert!(t.flat(), "{}", t.describe());
+        // Judged on a 150 s floor, it would be, and it would fail.
+        let t = rss(&lives(&[300.0, 300.0, 200.0], filling), MIN_JUDGED_LIFE_S);
+        assert_eq!(t.plateaus.len(), 3);
+        assert!(!t.flat(), "{}", t.describe());
+    }
+}
