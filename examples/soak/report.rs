@@ -35,22 +35,8 @@ pub fn report(
         }
     }
     let judged_life_s = (args.kill_min_s as f64).max(MIN_JUDGED_LIFE_S);
-    let rss = Trend::of(
-        "RssAnon",
-        "MiB",
-        judged_life_s,
-        samples,
-        |s| s.rss_anon_kb as f64 / 1024.0,
-        |m| (m * 0.10).max(3.0),
-    );
-    let fds = Trend::of(
-        "fds less the soak's sockets",
-        "fds",
-        judged_life_s,
-        samples,
-        |s| s.own_fds() as f64,
-        |_| 3.0,
-    );
+    let rss = Trend::rss_anon(judged_life_s, samples);
+    let fds = Trend::own_fds(judged_life_s, samples);
     let acked: u64 = src.acked.get();
     println!(
         "soak: {elapsed:.0} s, {} txns/s offered, {} subscribers + a backup replicator, 2 restoring tasks, kill -9 every {}-{} s",

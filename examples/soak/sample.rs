@@ -169,6 +169,30 @@ impl Trend {
         }
     }
 
+    /// RssAnon in MiB, flat within 10 % of the lives' median plateau (3 MiB at least).
+    pub fn rss_anon(judged_life_s: f64, samples: &[Sample]) -> Trend {
+        Trend::of(
+            "RssAnon",
+            "MiB",
+            judged_life_s,
+            samples,
+            |s| s.rss_anon_kb as f64 / 1024.0,
+            |m| (m * 0.10).max(3.0),
+        )
+    }
+
+    /// The fds that are not the soak's sockets ([`Sample::own_fds`]), flat within 3.
+    pub fn own_fds(judged_life_s: f64, samples: &[Sample]) -> Trend {
+        Trend::of(
+            "fds less the soak's sockets",
+            "fds",
+            judged_life_s,
+            samples,
+            |s| s.own_fds() as f64,
+            |_| 3.0,
+        )
+    }
+
     /// Flat, and judged on at least two lives.
     pub fn flat(&self) -> bool {
         self.plateaus.len() >= 2
@@ -228,14 +252,7 @@ mod tests {
     }
 
     fn rss(samples: &[Sample], judged_life_s: f64) -> Trend {
-        Trend::of(
-            "RssAnon",
-            "MiB",
-            judged_life_s,
-            samples,
-            |s| s.rss_anon_kb as f64 / 1024.0,
-            |m| (m * 0.10).max(3.0),
-        )
+        Trend::rss_anon(judged_life_s, samples)
     }
 
     #[test]
