@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::client::{commit_of, frame, payloads, WsClient};
+use change_streamer_test_support::client::{frame, payloads, InOrder, Step, WsClient};
 use change_streamer_test_support::process::ServiceProcess;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
@@ -100,29 +100,13 @@ fn acked(up: &FakeUpstream) -> Option<String> {
 
 /// Reads commits `next..=last`, whole and in order, each once (a transaction rolled back
 /// does not count), acking every frame.
-async fn read_acking(c: &mut WsClient, mut next: u64, last: u64) {
-    let mut open = false;
-    while next <= last {
+async fn read_acking(c: &mut WsClient, next: u64, last: u64) {
+    let mut txns = InOrder::at(next);
+    while txns.next <= last {
         let (id, ps) = payloads(&frame(c).await);
         for p in ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open && commit_of(&p) == Some(next), "expected {next}: {p}");
-                    open = false;
-                    next += 1;
-                }
-                // A transaction cut off when the change source's connection ended (PROTOCOL.md
-                // §7): it comes again, whole, after the resume.
-                Some("rollback") => {
-                    assert!(open, "rollback outside a transaction");
-                    open = false;
-                }
-                _ => panic!("unexpected {p}"),
+            if txns.payload(&p) == Step::Other {
+                panic!("unexpected {p}");
             }
         }
         c.ack(id).await;

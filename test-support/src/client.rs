@@ -185,29 +185,19 @@ pub fn commit_of(p: &Value) -> Option<u64> {
 /// acks only at commits (PROTOCOL.md §5 "When to ack"): it acks each frame that holds a
 /// `commit`, and no other. Checks that transactions come whole and in order, each once;
 /// returns how many frames ended inside a transaction.
-pub async fn follow_acking_commits(c: &mut WsClient, mut next: u64, last: u64) -> usize {
-    let (mut open, mut ending_inside) = (false, 0);
-    while next <= last {
+pub async fn follow_acking_commits(c: &mut WsClient, next: u64, last: u64) -> usize {
+    let (mut txns, mut ending_inside) = (InOrder::at(next), 0);
+    while txns.next <= last {
         let (id, ps) = payloads(&frame(c).await);
         let mut has_commit = false;
         for p in &ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open);
-                    open = false;
-                    assert_eq!(commit_of(p), Some(next), "out of order");
-                    next += 1;
-                    has_commit = true;
-                }
-                _ => {}
+            match txns.payload(p) {
+                Step::Commit(_) => has_commit = true,
+                Step::Rollback => panic!("unexpected {p}"),
+                Step::Within | Step::Other => {}
             }
         }
-        if open {
+        if txns.open {
             ending_inside += 1;
         }
         if has_commit {
@@ -219,28 +209,77 @@ pub async fn follow_acking_commits(c: &mut WsClient, mut next: u64, last: u64) -
 
 /// Reads (without acking) until a frame holds the commit of `last`; checks that transactions
 /// come whole and in order, each once; returns the last frame's id.
-pub async fn read_until(c: &mut WsClient, mut next: u64, last: u64) -> (u64, u64) {
-    let mut open = false;
+pub async fn read_until(c: &mut WsClient, next: u64, last: u64) -> (u64, u64) {
+    let mut txns = InOrder::at(next);
     loop {
         let (id, ps) = payloads(&frame(c).await);
         for p in ps {
-            match p[0].as_str() {
-                Some("begin") => {
-                    assert!(!open, "begin inside a transaction: {p}");
-                    open = true;
-                }
-                Some("data") => assert!(open, "data outside a transaction"),
-                Some("commit") => {
-                    assert!(open);
-                    open = false;
-                    assert_eq!(commit_of(&p), Some(next), "out of order");
-                    if next == last {
-                        return (id, next);
-                    }
-                    next += 1;
-                }
-                _ => panic!("unexpected {p}"),
+            match txns.payload(&p) {
+                Step::Commit(n) if n == last => return (id, n),
+                Step::Commit(_) | Step::Within => {}
+                Step::Rollback | Step::Other => panic!("unexpected {p}"),
             }
+        }
+    }
+}
+
+/// What a payload was to [`InOrder`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A `begin` or a `data` of the open transaction.
+    Within,
+    /// The commit of transaction `n`, the one expected.
+    Commit(u64),
+    /// A `rollback`: the open transaction cut off (the change source's connection ended,
+    /// PROTOCOL.md §7); it comes again, whole, after the resume.
+    Rollback,
+    /// Any other message; nothing checked.
+    Other,
+}
+
+/// The order rule of a subscriber's stream: transactions whole (`begin`, its `data`, then its
+/// `commit` or a `rollback`), in order, each once, from commit `next`.
+#[derive(Debug, Clone, Copy)]
+pub struct InOrder {
+    /// A transaction has begun and not ended.
+    pub open: bool,
+    /// The commit expected next.
+    pub next: u64,
+}
+
+impl InOrder {
+    pub fn at(next: u64) -> InOrder {
+        InOrder { open: false, next }
+    }
+
+    /// Checks one payload against the rule (panicking where it is broken).
+    pub fn payload(&mut self, p: &Value) -> Step {
+        match p[0].as_str() {
+            Some("begin") => {
+                assert!(!self.open, "begin inside a transaction: {p}");
+                self.open = true;
+                Step::Within
+            }
+            Some("data") => {
+                assert!(self.open, "data outside a transaction: {p}");
+                Step::Within
+            }
+            Some("commit") => {
+                assert!(
+                    self.open && commit_of(p) == Some(self.next),
+                    "expected the commit of {}: {p}",
+                    self.next
+                );
+                self.open = false;
+                self.next += 1;
+                Step::Commit(self.next - 1)
+            }
+            Some("rollback") => {
+                assert!(self.open, "rollback outside a transaction: {p}");
+                self.open = false;
+                Step::Rollback
+            }
+            _ => Step::Other,
         }
     }
 }
