@@ -11,6 +11,7 @@ pub mod client;
 pub mod feed;
 pub mod fixtures;
 pub mod forward;
+pub mod freeze;
 pub mod litestream;
 pub mod load;
 pub mod own_thread;
