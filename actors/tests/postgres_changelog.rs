@@ -32,6 +32,7 @@ fn options(db: &TestDb) -> PgOptions {
 fn txn(n: u64) -> Transaction {
     Transaction {
         watermark: Watermark::from_u64(n),
+        pending: 0,
         changes: vec![
             (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
             (ChangeKind::Data, format!(r#"{{"tag":"insert","n":{n}}}"#)),

@@ -28,6 +28,7 @@ fn w(n: u64) -> Watermark {
 fn txn(n: u64) -> Transaction {
     Transaction {
         watermark: w(n),
+        pending: 0,
         changes: vec![
             (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
             (ChangeKind::Data, format!(r#"{{"tag":"insert","n":{n}}}"#)),

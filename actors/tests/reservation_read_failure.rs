@@ -66,6 +66,7 @@ fn close_frame(event: ReservationEvent) -> (u16, String) {
 fn txn(n: u64) -> Transaction {
     Transaction {
         watermark: Watermark::from_u64(n),
+        pending: 0,
         changes: vec![
             (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
             (ChangeKind::Data, r#"{"tag":"insert"}"#.into()),

@@ -26,6 +26,7 @@ fn id(port: u16) -> InstanceId {
 fn txn(n: u64) -> Transaction {
     Transaction {
         watermark: w(n),
+        pending: 0,
         changes: vec![
             (ChangeKind::Begin, r#"{"tag":"begin"}"#.into()),
             (ChangeKind::Data, format!(r#"{{"tag":"insert","n":{n}}}"#)),

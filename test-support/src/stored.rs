@@ -17,6 +17,7 @@ pub fn insert_row(value_bytes: usize) -> String {
 pub fn stored_txn(n: u64, row: &str, rows: usize) -> Transaction {
     Transaction {
         watermark: Watermark::from_u64(n),
+        pending: 0,
         changes: std::iter::once((ChangeKind::Begin, r#"{"tag":"begin"}"#.to_string()))
             .chain(std::iter::repeat_n(
                 (ChangeKind::Data, row.to_string()),

@@ -65,7 +65,7 @@ pub(super) fn record_append(
     stored_ms: i64,
 ) {
     if let Some(seg) = segments.last_mut() {
-        seg.rows += txn.changes.len() as u64;
+        seg.rows += txn.pending + txn.changes.len() as u64;
         seg.max_stored_ms = stored_ms;
         if txn.watermark > seg.max {
             seg.max = txn.watermark.clone();
@@ -75,7 +75,7 @@ pub(super) fn record_append(
         log::info!("initial sync stored: replicaVersion={}", txn.watermark);
         stats.replica_version = Some(txn.watermark.clone());
     }
-    stats.changes_stored_total += txn.changes.len() as u64;
+    stats.changes_stored_total += txn.pending + txn.changes.len() as u64;
 }
 
 /// The first segment holding a row stored after `stored_by_ms`: the only one to search for

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::safety::{SafetyState, StateChange};
-use super::types::{LogStats, PurgeGate, PurgeOutcome, Reply, StoredChange, Transaction};
+use super::types::{
+    LogStats, PendingChunk, PurgeGate, PurgeOutcome, Reply, StoredChange, Transaction,
+};
 use crate::watermark::Watermark;
 
 /// How many queued appends at most share one database transaction.
@@ -23,6 +25,10 @@ pub(super) enum WriteCommand {
     /// A transaction to store, and when it was queued (the SQLite writer tells load from a
     /// caller answering its last reply by it).
     Append(Transaction, Reply<()>, Instant),
+    /// A chunk of an open transaction to store pending (PROTOCOL.md §3.0).
+    Pending(PendingChunk, Reply<()>),
+    /// Deletes every pending row: the open transaction was rolled back or cut off.
+    DropPending(Reply<()>),
     Purge {
         before: Watermark,
         /// Only rows stored at or before this time (unix ms) may go; `None`: any age.

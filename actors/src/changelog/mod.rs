@@ -42,8 +42,8 @@ pub use self::shared::{CommitFeed, InstanceRecords};
 pub use self::sqlite::DB_FILE;
 use self::types::Reply;
 pub use self::types::{
-    ChangeKind, ChangeLogError, LogRange, LogStats, PurgeGate, PurgeHold, PurgeOutcome,
-    StoredChange, Transaction, Unservable, SEGMENT_ROWS,
+    ChangeKind, ChangeLogError, LogRange, LogStats, PendingChunk, PurgeGate, PurgeHold,
+    PurgeOutcome, StoredChange, Transaction, Unservable, SEGMENT_ROWS,
 };
 use crate::clock::Clock;
 use crate::watermark::Watermark;
@@ -165,6 +165,23 @@ impl ChangeLog {
         txn: Transaction,
     ) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
         self.write(|r| WriteCommand::Append(txn, r, Instant::now()))
+    }
+
+    /// Stores `chunk` of an open transaction pending: invisible to every reader and to the
+    /// purge until the append of its transaction (with [`Transaction::pending`] counting it)
+    /// moves it into the change log (PROTOCOL.md §3.0). Queued by the call, in order with
+    /// appends; the future resolves once it is written.
+    pub fn store_pending(
+        &self,
+        chunk: PendingChunk,
+    ) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
+        self.write(|r| WriteCommand::Pending(chunk, r))
+    }
+
+    /// Deletes every pending row (the open transaction was rolled back or cut off, PROTOCOL.md
+    /// §3.0). Queued by the call.
+    pub fn drop_pending(&self) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
+        self.write(WriteCommand::DropPending)
     }
 
     /// Deletes every row below `before`, except the newest stored transaction. Answers the

@@ -166,10 +166,27 @@ impl StoredChange {
     }
 }
 
-/// A whole committed transaction: its commit watermark and its messages, begin to commit.
+/// A committed transaction: its commit watermark and its messages, begin to commit; of a large
+/// one, only those after the changes already stored pending ([`PendingChunk`], PROTOCOL.md §3.0).
 #[derive(Debug, Clone)]
 pub struct Transaction {
     pub watermark: Watermark,
+    /// How many of its first changes (positions `0..pending`) were stored pending, in chunks
+    /// queued before it: its commit moves them into the change log with `changes`, which start
+    /// at position `pending`. 0 for a transaction stored whole.
+    pub pending: u64,
+    pub changes: Vec<(ChangeKind, String)>,
+}
+
+/// A run of an open transaction's changes, stored pending, invisible to every reader until
+/// its commit ([`Transaction::pending`], PROTOCOL.md §3.0 "an open transaction is stored as it
+/// arrives"). The chunk at position 0 deletes whatever pending rows an interrupted transaction
+/// left first.
+#[derive(Debug, Clone)]
+pub struct PendingChunk {
+    pub watermark: Watermark,
+    /// The position of its first change in its transaction.
+    pub first_pos: i64,
     pub changes: Vec<(ChangeKind, String)>,
 }
 

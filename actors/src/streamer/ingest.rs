@@ -1,8 +1,11 @@
 //! Ingest: the streamer's conversation with the upstream client. Batches of upstream messages
 //! come in ([`UpstreamBatch`]); each transaction is forwarded to live subscribers change by
-//! change, queued on the change log at its commit, and answered with the acks the client must
-//! send upstream once durable ([`BatchReply`]). A tracked send stops the batch: the client waits
-//! for its release before sending the rest.
+//! change, stored pending in chunks as it comes, queued on the change log at its commit, and
+//! answered with the acks the client must send upstream once durable ([`BatchReply`]). A
+//! tracked send stops the batch: the client waits for its release before sending the rest.
+//!
+//! The open transaction is stored as it arrives, in pending chunks ([`pending`](super::pending),
+//! PROTOCOL.md §3.0).
 //!
 //! Ordering rules of a transaction (begin before data, matching watermarks) are checked here,
 //! where it is known where a transaction stands; a broken rule is a [`ProtocolViolation`] that
@@ -15,6 +18,7 @@ use log::{info, warn};
 use tokio::sync::oneshot;
 
 use super::change::{Change, Kind};
+use super::pending::both;
 use super::Streamer;
 use crate::changelog::{ChangeKind, ChangeLogError, Transaction};
 use crate::upstream::protocol::{self, UpstreamMessage};
@@ -78,25 +82,45 @@ pub(super) struct Txn {
     pub(super) watermark: Watermark,
     skip_ack: bool,
     /// A transaction already stored (watermark ≤ last commit): skipped, acked again.
-    replay: bool,
-    changes: Vec<(ChangeKind, String)>,
+    pub(super) replay: bool,
+    /// Its changes not handed to the change log yet, from position `stored`.
+    pub(super) changes: Vec<(ChangeKind, String)>,
+    /// The bytes of JSON text in `changes`.
+    pub(super) bytes: usize,
+    /// How many of its first changes were queued as pending chunks (or, at a following
+    /// standby, passed on: it stores nothing).
+    pub(super) stored: u64,
+}
+
+impl Txn {
+    /// The position of its next change.
+    fn next_pos(&self) -> i64 {
+        self.stored as i64 + self.changes.len() as i64
+    }
+
+    fn push(&mut self, kind: ChangeKind, payload: String) {
+        self.bytes += payload.len();
+        self.changes.push((kind, payload));
+    }
 }
 
 impl Streamer {
     /// Rolls back the transaction in progress (upstream gone or broken): subscribers that got
-    /// its `begin` get a `rollback`; nothing of it was stored.
+    /// its `begin` get a `rollback`; nothing of it is stored (its pending rows are deleted).
     pub(super) fn abort_txn(&mut self, ctx: &mut Context<Self>) {
         if let Some(txn) = self.txn.take() {
             self.flush_all();
+            self.drop_pending(&txn);
             if !txn.replay {
                 info!(
                     "rolling back transaction watermark={} (upstream interrupted)",
                     txn.watermark
                 );
+                let pos = txn.next_pos();
                 let rollback = Arc::new(Change::new(
                     Kind::Rollback,
                     txn.watermark,
-                    txn.changes.len() as i64,
+                    pos,
                     r#"{"tag":"rollback"}"#,
                 ));
                 let mut budget = self.budget();
@@ -171,21 +195,23 @@ impl Streamer {
         if replay {
             info!("skipping replayed transaction watermark={commit_watermark} (already stored)");
         }
-        let mut changes = Vec::new();
+        let mut txn = Txn {
+            watermark: commit_watermark.clone(),
+            skip_ack,
+            replay,
+            changes: Vec::new(),
+            bytes: 0,
+            stored: 0,
+        };
         let mut release = None;
         if !replay {
             release = self.forward(
                 ctx,
-                Change::new(Kind::Begin, commit_watermark.clone(), 0, &payload),
+                Change::new(Kind::Begin, commit_watermark, 0, &payload),
             );
-            changes.push((ChangeKind::Begin, payload));
+            txn.push(ChangeKind::Begin, payload);
         }
-        self.txn = Some(Txn {
-            watermark: commit_watermark,
-            skip_ack,
-            replay,
-            changes,
-        });
+        self.txn = Some(txn);
         Ok(release)
     }
 
@@ -200,14 +226,20 @@ impl Streamer {
         if t.replay {
             return Ok(None);
         }
-        let pos = t.changes.len() as i64;
+        let pos = t.next_pos();
         let change = Change::new(Kind::Data, t.watermark.clone(), pos, &payload);
-        t.changes.push((ChangeKind::Data, payload));
-        Ok(self.forward(ctx, change))
+        t.push(ChangeKind::Data, payload);
+        let forwarded = self.forward(ctx, change);
+        let stored = if self.chunk_full() {
+            self.store_chunk()
+        } else {
+            None
+        };
+        Ok(both(forwarded, stored))
     }
 
-    /// Ends a transaction: forwards the commit, queues the whole transaction on the change log
-    /// and acks it upstream once durable. Subscribers queued behind it join now.
+    /// Ends a transaction: forwards the commit, queues the rest of the transaction on the change
+    /// log (its pending chunks counted, PROTOCOL.md §3.0) and acks it upstream once durable. Subscribers queued behind it join now.
     fn commit(
         &mut self,
         ctx: &mut Context<Self>,
@@ -239,12 +271,12 @@ impl Streamer {
             self.activate_queued(ctx);
             return Ok(None);
         }
-        let pos = t.changes.len() as i64;
+        let pos = t.next_pos();
         let release = self.forward(
             ctx,
             Change::new(Kind::Commit, watermark.clone(), pos, &payload),
         );
-        t.changes.push((ChangeKind::Commit, payload));
+        t.push(ChangeKind::Commit, payload);
         // The first commit is the replicaVersion at the owner, which stored it. A standby's
         // first forwarded commit need not be the change DB's first (its follower starts at
         // the newest commit it read, and may read the rows before their replicaVersion): a
@@ -260,11 +292,15 @@ impl Streamer {
             info!("reset-required cleared: the change source sent transaction watermark={watermark} after it (it said: {was})");
         }
         // A standby's rows are the owner's, already durable: nothing to store or ack.
+        let mut paced = None;
         if self.follows.is_none() {
+            let bytes = t.bytes;
             let durable = self.log.append(Transaction {
                 watermark: watermark.clone(),
+                pending: t.stored,
                 changes: t.changes,
             });
+            paced = self.write_mark(bytes);
             acks.push(UpstreamAck {
                 durable: Some(Box::pin(durable)),
                 frame: (!t.skip_ack).then(|| protocol::commit_ack(&watermark)),
@@ -272,7 +308,7 @@ impl Streamer {
         }
         self.bound_queues(ctx);
         self.activate_queued(ctx);
-        Ok(release)
+        Ok(both(release, paced))
     }
 
     fn rollback(
@@ -284,9 +320,10 @@ impl Streamer {
             return Err(ProtocolViolation("rollback outside a transaction".into()));
         };
         let mut release = None;
+        self.drop_pending(&t);
         if !t.replay {
             info!("transaction watermark={} rolled back upstream", t.watermark);
-            let pos = t.changes.len() as i64;
+            let pos = t.next_pos();
             release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, pos, &payload));
         }
         self.bound_queues(ctx);

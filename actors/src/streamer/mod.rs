@@ -4,9 +4,10 @@
 //! ### One order for storage and forwarding
 //! Upstream messages arrive in batches from the upstream client ([`ingest`]). For each
 //! transaction the streamer forwards `begin`, `data`… and `commit` to the live subscribers as
-//! they come, and at the commit queues the whole transaction on the change log (whose writes
-//! keep call order) and hands the upstream client the future of its durability, on which the
-//! client acks upstream. A subscriber that asks to join is checked, then activated between
+//! they come, stores its changes pending in chunks as they come (PROTOCOL.md §3.0), and at the
+//! commit queues the rest of the transaction on the change log (whose writes keep call order)
+//! and hands the upstream client the future of its durability, on which the client acks
+//! upstream. A subscriber that asks to join is checked, then activated between
 //! transactions, catching up from the change log before it goes live ([`join`], [`catchup`]).
 //!
 //! ### Flow control
@@ -49,6 +50,7 @@ mod follow;
 mod frames;
 mod ingest;
 mod join;
+mod pending;
 mod purge;
 mod readiness;
 mod required;
@@ -112,6 +114,11 @@ pub struct StreamerConfig {
     /// `--slow-subscriber-grace-ms`: how long a subscriber may lag on one tracked send before
     /// it is evicted (PROTOCOL.md §10.1); `None` never evicts.
     pub slow_grace: Option<Duration>,
+    /// An open transaction is stored pending once this many of its changes wait
+    /// (PROTOCOL.md §3.0); ≥ 1. Internal: tests set it small.
+    pub txn_chunk_changes: usize,
+    /// … or once their JSON text reaches this many bytes, whichever comes first.
+    pub txn_chunk_bytes: usize,
 }
 
 impl Default for StreamerConfig {
@@ -125,6 +132,8 @@ impl Default for StreamerConfig {
             max_queue_bytes: 16 << 20,
             max_queued_bytes: 256 << 20,
             slow_grace: Some(Duration::from_secs(30)),
+            txn_chunk_changes: 4096,
+            txn_chunk_bytes: 4 << 20,
         }
     }
 }
@@ -215,6 +224,8 @@ pub struct Streamer {
     cohort: Option<cohort::Cohort>,
     /// A cohort may form after the first change of a turn (besides after each `begin`).
     cohort_may_form: bool,
+    /// How far the change log's writer may fall behind ingest ([`pending`]).
+    write_pace: pending::WritePace,
 }
 
 impl Streamer {
@@ -226,6 +237,7 @@ impl Streamer {
             replica_version: stats.replica_version.clone(),
             last_commit: stats.max_watermark.clone(),
             txn: None,
+            write_pace: pending::WritePace::default(),
             subscribers: BTreeMap::new(),
             catchup: HashMap::new(),
             catchup_row_bytes: None,

@@ -229,6 +229,8 @@ fn refuse_all(mut queue: WriteQueue) {
         };
         match cmd {
             WriteCommand::Append(_, r, _)
+            | WriteCommand::Pending(_, r)
+            | WriteCommand::DropPending(r)
             | WriteCommand::Barrier(r)
             | WriteCommand::State(_, r) => {
                 let _ = r.send(Err(ChangeLogError::NotOwner));

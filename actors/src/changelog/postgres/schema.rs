@@ -21,6 +21,8 @@
 //! parent). Dropping a partition also waits for the reads of it in flight, each bounded by its
 //! row limit. The primary key `(watermark, first_pos, segment)` orders each partition's index
 //! (`(watermark, pos, segment)` in `change_log`).
+//! `pending_txn` holds the chunks of the open transaction, stored as they arrive and read by
+//! no reader; its commit moves them into `txn_log` (PROTOCOL.md §3.0, `writer/pending.rs`).
 //! Watermarks use the `"C"` collation: they are ordered by their bytes, as in SQLite, whatever
 //! the database's default collation is.
 
@@ -87,6 +89,13 @@ pub(super) const SCHEMA: &str = r#"
         stored_ms BIGINT NOT NULL,
         PRIMARY KEY (watermark, first_pos, segment)
     ) PARTITION BY LIST (segment);
+    CREATE TABLE IF NOT EXISTS change_streamer.pending_txn (
+        watermark TEXT COLLATE "C" NOT NULL,
+        first_pos BIGINT NOT NULL,
+        changes BIGINT NOT NULL,
+        body BYTEA NOT NULL,
+        PRIMARY KEY (watermark, first_pos)
+    );
     CREATE TABLE IF NOT EXISTS change_streamer.service_state (
         key TEXT PRIMARY KEY,
         value TEXT NOT NULL

@@ -61,7 +61,10 @@ fn answer_questions(rt: Runtime, config: Config, rx: mpsc::Receiver<WriteCommand
             let _ = reply.send(Err(ChangeLogError::NotOwner));
         };
         match cmd {
-            WriteCommand::Append(_, reply, _) | WriteCommand::State(_, reply) => refuse(reply),
+            WriteCommand::Append(_, reply, _)
+            | WriteCommand::Pending(_, reply)
+            | WriteCommand::DropPending(reply)
+            | WriteCommand::State(_, reply) => refuse(reply),
             WriteCommand::Purge { reply, .. } => {
                 let _ = reply.send(Err(ChangeLogError::NotOwner));
             }

@@ -12,7 +12,9 @@ use super::txn_rows::Layout;
 use super::types::ChangeLogError;
 use crate::watermark::Watermark;
 
-/// The catalogue and the replication state, created if missing.
+/// The catalogue, the replication state and the pending rows of an open transaction
+/// (`pending_txn`, PROTOCOL.md §3.0: no reader reads it; its commit moves them into a segment,
+/// `writer/pending.rs`), created if missing.
 pub(super) const SCHEMA: &str = "
     CREATE TABLE IF NOT EXISTS segments (
         id INTEGER PRIMARY KEY,
@@ -27,7 +29,14 @@ pub(super) const SCHEMA: &str = "
         replica_version TEXT,
         last_watermark TEXT
     );
-    INSERT OR IGNORE INTO replication_state (id) VALUES (0);";
+    INSERT OR IGNORE INTO replication_state (id) VALUES (0);
+    CREATE TABLE IF NOT EXISTS pending_txn (
+        watermark TEXT NOT NULL,
+        first_pos INTEGER NOT NULL,
+        changes INTEGER NOT NULL,
+        body BLOB NOT NULL,
+        PRIMARY KEY (watermark, first_pos)
+    );";
 
 pub(super) fn segment_table(id: i64) -> String {
     format!("change_log_{id}")

@@ -74,6 +74,7 @@ fn txn(n: u64, rows: usize) -> Transaction {
     changes.push((ChangeKind::Commit, r#"{"tag":"commit"}"#.to_string()));
     Transaction {
         watermark: Watermark::from_u64(n),
+        pending: 0,
         changes,
     }
 }

@@ -6,8 +6,9 @@
 //! group's rows, the catalogue's counts, the replication state and the commit notice), purges drop whole partitions, and each state change is its own transaction. Every
 //! transaction that writes first passes the ownership fence, and fails with
 //! [`ChangeLogError::NotOwner`] if this session no longer holds the lock. Its purge:
-//! [`purge`].
+//! [`purge`]; the pending rows of an open transaction: [`pending`].
 
+mod pending;
 mod purge;
 
 use std::collections::HashSet;
@@ -59,6 +60,8 @@ struct Rows<'a> {
     first_positions: Vec<i64>,
     counts: Vec<i64>,
     bodies: Vec<Vec<u8>>,
+    /// The segment of each transaction of the group, in order.
+    segment_of: Vec<i64>,
 }
 
 /// Opens a transaction that may write: only if this session still owns the change DB.
@@ -92,6 +95,7 @@ impl PgWriter {
         schema::create_missing(&client, schema::SCHEMA).await?;
         // A purge reads the instance records: they exist before the first one.
         schema::create_missing(&client, schema::INSTANCES_SCHEMA).await?;
+        pending::clear_at_start(&client).await?;
         let (stats, catalogue) = schema::read_stats(&client).await?;
         let row_per_change = catalogue
             .iter()
@@ -120,6 +124,20 @@ impl PgWriter {
     pub(super) async fn serve(&mut self, cmd: WriteCommand) -> Result<(), ()> {
         match cmd {
             WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]).await,
+            WriteCommand::Pending(chunk, reply) => {
+                let r = self.store_pending(&chunk).await;
+                if let Err(e) = &r {
+                    error!(
+                        "storing a pending chunk of transaction watermark={} failed: {e}; its commit will be refused",
+                        chunk.watermark
+                    );
+                }
+                self.answer(reply, r)
+            }
+            WriteCommand::DropPending(reply) => {
+                let r = self.drop_pending().await;
+                self.answer(reply, r)
+            }
             WriteCommand::Purge {
                 before,
                 stored_by_ms,
@@ -247,6 +265,13 @@ impl PgWriter {
         stored_ms: i64,
     ) -> Result<(), ChangeLogError> {
         let (rows, opened, touched_from) = self.rows_of(group, stored_ms)?;
+        // Transactions with pending rows to move in (PROTOCOL.md §3.0): with their segment.
+        let moves: Vec<(&Transaction, i64)> = group
+            .iter()
+            .map(|(t, _)| t)
+            .zip(rows.segment_of.iter().copied())
+            .filter(|(t, _)| t.pending > 0)
+            .collect();
         let touched = &self.segments[touched_from..];
         let ids: Vec<i64> = touched.iter().map(|s| s.id).collect();
         let maxes: Vec<&str> = touched.iter().map(|s| s.max.as_str()).collect();
@@ -277,7 +302,7 @@ impl PgWriter {
         let written = async {
             let begin = c.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED");
             let fence = c.query_one(&self.statements.fence, &[&ownership::OWNER_LOCK_KEY]);
-            let holds = if opened.is_empty() {
+            let holds = if opened.is_empty() && moves.is_empty() {
                 let store = c.execute(&self.statements.group, &params);
                 let (_, fence, _) = tokio::try_join!(begin, fence, store)?;
                 fence.get::<_, bool>(0)
@@ -292,6 +317,9 @@ impl PgWriter {
                             &[id, &first.as_str(), &stored_ms, &(CURRENT as i16)],
                         )
                         .await?;
+                    }
+                    for (txn, segment) in &moves {
+                        pending::move_pending(c, txn, *segment, stored_ms).await?;
                     }
                     c.execute(&self.statements.group, &params).await?;
                 }
@@ -334,13 +362,14 @@ impl PgWriter {
             let Some(id) = self.segments.last().map(|s| s.id) else {
                 continue;
             };
-            for (first_pos, run) in chunks(&txn.changes) {
+            rows.segment_of.push(id);
+            for (rel, run) in chunks(&txn.changes) {
                 encode(run, &mut plain)?;
                 let mut body = Vec::new();
                 pack(&plain, &mut body);
                 rows.segments.push(id);
                 rows.watermarks.push(txn.watermark.as_str());
-                rows.first_positions.push(first_pos);
+                rows.first_positions.push(txn.pending as i64 + rel);
                 rows.counts.push(run.len() as i64);
                 rows.bodies.push(body);
             }

@@ -6,8 +6,9 @@
 //! of the fsync that makes them durable is shared; under load the group is first held open for
 //! more, up to a bounded window (`Writer::commit_group`). Each caller is still answered only
 //! after its transaction is durable, and that is when the upstream is acked. Its purge:
-//! [`purge`].
+//! [`purge`]; the pending rows of an open transaction: [`pending`].
 
+mod pending;
 mod purge;
 
 use std::collections::HashSet;
@@ -119,6 +120,7 @@ impl Writer {
             last_answered: Instant::now(),
         };
         catalogue::refresh_range(&mut w.stats, &w.segments);
+        w.clear_pending_at_start()?;
         Ok(w)
     }
 
@@ -216,6 +218,20 @@ impl Writer {
     fn serve(&mut self, cmd: WriteCommand) {
         match cmd {
             WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]),
+            WriteCommand::Pending(chunk, reply) => {
+                let r = self.store_pending(&chunk);
+                if let Err(e) = &r {
+                    error!(
+                        "storing a pending chunk of transaction watermark={} failed: {e} (change log {}); its commit will be refused",
+                        chunk.watermark,
+                        self.file()
+                    );
+                }
+                let _ = reply.send(r);
+            }
+            WriteCommand::DropPending(reply) => {
+                let _ = reply.send(self.clear_pending().map(|_| ()).map_err(Into::into));
+            }
             WriteCommand::Purge {
                 before,
                 stored_by_ms,
@@ -339,28 +355,23 @@ impl Writer {
             let Some(seg) = self.segments.last() else {
                 continue;
             };
-            let mut insert = self
-                .conn
-                .prepare_cached(&insert_sql(&segment_table(seg.id)))?;
-            for (first_pos, run) in chunks(&txn.changes) {
+            let table = segment_table(seg.id);
+            self.move_pending(txn, &table, stored_ms)?;
+            let mut insert = self.conn.prepare_cached(&insert_sql(&table))?;
+            for (rel, run) in chunks(&txn.changes) {
                 encode(run, &mut self.body)
                     .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
                 pack(&self.body, &mut self.packed);
                 insert.execute(params![
                     txn.watermark.as_str(),
-                    first_pos,
+                    txn.pending as i64 + rel,
                     run.len() as i64,
                     self.packed.as_slice(),
                     stored_ms
                 ])?;
             }
             drop(insert);
-            if self.body.capacity() > BODY_KEPT {
-                self.body = Vec::new();
-            }
-            if self.packed.capacity() > BODY_KEPT {
-                self.packed = Vec::new();
-            }
+            self.trim_buffers();
             catalogue::record_append(&mut self.segments, &mut self.stats, txn, stored_ms);
         }
         let mut update = self.conn.prepare_cached(
