@@ -38,7 +38,10 @@ fn large_open(n: u64) -> Vec<String> {
 }
 
 fn commit_frame(n: u64) -> String {
-    format!(r#"["commit",{{"tag":"commit"}},{{"watermark":"{}"}}]"#, w(n))
+    format!(
+        r#"["commit",{{"tag":"commit"}},{{"watermark":"{}"}}]"#,
+        w(n)
+    )
 }
 
 /// Where the change log is, and how to count its pending rows from outside the service.
@@ -94,7 +97,10 @@ async fn wait_pending(store: &Store, dir: &Path, what: &str, cond: impl Fn(i64) 
         if cond(n) {
             return;
         }
-        assert!(std::time::Instant::now() < deadline, "{what}: {n} pending rows");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: {n} pending rows"
+        );
         actix_rt::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -115,9 +121,16 @@ async fn kill_9_inside_a_large_transaction_leaves_nothing_and_the_resend_is_stor
         .await;
     // The large transaction arrives, its commit does not: its chunks are stored as they come.
     up.send(large_open(101));
-    wait_pending(&store, dir.path(), "chunks stored before the commit", |n| n > 0).await;
+    wait_pending(&store, dir.path(), "chunks stored before the commit", |n| {
+        n > 0
+    })
+    .await;
     let st = first.status().await;
-    assert_eq!(st["changeLog"]["maxWatermark"], json!(w(100)), "nothing of it visible: {st}");
+    assert_eq!(
+        st["changeLog"]["maxWatermark"],
+        json!(w(100)),
+        "nothing of it visible: {st}"
+    );
     first.kill9();
     up.drop_connection();
 
@@ -129,8 +142,16 @@ async fn kill_9_inside_a_large_transaction_leaves_nothing_and_the_resend_is_stor
         "the source is asked from the last durable commit: {query}"
     );
     let st = second.status().await;
-    assert_eq!(st["changeLog"]["maxWatermark"], json!(w(100)), "no row of it visible: {st}");
-    assert_eq!(store.pending_rows(dir.path()).await, 0, "its pending rows deleted at start");
+    assert_eq!(
+        st["changeLog"]["maxWatermark"],
+        json!(w(100)),
+        "no row of it visible: {st}"
+    );
+    assert_eq!(
+        store.pending_rows(dir.path()).await,
+        0,
+        "its pending rows deleted at start"
+    );
     assert_eq!(
         second
             .logged("pending row(s) of a transaction interrupted before its commit")
@@ -148,7 +169,11 @@ async fn kill_9_inside_a_large_transaction_leaves_nothing_and_the_resend_is_stor
             s["changeLog"]["maxWatermark"] == json!(w(102))
         })
         .await;
-    assert_eq!(store.pending_rows(dir.path()).await, 0, "moved by the commit");
+    assert_eq!(
+        store.pending_rows(dir.path()).await,
+        0,
+        "moved by the commit"
+    );
 
     // A subscriber from 100 gets 101 whole, once, then 102.
     let mut sub = WsClient::connect(&second.ws(&format!(
@@ -169,7 +194,11 @@ async fn kill_9_inside_a_large_transaction_leaves_nothing_and_the_resend_is_stor
         }
         sub.ack(id).await;
     }
-    assert_eq!(ids, (0..ROWS).collect::<Vec<_>>(), "101 whole, once, in order");
+    assert_eq!(
+        ids,
+        (0..ROWS).collect::<Vec<_>>(),
+        "101 whole, once, in order"
+    );
     second.terminate().await;
     up.stop().await;
 }

@@ -133,14 +133,22 @@ async fn read_all(log: &ChangeLog, up_to: u64) -> Vec<StoredChange> {
 /// Asserts `rows` hold transaction `n` whole, once, in order: `pos` 0.., its data `0..count`.
 fn assert_whole(rows: &[StoredChange], n: u64, count: i64) {
     let of: Vec<&StoredChange> = rows.iter().filter(|r| r.watermark == w(n)).collect();
-    assert_eq!(of.len() as i64, count + 2, "transaction {n} stored whole, once");
+    assert_eq!(
+        of.len() as i64,
+        count + 2,
+        "transaction {n} stored whole, once"
+    );
     for (p, r) in of.iter().enumerate() {
         assert_eq!(r.pos, p as i64, "positions in order");
     }
     assert_eq!(of[0].kind, ChangeKind::Begin);
     assert_eq!(of[of.len() - 1].kind, ChangeKind::Commit);
     for i in 0..count {
-        assert_eq!(&*of[1 + i as usize].json, row(i).as_str(), "data {i} as sent");
+        assert_eq!(
+            &*of[1 + i as usize].json,
+            row(i).as_str(),
+            "data {i} as sent"
+        );
     }
 }
 
@@ -150,10 +158,17 @@ async fn pending_rows_are_invisible_until_commit(engine: Engine, standby_url: Op
     let log = engine.open().await;
     log.append(whole(100, 1)).await.unwrap();
     let rest = store_in_chunks(&log, 101, 120, 25, 7).await;
-    assert!(engine.pending_rows().await > 0, "chunks stored as they came");
+    assert!(
+        engine.pending_rows().await > 0,
+        "chunks stored as they came"
+    );
     assert_none_visible(&log).await;
     let stats = log.stats().await.unwrap();
-    assert_eq!(stats.max_watermark, Some(w(100)), "the catalogue holds no pending row");
+    assert_eq!(
+        stats.max_watermark,
+        Some(w(100)),
+        "the catalogue holds no pending row"
+    );
     if let Some(url) = standby_url {
         let standby = ChangeLog::open_standby(url).unwrap();
         assert_none_visible(&standby).await;
@@ -191,14 +206,22 @@ async fn an_interrupted_transaction_leaves_nothing(engine: Engine) {
     log.append(whole(100, 1)).await.unwrap();
     store_in_chunks(&log, 101, 60, 20, 5).await;
     log.drop_pending().await.unwrap();
-    assert_eq!(engine.pending_rows().await, 0, "a rollback leaves no pending row");
+    assert_eq!(
+        engine.pending_rows().await,
+        0,
+        "a rollback leaves no pending row"
+    );
     // Cut off again, then the process goes (as with kill -9: no rollback is stored).
     store_in_chunks(&log, 101, 60, 20, 5).await;
     drop(log);
     let log = engine.open().await;
     assert_eq!(engine.pending_rows().await, 0, "deleted at start");
     assert_none_visible(&log).await;
-    assert_eq!(log.stats().await.unwrap().max_watermark, Some(w(100)), "resume after 100");
+    assert_eq!(
+        log.stats().await.unwrap().max_watermark,
+        Some(w(100)),
+        "resume after 100"
+    );
     // Cut off once more without a restart: the resend's first chunk deletes what was left.
     store_in_chunks(&log, 101, 60, 20, 5).await;
     let rest = store_in_chunks(&log, 101, 60, 20, 5).await;
@@ -308,9 +331,23 @@ async fn a_lagging_subscriber_reads_a_large_transaction_whole(engine: Engine) {
     let stats = log.stats().await.unwrap();
     let streamer = Streamer::new(chunked_config(), log.clone(), &stats).start();
     durable(send_all(&streamer, vec![begin(100), data(0), commit(100)]).await).await;
-    let (keeps_up, ok) = subscribe(&streamer, SessionId(1000), Mode::Serving, &w(100).to_string(), false).await;
+    let (keeps_up, ok) = subscribe(
+        &streamer,
+        SessionId(1000),
+        Mode::Serving,
+        &w(100).to_string(),
+        false,
+    )
+    .await;
     ok.unwrap();
-    let (lags, ok) = subscribe(&streamer, SessionId(1001), Mode::Serving, &w(100).to_string(), true).await;
+    let (lags, ok) = subscribe(
+        &streamer,
+        SessionId(1001),
+        Mode::Serving,
+        &w(100).to_string(),
+        true,
+    )
+    .await;
     ok.unwrap();
     const N: i64 = 400;
     let mut msgs = vec![begin(101)];
@@ -353,9 +390,21 @@ async fn a_lagging_subscriber_reads_a_large_transaction_whole(engine: Engine) {
         }
         let (m, closed) = s.send(Received).await.unwrap();
         assert!(closed.is_none(), "{closed:?}");
-        assert_eq!(data_of(&m), (0..N).collect::<Vec<_>>(), "no gap, no duplicate");
-        let of_101 = |tag: &str| m.iter().filter(|x| x.starts_with(&format!(r#"["{tag}""#))).count();
-        assert_eq!((of_101("begin"), of_101("commit")), (1, 1), "one begin, one commit");
+        assert_eq!(
+            data_of(&m),
+            (0..N).collect::<Vec<_>>(),
+            "no gap, no duplicate"
+        );
+        let of_101 = |tag: &str| {
+            m.iter()
+                .filter(|x| x.starts_with(&format!(r#"["{tag}""#)))
+                .count()
+        };
+        assert_eq!(
+            (of_101("begin"), of_101("commit")),
+            (1, 1),
+            "one begin, one commit"
+        );
     }
 }
 
@@ -379,9 +428,15 @@ async fn an_upstream_drop_leaves_nothing(engine: Engine) {
     let mut msgs = vec![begin(101)];
     msgs.extend((0..100).map(big_data));
     send_all(&streamer, msgs).await;
-    until("chunks stored", || async { engine.pending_rows().await > 0 }).await;
+    until("chunks stored", || async {
+        engine.pending_rows().await > 0
+    })
+    .await;
     streamer.send(UpstreamEvent::Disconnected).await.unwrap();
-    until("pending rows deleted", || async { engine.pending_rows().await == 0 }).await;
+    until("pending rows deleted", || async {
+        engine.pending_rows().await == 0
+    })
+    .await;
     assert_none_visible(&log).await;
     streamer
         .send(UpstreamEvent::Connected {

@@ -205,10 +205,7 @@ impl Streamer {
         };
         let mut release = None;
         if !replay {
-            release = self.forward(
-                ctx,
-                Change::new(Kind::Begin, commit_watermark, 0, &payload),
-            );
+            release = self.forward(ctx, Change::new(Kind::Begin, commit_watermark, 0, &payload));
             txn.push(ChangeKind::Begin, payload);
         }
         self.txn = Some(txn);

@@ -33,7 +33,10 @@ pub(super) async fn clear_at_start(client: &Client) -> Result<(), ChangeLogError
 impl PgWriter {
     /// Stores `chunk` pending, in a fenced transaction of its own; the chunk at position 0
     /// first deletes any pending rows left by an interrupted transaction.
-    pub(super) async fn store_pending(&mut self, chunk: &PendingChunk) -> Result<(), ChangeLogError> {
+    pub(super) async fn store_pending(
+        &mut self,
+        chunk: &PendingChunk,
+    ) -> Result<(), ChangeLogError> {
         let mut positions = Vec::new();
         let mut counts = Vec::new();
         let mut bodies = Vec::new();

@@ -25,7 +25,9 @@ fn refused(e: ChangeLogError) -> rusqlite::Error {
 impl Writer {
     /// Deletes every pending row; answers how many there were.
     pub(super) fn clear_pending(&mut self) -> Result<usize, rusqlite::Error> {
-        self.conn.prepare_cached("DELETE FROM pending_txn")?.execute([])
+        self.conn
+            .prepare_cached("DELETE FROM pending_txn")?
+            .execute([])
     }
 
     /// Deletes what an interrupted transaction left at the last stop, at start.
