@@ -3,7 +3,8 @@
 //! stored pending, invisible to reads, to a standby's reads and to the purge until its commit,
 //! which makes it visible whole, once; a rollback, a lost upstream or a restart in its middle
 //! leaves nothing visible and no pending row; a commit missing pending changes is refused; a
-//! subscriber that falls behind inside a large transaction reads it whole from the change log.
+//! subscriber that falls behind inside a large transaction reads it whole from the change log;
+//! a serving standby follows it only once committed, whole.
 
 mod common;
 
@@ -12,9 +13,10 @@ use change_streamer_actors::changelog::{
     ChangeKind, ChangeLog, PendingChunk, PgOptions, StoredChange, Transaction,
 };
 use change_streamer_actors::clock::Clock;
+use change_streamer_actors::follower;
 use change_streamer_actors::session_end::SessionId;
 use change_streamer_actors::streamer::{
-    Mode, Streamer, StreamerConfig, UpstreamAck, UpstreamBatch, UpstreamEvent,
+    Mode, RecordSubscribers, Streamer, StreamerConfig, UpstreamAck, UpstreamBatch, UpstreamEvent,
 };
 use change_streamer_actors::upstream::protocol::UpstreamMessage;
 use change_streamer_actors::watermark::Watermark;
@@ -459,4 +461,86 @@ async fn an_upstream_drop_leaves_nothing_sqlite() {
 #[actix_rt::test]
 async fn an_upstream_drop_leaves_nothing_postgres() {
     an_upstream_drop_leaves_nothing(Engine::pg("pending_dropped").await).await;
+}
+
+/// Answers every [`RecordSubscribers`] as recorded, as the instance recorder does.
+struct Recorded;
+impl Actor for Recorded {
+    type Context = Context<Self>;
+}
+impl Handler<RecordSubscribers> for Recorded {
+    type Result = Result<(), String>;
+    fn handle(&mut self, _: RecordSubscribers, _: &mut Context<Self>) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A serving standby follows a large transaction from the change DB only once its commit is
+/// stored, and hands it to its subscriber whole (PROTOCOL.md §3.0, §14.1).
+#[actix_rt::test]
+async fn a_standby_follows_a_large_transaction_once_committed_postgres() {
+    let engine = Engine::pg("pending_standby").await;
+    let url = match &engine {
+        Engine::Pg(db) => db.url.clone(),
+        Engine::Sqlite(_) => unreachable!(),
+    };
+    let log = engine.open().await;
+    let stats = log.stats().await.unwrap();
+    let owner = Streamer::new(chunked_config(), log.clone(), &stats).start();
+    durable(send_all(&owner, vec![begin(100), data(0), commit(100)]).await).await;
+
+    let standby_log = ChangeLog::open_standby(&url).unwrap();
+    let standby_stats = standby_log.stats().await.unwrap();
+    let standby = Streamer::new(chunked_config(), standby_log.clone(), &standby_stats)
+        .following(Recorded.start().recipient())
+        .start();
+    let follower = follower::start(
+        url.clone(),
+        standby_log,
+        standby.clone(),
+        standby_stats.max_watermark.clone(),
+    );
+    let (session, ok) = subscribe(
+        &standby,
+        SessionId(2000),
+        Mode::Serving,
+        &w(100).to_string(),
+        false,
+    )
+    .await;
+    ok.unwrap();
+
+    const N: i64 = 300;
+    let mut msgs = vec![begin(101)];
+    msgs.extend((0..N).map(big_data));
+    send_all(&owner, msgs).await;
+    until("the open transaction's chunks stored", || async {
+        engine.pending_rows().await > 0
+    })
+    .await;
+    let (m, _) = session.send(Received).await.unwrap();
+    assert!(
+        data_of(&m).is_empty(),
+        "nothing of it followed before its commit: {m:?}"
+    );
+    durable(send_all(&owner, vec![commit(101)]).await).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (m, _) = session.send(Received).await.unwrap();
+        if m.last().is_some_and(|l| l.contains("commit")) {
+            assert_eq!(
+                data_of(&m),
+                (0..N).collect::<Vec<_>>(),
+                "whole, once, in order"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the standby's subscriber got {} messages",
+            m.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    follower.stop().await;
 }
