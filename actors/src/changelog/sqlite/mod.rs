@@ -38,7 +38,7 @@ use tokio::sync::watch;
 use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, WriteQueue, Writes};
-use self::connection::open_connection;
+use self::connection::{open_connection, READER_CACHE_KIB, WRITER_CACHE_KIB};
 use self::types::ChangeLogError;
 use self::writer::Writer;
 use crate::clock::Clock;
@@ -61,7 +61,7 @@ pub(super) fn open(
     };
     std::fs::create_dir_all(data_dir).map_err(|e| open_err(Box::new(e)))?;
     let path = data_dir.join(DB_FILE);
-    let conn = open_connection(&path).map_err(|e| open_err(Box::new(e)))?;
+    let conn = open_connection(&path, WRITER_CACHE_KIB).map_err(|e| open_err(Box::new(e)))?;
     conn.execute_batch(segments::SCHEMA)
         .map_err(|e| open_err(Box::new(e)))?;
     conn.execute_batch(state::SCHEMA)
@@ -77,7 +77,7 @@ pub(super) fn open(
         writer.stats.max_watermark,
         writer.stats.rows
     );
-    let reader = open_connection(&path).map_err(|e| open_err(Box::new(e)))?;
+    let reader = open_connection(&path, READER_CACHE_KIB).map_err(|e| open_err(Box::new(e)))?;
 
     let (writes, wrx) = mpsc::channel();
     let (reads, rrx) = mpsc::channel();
