@@ -6,6 +6,7 @@
 //! messages, and waiting on releases and on the change log's real I/O.
 #![allow(dead_code)] // each test file uses a part
 
+pub mod engine;
 pub mod fake_log;
 pub mod monitor_harness;
 pub mod recording_purge;
