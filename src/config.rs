@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::log_format::LogFormat;
 use backups::parse_backups_file;
 pub use backups::{
     AuditSpec, BackupSpec, BackupsFile, SourceSpec, DEFAULT_METRICS_URL, DEFAULT_WATERMARK_QUERY,
@@ -320,6 +321,11 @@ pub struct Config {
     #[arg(help_heading = "Instances", long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub standby_serves: bool,
+
+    /// How each log line on stderr is written: `text`, env_logger's line, or `json`, one JSON
+    /// object a line with time, level, target, message and the line's fields (PROTOCOL.md §2).
+    #[arg(help_heading = "Logging", long, env = "ZERO_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 impl Config {

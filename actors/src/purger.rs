@@ -149,7 +149,7 @@ impl Purger {
     pub fn restore(mut self, scheduled: &[Watermark]) -> Purger {
         let due = Instant::now() + self.delay;
         for w in scheduled {
-            info!("purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
+            info!(watermark:% = w; "purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
             self.scheduled.insert(w.clone(), due);
         }
         self
@@ -206,7 +206,7 @@ impl Purger {
                 let delay_ms = act.delay.as_millis();
                 match answer {
                     PurgeAnswer::Purged(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}");
+                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}");
                         act.scheduled.remove(&w);
                         act.state.rows_purged += n;
                         act.state.purges += 1;
@@ -217,7 +217,7 @@ impl Purger {
                         return;
                     }
                     PurgeAnswer::HeldByRetention(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
+                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
                         act.state.rows_purged += n;
                         retry(
                             act,
@@ -226,7 +226,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::NoSubscribers => {
-                        info!("purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
+                        info!(watermark:% = w; "purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
                         retry(
                             act,
                             "no subscriber connected".into(),
@@ -234,7 +234,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::Blocked { subscriber, acked } => {
-                        info!("purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
+                        info!(watermark:% = w, subscriber:% = subscriber; "purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
                         retry(
                             act,
                             format!("subscriber {subscriber} acked {acked}"),
@@ -242,7 +242,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::Failed(e) => {
-                        warn!("purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
+                        warn!(watermark:% = w; "purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
                         retry(act, format!("failed: {e}"), None);
                     }
                 }

@@ -137,7 +137,7 @@ impl ReservationActor {
                     }
                 }
                 Err(e) => {
-                    warn!("failing snapshot reservation of task {task_id}: adopted from this instance's standby phase, it could not be written down: {e}");
+                    warn!(task:% = task_id; "failing snapshot reservation of task {task_id}: adopted from this instance's standby phase, it could not be written down: {e}");
                     act.fail_unstored(&task_id, session_id, e);
                 }
             })

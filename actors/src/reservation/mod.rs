@@ -319,11 +319,13 @@ impl ReservationActor {
         if let Some(old) = self.remove(task_id, None) {
             match old.holder {
                 Some(h) => {
-                    info!("reservation of task {task_id} replaced by {by} (session {} -> {session_id})", h.session_id);
+                    info!(task:% = task_id; "reservation of task {task_id} replaced by {by} (session {} -> {session_id})", h.session_id);
                     h.session
                         .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
                 }
-                None => info!("orphaned reservation of task {task_id} replaced by {by} (session {session_id})"),
+                None => {
+                    info!(task:% = task_id; "orphaned reservation of task {task_id} replaced by {by} (session {session_id})")
+                }
             }
             self.closed(task_id, None);
         }
@@ -341,7 +343,7 @@ impl Handler<Reserve> for ReservationActor {
         } = msg;
         self.replace(&task_id, session_id, "a new one");
         let started_ms = self.clock.now_ms();
-        info!("snapshot reservation opened by task {task_id} (session {session_id})");
+        info!(task:% = task_id; "snapshot reservation opened by task {task_id} (session {session_id})");
         self.reservations.insert(
             task_id.clone(),
             Reservation {
@@ -373,7 +375,7 @@ impl Handler<Reserve> for ReservationActor {
                 .map(move |r, act, ctx| match r {
                     Ok(()) => act.send_status(task_id, session_id, ctx),
                     Err(e) => {
-                        warn!("failing snapshot reservation of task {task_id}: it could not be written down: {e}");
+                        warn!(task:% = task_id; "failing snapshot reservation of task {task_id}: it could not be written down: {e}");
                         act.fail_unstored(&task_id, session_id, e);
                     }
                 })
@@ -445,8 +447,8 @@ impl Handler<EndBySubscription> for ReservationActor {
                 .into_actor(self)
                 .map(move |r, _, _| match r {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => warn!("the end by subscription of task {task} could not be recorded in the change DB: {e}"),
-                    Err(_) => warn!("the end by subscription of task {task} could not be recorded: the instance recorder is gone"),
+                    Ok(Err(e)) => warn!(task:% = task; "the end by subscription of task {task} could not be recorded in the change DB: {e}"),
+                    Err(_) => warn!(task:% = task; "the end by subscription of task {task} could not be recorded: the instance recorder is gone"),
                 })
                 .spawn(ctx);
         }
@@ -491,7 +493,7 @@ impl Handler<Stop> for ReservationActor {
         if let Some(end) = msg.end {
             for (task_id, res) in std::mem::take(&mut self.reservations) {
                 if let Some(h) = res.holder {
-                    info!("closing snapshot reservation of task {task_id}: service stopping");
+                    info!(task:% = task_id; "closing snapshot reservation of task {task_id}: service stopping");
                     h.session.do_send(ReservationEvent::Closed(end.clone()));
                 }
                 self.closed(&task_id, None);

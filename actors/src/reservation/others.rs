@@ -183,7 +183,7 @@ impl ReservationActor {
                 .open
                 .contains_key(&(instance.clone(), task.clone()))
             {
-                info!("snapshot reservation of task {task} held at instance {instance}: pausing change-log cleanup");
+                info!(task:% = task; "snapshot reservation of task {task} held at instance {instance}: pausing change-log cleanup");
             }
         }
         for ((instance, task), started) in &self.others.open {
@@ -191,7 +191,7 @@ impl ReservationActor {
                 .iter()
                 .any(|r| &r.instance == instance && &r.task_id == task && r.started_ms == *started);
             if !still {
-                info!("snapshot reservation of task {task} at instance {instance} dropped; cleanup delay unchanged");
+                info!(task:% = task; "snapshot reservation of task {task} at instance {instance} dropped; cleanup delay unchanged");
             }
         }
         view.paused_by.extend(

@@ -164,7 +164,7 @@ impl Handler<Subscribe> for Streamer {
             if !act.subscribers.contains_key(&session_id) {
                 return Ok(()); // the session left meanwhile, or was replaced (§7.1)
             }
-            info!("subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
+            info!(watermark:% = watermark, subscriber:% = id; "subscriber {id} ({mode:?}, v{protocol}) accepted at watermark={watermark}");
             // Before it queues behind the transaction in progress, which its ghost may hold.
             act.replace_older_backup_replicators(ctx, session_id);
             let Some(sub) = act.subscribers.get_mut(&session_id) else {

@@ -158,7 +158,7 @@ impl StandbyReservations {
             let range = match base {
                 Ok(range) => range,
                 Err(e) => {
-                    warn!("failing snapshot reservation of task {task_id} at standby {}: {e}", act.instance);
+                    warn!(task:% = task_id; "failing snapshot reservation of task {task_id} at standby {}: {e}", act.instance);
                     if let Some(r) = act.reservations.remove(&task_id) {
                         r.session
                             .do_send(ReservationEvent::Failed(Arc::new(e.into())));
@@ -170,7 +170,7 @@ impl StandbyReservations {
                 None => true,
                 Some(Ok(b)) => b.is_some_and(|b| b.as_str() >= range.min_watermark.as_str()),
                 Some(Err(e)) => {
-                    warn!("snapshot reservation of task {task_id}: the change DB's backup observations could not be read ({e}); checking again");
+                    warn!(task:% = task_id; "snapshot reservation of task {task_id}: the change DB's backup observations could not be read ({e}); checking again");
                     false
                 }
             };
@@ -208,7 +208,7 @@ impl StandbyReservations {
                 .map(|(t, r)| (t.clone(), r.session_id))
                 .collect();
             if let Some((task, _)) = waiting.first() {
-                info!("snapshot reservation of task {task} at standby {} waits for a backup at or above the change log's minWatermark", act.instance);
+                info!(task:% = task; "snapshot reservation of task {task} at standby {} waits for a backup at or above the change log's minWatermark", act.instance);
             }
             for (task_id, session_id) in waiting {
                 act.send_status(task_id, session_id, ctx);
@@ -241,8 +241,8 @@ impl StandbyReservations {
             .map(move |written, act, _| {
                 match written {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => warn!("the end by subscription of task {task_id} could not be recorded in the change DB (standby {}): {e}", act.instance),
-                    Err(_) => warn!("the end by subscription of task {task_id} could not be recorded: the instance recorder is gone"),
+                    Ok(Err(e)) => warn!(task:% = task_id; "the end by subscription of task {task_id} could not be recorded in the change DB (standby {}): {e}", act.instance),
+                    Err(_) => warn!(task:% = task_id; "the end by subscription of task {task_id} could not be recorded: the instance recorder is gone"),
                 }
                 let Some(session_id) = session_id else {
                     return;
@@ -334,7 +334,7 @@ impl Handler<Reserve> for StandbyReservations {
                         if !act.holds(&task_id, session_id) {
                             return;
                         }
-                        warn!("failing snapshot reservation of task {task_id} at standby {}: it could not be recorded in the change DB: {e}", act.instance);
+                        warn!(task:% = task_id; "failing snapshot reservation of task {task_id} at standby {}: it could not be recorded in the change DB: {e}", act.instance);
                         if let Some(r) = act.reservations.remove(&task_id) {
                             r.session.do_send(ReservationEvent::Failed(Arc::new(
                                 ReservationError::NotRecorded(e),
