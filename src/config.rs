@@ -271,8 +271,8 @@ pub struct Config {
     pub host: String,
 
     /// File whose content (one trailing newline stripped) is the shared secret that clients
-    /// must present as `Authorization: Bearer <secret>` on every path but /healthz, /readyz and
-    /// /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
+    /// must present as `Authorization: Bearer <secret>` on every path but /, /healthz, /readyz
+    /// and /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
     /// To rotate, give it twice (current and next) or write two lines: either secret is
     /// accepted. Re-read on SIGHUP and when it changes (PROTOCOL.md §15.1).
     #[arg(
@@ -289,7 +289,7 @@ pub struct Config {
           allow_hyphen_values = true, value_name = "SECRET", value_parser = parse_secret)]
     pub secret: Option<SecretArg>,
 
-    /// Without a secret, serve the guarded paths (all but /healthz, /readyz and /metrics) to
+    /// Without a secret, serve the guarded paths (all but /, /healthz, /readyz and /metrics) to
     /// clients that are not on loopback too (otherwise they get 403).
     #[arg(
         help_heading = "Access",
