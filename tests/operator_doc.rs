@@ -285,6 +285,51 @@ fn status_keys_match_protocol_table() {
     );
 }
 
+/// The one client type of `/status` (test-support's `status::Status`, which the demo reads)
+/// against what the service serializes, both roles: each document reads into it (a key renamed
+/// or dropped fails, naming it) and comes back out with the same keys (a key the type lacks
+/// fails too), issue 45.
+#[test]
+fn the_client_status_type_reads_both_roles_key_for_key() {
+    use change_streamer_test_support::status::Status as ClientStatus;
+    let cfg = config();
+    let owner = Status::owner(
+        &cfg,
+        Role::Owner,
+        &instance(),
+        &observation(),
+        Some(Some(vec![instance_seen()])),
+    );
+    let view = stored_view();
+    let standby = Status::standby(
+        &cfg,
+        &instance(),
+        Some(&view),
+        vec![subscriber()],
+        vec![reservation()],
+    );
+    let mut diffs = Vec::new();
+    for (role, produced) in [
+        ("owner", owner.to_json().expect("a Status serializes")),
+        ("standby", standby.to_json().expect("a Status serializes")),
+        ("the documented owner", documented_status("owner")),
+    ] {
+        let typed =
+            ClientStatus::from_value(produced.clone()).unwrap_or_else(|e| panic!("{role}: {e}"));
+        let back = serde_json::to_value(&typed).expect("the client type serializes");
+        diffs.extend(
+            key_differences(&produced, &back, &produced, "")
+                .into_iter()
+                .map(|d| format!("{role}: {d}")),
+        );
+    }
+    assert!(
+        diffs.is_empty(),
+        "test-support's status::Status and /status differ:\n{}",
+        diffs.join("\n")
+    );
+}
+
 #[test]
 fn status_keys_a_role_lacks_are_absent_or_null_as_documented() {
     let cfg = config();

@@ -51,7 +51,8 @@ mod takeover;
 mod view;
 mod world;
 
-use view::{commits, departure, metric, n, view, LEGEND};
+use change_streamer_test_support::status::Status;
+use view::{commits, departure, metric, view, LEGEND};
 use world::{follow, litestream_reports, replica, write_transactions, Applied, Restore};
 
 const REPLICAS: usize = 3;
@@ -70,8 +71,20 @@ pub fn demo_secret() -> String {
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
-async fn run(seconds: Option<u64>) {
-    let real = stock_litestream::installed();
+/// `/status` read into its one client type (a key the service renamed stops the demo, naming it).
+async fn status(svc: &TestService) -> Status {
+    Status::from_value(svc.status().await).unwrap_or_else(|e| panic!("demo: {e}"))
+}
+
+async fn run(seconds: Option<u64>, source: Option<args::BackupSource>) {
+    let real = match source {
+        None => stock_litestream::installed(),
+        Some(args::BackupSource::Metrics) => None,
+        Some(args::BackupSource::Control) => Some(stock_litestream::installed().unwrap_or_else(|| {
+            eprintln!("demo: --backup-source control needs stock litestream 0.5: run scripts/install-litestream.sh");
+            std::process::exit(2)
+        })),
+    };
     let backup_dir = tempfile::tempdir().expect("tempdir");
     match &real {
         Some(l) => println!(
@@ -144,12 +157,12 @@ async fn run(seconds: Option<u64>) {
     let backed_up: Applied = Rc::new(RefCell::new(None));
 
     // Wait for the initial sync, then start the backup replica and litestream's reports.
-    let mut st = svc.status().await;
-    while st["replicaVersion"].is_null() {
+    let mut st = status(&svc).await;
+    while st.replica_version.is_none() {
         actix_rt::time::sleep(Duration::from_millis(20)).await;
-        st = svc.status().await;
+        st = status(&svc).await;
     }
-    let rv = st["replicaVersion"].as_str().unwrap_or("00").to_string();
+    let rv = st.replica_version.clone().unwrap_or_else(|| "00".into());
     // Kept until the end: dropping it stops litestream.
     let mut _replication = None;
     let restore = match &real {
@@ -226,16 +239,9 @@ async fn run(seconds: Option<u64>) {
         if seconds.is_some_and(|s| t >= s) {
             break;
         }
-        let st = svc.status().await;
+        let st = status(&svc).await;
         let (_, metrics) = svc.get("/metrics").await;
-        let ids: Vec<String> = st["subscribers"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .filter_map(|s| s["id"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let ids: Vec<String> = st.subscribers.iter().map(|s| s.id.clone()).collect();
         let subscribed = ids.len();
         let consensus = metric(
             &metrics,
@@ -261,7 +267,7 @@ async fn run(seconds: Option<u64>) {
                 let bar: String = (0..total)
                     .map(|i| if i < subscribed { '#' } else { '.' })
                     .collect();
-                println!("warming up [{bar}] {subscribed}/{total} replicas subscribed, {} reservation(s) restoring", st["reservations"].as_array().map(Vec::len).unwrap_or(0));
+                println!("warming up [{bar}] {subscribed}/{total} replicas subscribed, {} reservation(s) restoring", st.reservations.len());
                 continue;
             }
         }
@@ -277,18 +283,20 @@ async fn run(seconds: Option<u64>) {
         let _ = std::io::stdout().flush();
     }
 
-    let st = svc.status().await;
+    let st = status(&svc).await;
     let (_, metrics) = svc.get("/metrics").await;
+    let backup = st.backup.as_ref();
     let summary = serde_json::json!({
         "seconds": start.elapsed().as_secs(),
         "transactionsStored": commits(&st),
         "changesStored": metric(&metrics, "change_streamer_changes_stored_total"),
-        "rowsPurged": n(&st["purge"]["rowsPurged"]),
+        "rowsPurged": st.purge.as_ref().map_or(0, |p| p.rows_purged),
         "cleanupsScheduled": metric(&metrics, "change_streamer_cleanups_scheduled_total"),
-        "cleanupDelayMs": n(&st["backup"]["cleanupDelayMs"]),
-        "backupSource": st["backup"]["source"],
-        "backupReads": n(&st["backup"]["monitor"]["backupReadsTotal"]),
-        "subscribersAtEnd": st["subscribers"].as_array().map(Vec::len).unwrap_or(0),
+        "cleanupDelayMs": backup.map_or(0, |b| b.cleanup_delay_ms),
+        "backupSource": backup.map(|b| b.source.clone()),
+        "backupReads": backup.and_then(|b| b.monitor.as_ref()).map_or(0, |m| m.backup_reads_total),
+        "backupConfirmed": st.backups.iter().flatten().map(|b| b.watermark.clone()).collect::<Vec<_>>(),
+        "subscribersAtEnd": st.subscribers.len(),
         "releasesAll": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"all\"}"),
         "releasesConsensus": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"consensus\"}"),
     });
@@ -317,7 +325,7 @@ fn main() -> std::process::ExitCode {
         Some(db) => {
             actix_rt::System::new().block_on(takeover::run(db, args.seconds, args.kill_after))
         }
-        None => actix_rt::System::new().block_on(run(args.seconds)),
+        None => actix_rt::System::new().block_on(run(args.seconds, args.backup_source)),
     }
     std::process::ExitCode::SUCCESS
 }
