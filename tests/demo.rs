@@ -155,6 +155,9 @@ fn the_demo_shows_the_confirmed_watermark_with_either_backup_source() {
             "{source}: the confirmed watermark never moved: {stdout}"
         );
         let last = s["backupConfirmed"][0].as_str().expect("backupConfirmed");
-        assert!(shown.last().map(String::as_str) <= Some(last), "{source}: {s}");
+        assert!(
+            shown.last().map(String::as_str) <= Some(last),
+            "{source}: {s}"
+        );
     }
 }

@@ -5,13 +5,20 @@
 //! stalled one as lagging, update as the binary's state moves, log no console error, and a
 //! screenshot of it is written (`target/live-page.png`, or `$CHANGE_STREAMER_SCREENSHOT`; the
 //! one in docs/ is such a screenshot). With a secret, the page asks for it and keeps it in the
-//! tab only.
+//! tab only. On a shared PostgreSQL change DB the owner's page lists the instances and a serving
+//! standby's page shows what the standby's `/status` holds.
 //!
 //! Chromium is found or installed (operator_support::chromium); where it cannot be, the test
 //! says what is missing and passes, unless `CHANGE_STREAMER_REQUIRE_BROWSER` is set (`.ci/run`
 //! sets it), where it fails.
 
 mod operator_support;
+
+#[allow(dead_code)] // shared with the PostgreSQL tests
+mod takeover_support;
+
+#[allow(dead_code)] // shared with the standby tests
+mod standby_support;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -59,6 +66,8 @@ const READ_PAGE: &str = r#"(() => {
     rateMax: Number(document.getElementById("rate-chart").dataset.max || 0),
     lagPoints: Number(document.getElementById("lag-chart").dataset.points || 0),
     loginShown: !document.getElementById("login").hidden,
+    instances: Object.keys(rows("tr[data-instance]", "instance")),
+    purge: document.getElementById("purge-facts").textContent,
   };
 })()"#;
 
@@ -225,4 +234,56 @@ async fn with_a_secret_the_page_asks_for_it_and_keeps_it_in_the_tab_only() {
     assert!(errors.is_empty(), "the page logged errors: {errors:#?}");
     drop(browser);
     svc.terminate().await;
+}
+
+#[actix_rt::test]
+async fn on_a_shared_change_db_the_pages_show_the_instances_and_a_standby() {
+    use standby_support::{ingest, owner_with, serving_standby, subscribe};
+    use takeover_support::{instance_id, wm};
+    let Some(bin) = chromium() else { return };
+    let db = change_streamer_test_support::pg::TestDb::create("live_page").await;
+    let up = change_streamer_test_support::upstream::FakeUpstream::start().await;
+    let (_a, a_addr) = owner_with(&db, &up, &[]);
+    up.wait_connections(1).await;
+    ingest(&up, 100..=110, 2).await;
+    let (_b, b_addr) = serving_standby(&db, &up, &[]).await;
+    let (a_id, b_id) = (instance_id(&a_addr).await, instance_id(&b_addr).await);
+    let _sub = subscribe(&b_addr, "rb", 100).await;
+
+    let browser = Browser::launch(&bin);
+    let mut page = browser.new_page().await;
+    page.navigate(&format!("http://{a_addr}/")).await;
+    let v = wait_page(
+        &mut page,
+        "the owner's instances, the standby among them",
+        |v| {
+            v["updates"].as_u64().unwrap_or(0) >= 2
+                && v["instances"]
+                    .as_array()
+                    .is_some_and(|i| i.iter().any(|x| *x == b_id.as_str()))
+        },
+    )
+    .await;
+    assert!(
+        v["instances"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| *x == a_id.as_str()),
+        "{v}"
+    );
+    assert_eq!(v["role"], format!("owner {a_id}"), "{v}");
+
+    page.navigate(&format!("http://{b_addr}/")).await;
+    let v = wait_page(&mut page, "the standby's status", |v| {
+        v["updates"].as_u64().unwrap_or(0) >= 2 && v["subscribers"]["rb"].is_object()
+    })
+    .await;
+    assert_eq!(v["role"], format!("standby {b_id}"), "{v}");
+    assert_eq!(v["maxWatermark"], Value::String(wm(110)), "{v}");
+    assert_eq!(v["upstream"], "the owner's (this is a standby)", "{v}");
+    assert!(v["purge"].as_str().unwrap().contains("the owner's"), "{v}");
+    assert_eq!(v["error"], "", "{v}");
+    let errors = page.errors();
+    assert!(errors.is_empty(), "the pages logged errors: {errors:#?}");
 }
