@@ -1,4 +1,4 @@
-//! The live page at `/` (PROTOCOL.md §11.1) in a real browser (issue 45): headless Chromium,
+//! The live page at `/` (PROTOCOL.md §11.2) in a real browser (issue 45): headless Chromium,
 //! driven over the DevTools protocol, loads the page from the real binary running a change
 //! source, a backup, a reservation reporting its restore and three subscribers, one stalled
 //! (tests/operator_support). The page must show each of them with the binary's own values, the

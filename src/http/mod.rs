@@ -117,7 +117,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .default_service(web::to(not_found));
 }
 
-/// The live page (PROTOCOL.md §11.1), the same at the owner and at a standby.
+/// The live page (PROTOCOL.md §11.2), the same at the owner and at a standby.
 async fn page(door: web::Data<Door>) -> HttpResponse {
     match door.phase() {
         Phase::Owner(s) => page::page(s.access.mode()),

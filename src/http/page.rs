@@ -1,4 +1,4 @@
-//! The live page at `/` (PROTOCOL.md §11.1): one HTML file embedded in the binary, with its
+//! The live page at `/` (PROTOCOL.md §11.2): one HTML file embedded in the binary, with its
 //! script and style inline (no CDN, no build step), that reads `/status` and `/metrics` once a
 //! second. It holds no data itself, so it is served to anyone who reaches the port, like the
 //! probes; what it shows comes from `/status`, guarded as ever (§15): told that the service
