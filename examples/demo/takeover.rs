@@ -127,7 +127,7 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
                 Some(a) => role(&a).await,
                 None => None,
             } {
-                if let Some(rv) = st["replicaVersion"].as_str() {
+                if let Some(rv) = st.replica_version.as_deref() {
                     for k in 0..INSTANCES * PER_INSTANCE {
                         let seen: Shared<Followed> = Rc::new(RefCell::new(Followed {
                             name: format!("s{}", k + 1),
@@ -230,8 +230,7 @@ pub async fn run(db: String, seconds: Option<u64>, kill_after: Option<u64>) {
             (Some(a), true) => role(a).await,
             _ => None,
         };
-        let r = st.as_ref().and_then(|st| st["role"].as_str());
-        roles.push(r.unwrap_or("down").to_string());
+        roles.push(st.map_or_else(|| "down".to_string(), |st| st.role));
     }
     let borrowed: Vec<_> = subs.iter().map(|s| s.borrow()).collect();
     let summary = Summary {
