@@ -63,7 +63,9 @@ fn doc() -> String {
 
 /// Every file under `dir`, as paths relative to the repository's root with `/` separators.
 fn walk(dir: &Path, out: &mut Vec<String>) {
-    let Ok(entries) = fs::read_dir(dir) else { return };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -92,7 +94,10 @@ fn opening_page(doc: &str) -> String {
         }
         page.push(line);
     }
-    assert_eq!(seen, 2, "ARCHITECTURE.md has no second `## ` heading to end its opening page");
+    assert_eq!(
+        seen, 2,
+        "ARCHITECTURE.md has no second `## ` heading to end its opening page"
+    );
     page.join("\n")
 }
 
@@ -107,9 +112,17 @@ fn file_list(doc: &str) -> FileList {
         .lines()
         .position(|l| l.trim() == "## Where things live")
         .expect("ARCHITECTURE.md has a `## Where things live` section");
-    let mut lines = doc.lines().skip(start + 1).skip_while(|l| !l.starts_with("```"));
-    lines.next().expect("`## Where things live` holds a fenced block");
-    let mut list = FileList { files: BTreeSet::new(), whole: BTreeSet::new() };
+    let mut lines = doc
+        .lines()
+        .skip(start + 1)
+        .skip_while(|l| !l.starts_with("```"));
+    lines
+        .next()
+        .expect("`## Where things live` holds a fenced block");
+    let mut list = FileList {
+        files: BTreeSet::new(),
+        whole: BTreeSet::new(),
+    };
     for line in lines.take_while(|l| !l.starts_with("```")) {
         let names = line.split(" #").next().unwrap_or("");
         let mut words = names.split_whitespace();
@@ -150,12 +163,21 @@ fn every_source_file_is_listed_and_every_listed_file_exists() {
         walk(&root().join(dir), &mut present);
     }
     for file in present {
-        let whole = list.whole.iter().any(|w| file.starts_with(&format!("{w}/")));
+        let whole = list
+            .whole
+            .iter()
+            .any(|w| file.starts_with(&format!("{w}/")));
         if !whole && !list.files.contains(&file) {
-            problems.push(format!("not in the file list (## Where things live): {file}"));
+            problems.push(format!(
+                "not in the file list (## Where things live): {file}"
+            ));
         }
     }
-    assert!(problems.is_empty(), "ARCHITECTURE.md's file list:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's file list:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// The words in backticks of `text` that look like file paths: no space, not an HTTP path
@@ -186,7 +208,10 @@ fn every_path_the_document_names_exists() {
             missing.insert(format!("{path} (opening page: under actors/src/)"));
         }
     }
-    assert!(missing.is_empty(), "ARCHITECTURE.md names paths that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
 }
 
 /// The non-test lines of every `.rs` file under [`CODE_ROOTS`], by file.
@@ -286,7 +311,10 @@ fn module_decl(line: &str) -> Option<Module> {
 
 /// The identifier at the start of `s` (generics and the rest cut off).
 fn ident(s: &str) -> String {
-    s.trim_start().chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect()
+    s.trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
 }
 
 fn actors(code: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, String> {
@@ -310,7 +338,9 @@ fn messages(code: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, String> {
     for (file, lines) in code {
         for (i, line) in lines.iter().enumerate() {
             let t = line.trim_start();
-            let Some(list) = t.strip_prefix("#[derive(") else { continue };
+            let Some(list) = t.strip_prefix("#[derive(") else {
+                continue;
+            };
             let derives_message = list
                 .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                 .any(|d| d == "Message" || d == "actix::Message");
@@ -318,7 +348,10 @@ fn messages(code: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, String> {
                 continue;
             }
             let decl = lines[i + 1..].iter().map(|l| l.trim()).find(|l| {
-                !(l.is_empty() || l.starts_with("#[") || l.starts_with("///") || l.starts_with("//"))
+                !(l.is_empty()
+                    || l.starts_with("#[")
+                    || l.starts_with("///")
+                    || l.starts_with("//"))
             });
             let decl = decl.unwrap_or_else(|| panic!("{file}: a Message derive with no item"));
             let name = decl
@@ -337,8 +370,12 @@ fn handlers(code: &BTreeMap<String, Vec<String>>) -> BTreeSet<(String, String)> 
     let mut found = BTreeSet::new();
     for lines in code.values() {
         for line in lines {
-            let Some(rest) = line.trim_start().strip_prefix("impl Handler<") else { continue };
-            let Some((message, actor)) = rest.split_once("> for ") else { continue };
+            let Some(rest) = line.trim_start().strip_prefix("impl Handler<") else {
+                continue;
+            };
+            let Some((message, actor)) = rest.split_once("> for ") else {
+                continue;
+            };
             found.insert((ident(actor), ident(message)));
         }
     }
@@ -347,7 +384,8 @@ fn handlers(code: &BTreeMap<String, Vec<String>>) -> BTreeSet<(String, String)> 
 
 /// Whether `name` occurs in `text` as a whole word.
 fn names(text: &str, name: &str) -> bool {
-    text.split(|c: char| !(c.is_alphanumeric() || c == '_')).any(|w| w == name)
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .any(|w| w == name)
 }
 
 /// The opening page's table row for `actor`.
@@ -365,27 +403,43 @@ fn opening_page_names_every_actor_and_message_at_its_receiver() {
     let code = code();
     let actors = actors(&code);
     let messages = messages(&code);
-    assert!(actors.contains_key("Streamer"), "the actor scan found no Streamer: {actors:?}");
-    assert!(messages.contains_key("UpstreamBatch"), "the message scan missed: {messages:?}");
+    assert!(
+        actors.contains_key("Streamer"),
+        "the actor scan found no Streamer: {actors:?}"
+    );
+    assert!(
+        messages.contains_key("UpstreamBatch"),
+        "the message scan missed: {messages:?}"
+    );
     let mut problems = Vec::new();
     for (actor, file) in &actors {
         if row(&page, actor).is_none() {
-            problems.push(format!("actor {actor} ({file}) has no row on the opening page"));
+            problems.push(format!(
+                "actor {actor} ({file}) has no row on the opening page"
+            ));
         }
     }
     for (message, file) in &messages {
         if !names(&page, message) {
-            problems.push(format!("message {message} ({file}) is not named on the opening page"));
+            problems.push(format!(
+                "message {message} ({file}) is not named on the opening page"
+            ));
         }
     }
     for (actor, message) in handlers(&code) {
         if let Some(row) = row(&page, &actor) {
             if !names(row, &message) {
-                problems.push(format!("{actor}'s row does not name {message}, which it receives"));
+                problems.push(format!(
+                    "{actor}'s row does not name {message}, which it receives"
+                ));
             }
         }
     }
-    assert!(problems.is_empty(), "ARCHITECTURE.md's opening page:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's opening page:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -396,7 +450,10 @@ fn opening_page_cites_every_protocol_section() {
         fs::read_to_string(root().join("docs/PROTOCOL.md")).expect("read docs/PROTOCOL.md");
     let mut missing = Vec::new();
     for line in protocol.lines() {
-        let Some(rest) = line.strip_prefix("## ").or_else(|| line.strip_prefix("### ")) else {
+        let Some(rest) = line
+            .strip_prefix("## ")
+            .or_else(|| line.strip_prefix("### "))
+        else {
             continue;
         };
         let number: String = rest.chars().take_while(|c| !c.is_whitespace()).collect();
@@ -404,14 +461,12 @@ fn opening_page_cites_every_protocol_section() {
         if number.is_empty() || !number.starts_with(|c: char| c.is_ascii_digit()) {
             continue;
         }
-        let cited = page
-            .match_indices(&format!("§{number}"))
-            .any(|(at, m)| {
-                let next = page[at + m.len()..].chars().next();
-                !matches!(next, Some(c) if c.is_alphanumeric() || c == '.' && {
-                    page[at + m.len() + 1..].starts_with(|d: char| d.is_ascii_digit())
-                })
-            });
+        let cited = page.match_indices(&format!("§{number}")).any(|(at, m)| {
+            let next = page[at + m.len()..].chars().next();
+            !matches!(next, Some(c) if c.is_alphanumeric() || c == '.' && {
+                page[at + m.len() + 1..].starts_with(|d: char| d.is_ascii_digit())
+            })
+        });
         if !cited {
             missing.push(format!("§{number} ({rest})"));
         }
@@ -425,5 +480,8 @@ fn opening_page_cites_every_protocol_section() {
 #[test]
 fn the_map_stays_short() {
     let lines = doc().lines().count();
-    assert!(lines <= MAX_LINES, "ARCHITECTURE.md has {lines} lines, more than {MAX_LINES}");
+    assert!(
+        lines <= MAX_LINES,
+        "ARCHITECTURE.md has {lines} lines, more than {MAX_LINES}"
+    );
 }
