@@ -45,7 +45,8 @@ fn chromium() -> Option<PathBuf> {
 
 /// What the page shows, read from its DOM.
 const READ_PAGE: &str = r#"(() => {
-  if (!document.getElementById("rate-chart")) return { updates: 0, loading: location.href };
+  // Not yet the page, or the page still being parsed.
+  if (document.readyState !== "complete" || !document.getElementById("rate-chart")) return { updates: 0, loading: location.href };
   const field = (root, name) => { const e = root && root.querySelector(`[data-field="${name}"]`); return e ? e.textContent : null; };
   const rows = (sel, key) => Object.fromEntries([...document.querySelectorAll(sel)].map(r => [r.dataset[key], {
     lagging: r.classList.contains("lagging"), state: field(r, "state"), lag: field(r, "lag"), acked: field(r, "acked"),
