@@ -256,7 +256,7 @@ impl CleanupActor {
         self.store = Some(store);
         self.catch_up = RestartCatchUp::from_state(state);
         if let Some(c) = &self.catch_up {
-            info!("waiting for the backup to cover watermark={}, recorded before the restart, before any snapshot status or readiness", c.view().recorded);
+            info!(watermark:% = c.view().recorded; "waiting for the backup to cover watermark={}, recorded before the restart, before any snapshot status or readiness", c.view().recorded);
         }
         self
     }
@@ -311,7 +311,7 @@ impl CleanupActor {
                 continue;
             }
             info!(
-                "replicated watermark={} to {} at {}",
+                watermark:% = s.watermark; "replicated watermark={} to {} at {}",
                 s.watermark,
                 s.replica,
                 format_rfc3339_ms(s.backed_up_at_ms)

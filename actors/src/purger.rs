@@ -270,7 +270,7 @@ impl Handler<ScheduleCleanup> for Purger {
     type Result = ();
     fn handle(&mut self, msg: ScheduleCleanup, ctx: &mut Context<Self>) {
         info!(
-            "cleanup scheduled: purge before watermark={} in {} ms",
+            watermark:% = msg.watermark; "cleanup scheduled: purge before watermark={} in {} ms",
             msg.watermark,
             self.delay.as_millis()
         );
@@ -287,7 +287,7 @@ impl Handler<AuditBlock> for Purger {
         match msg.below {
             Some(below) => {
                 warn!(
-                    "every purge stops: backup {} read back below watermark={below}",
+                    backup:% = msg.backup, watermark:% = below; "every purge stops: backup {} read back below watermark={below}",
                     msg.backup
                 );
                 self.audit_blocks.insert(msg.backup, below);
@@ -295,7 +295,7 @@ impl Handler<AuditBlock> for Purger {
             None => {
                 if self.audit_blocks.remove(&msg.backup).is_some() && self.audit_blocks.is_empty() {
                     info!(
-                        "purging resumes: the audit of backup {} reads back what was confirmed",
+                        backup:% = msg.backup; "purging resumes: the audit of backup {} reads back what was confirmed",
                         msg.backup
                     );
                 }

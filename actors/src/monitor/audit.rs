@@ -101,7 +101,7 @@ impl MonitorActor {
             return;
         };
         info!(
-            "auditing backup {} at {} through the VFS every {} ms",
+            backup:% = cfg.backup; "auditing backup {} at {} through the VFS every {} ms",
             cfg.backup,
             cfg.vfs.backup_url,
             cfg.interval.as_millis()

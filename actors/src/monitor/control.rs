@@ -101,7 +101,7 @@ impl MonitorActor {
         };
         self.stats.last_poll_ok = Some(true);
         debug!(
-            "litestream synced ({}, txid {}, replicated {}) through watermark {}",
+            watermark:% = asked.as_ref().map_or("(none acked yet)", |w| w.as_str()); "litestream synced ({}, txid {}, replicated {}) through watermark {}",
             synced.status,
             synced.txid,
             synced.replicated_txid,

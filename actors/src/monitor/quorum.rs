@@ -114,7 +114,7 @@ impl Backup {
                 .cloned()
                 .collect();
             debug!(
-                "backup {}: {} observations above the last recorded watermark; dropping {} older ones",
+                backup:% = self.name; "backup {}: {} observations above the last recorded watermark; dropping {} older ones",
                 self.name,
                 self.observed.len(),
                 older.len()

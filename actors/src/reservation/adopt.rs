@@ -89,7 +89,7 @@ impl ReservationActor {
             "the one this instance held as a standby",
         );
         info!(
-            "snapshot reservation of task {task_id} (session {session_id}), held by this instance as a standby, is the owner's now: its socket stays open, cleanup stays paused"
+            task:% = task_id; "snapshot reservation of task {task_id} (session {session_id}), held by this instance as a standby, is the owner's now: its socket stays open, cleanup stays paused"
         );
         self.others
             .handed_over

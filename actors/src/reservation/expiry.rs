@@ -31,7 +31,7 @@ impl ReservationActor {
         let orphans_end_ms = self.clock.now_ms().saturating_add(millis(cleanup_delay));
         for r in stored {
             info!(
-                "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
+                task:% = r.task_id; "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
                 r.task_id
             );
             self.reservations.insert(

@@ -253,7 +253,7 @@ impl ReservationActor {
                 .map(move |r, _, _| {
                     if let Err(e) = r {
                         warn!(
-                            "end of the reservation of task {task} could not be written down: {e}"
+                            task:% = task; "end of the reservation of task {task} could not be written down: {e}"
                         );
                     }
                 })
@@ -389,7 +389,7 @@ impl Handler<Release> for ReservationActor {
     fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) {
         if self.remove(&msg.task_id, Some(msg.session_id)).is_some() {
             info!(
-                "snapshot reservation of task {} dropped by its client (session {}); cleanup delay unchanged",
+                task:% = msg.task_id; "snapshot reservation of task {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, msg.session_id
             );
             self.erase(&msg.task_id, ctx);
@@ -417,7 +417,7 @@ impl ReservationActor {
             ""
         };
         info!(
-            "snapshot reservation{orphaned} of task {task_id} ended by its subscription{at} after {} ms",
+            task:% = task_id; "snapshot reservation{orphaned} of task {task_id} ended by its subscription{at} after {} ms",
             held.as_millis()
         );
         if let Some(h) = res.holder {

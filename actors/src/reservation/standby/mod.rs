@@ -252,7 +252,7 @@ impl StandbyReservations {
                 }
                 if let Some(r) = act.reservations.remove(&task_id) {
                     info!(
-                        "snapshot reservation of task {task_id} at standby {} ended by its subscription{at} after {} ms",
+                        task:% = task_id; "snapshot reservation of task {task_id} at standby {} ended by its subscription{at} after {} ms",
                         act.instance,
                         (ended_ms - r.started_ms).max(0)
                     );
@@ -295,14 +295,14 @@ impl Handler<Reserve> for StandbyReservations {
         } = msg;
         if let Some(old) = self.reservations.remove(&task_id) {
             info!(
-                "reservation of task {task_id} at standby {} replaced by a newer one (session {} -> {session_id})",
+                task:% = task_id; "reservation of task {task_id} at standby {} replaced by a newer one (session {} -> {session_id})",
                 self.instance, old.session_id
             );
             old.session
                 .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
         }
         info!(
-            "snapshot reservation opened by task {task_id} at standby {} (session {session_id})",
+            task:% = task_id; "snapshot reservation opened by task {task_id} at standby {} (session {session_id})",
             self.instance
         );
         self.reservations.insert(
@@ -357,7 +357,7 @@ impl Handler<Release> for StandbyReservations {
         if self.holds(&msg.task_id, msg.session_id) {
             self.reservations.remove(&msg.task_id);
             info!(
-                "snapshot reservation of task {} at standby {} dropped by its client (session {}); cleanup delay unchanged",
+                task:% = msg.task_id; "snapshot reservation of task {} at standby {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, self.instance, msg.session_id
             );
         }
@@ -456,7 +456,7 @@ impl Handler<Stop> for StandbyReservations {
         if let Some(end) = msg.end {
             for (task_id, r) in self.reservations.drain() {
                 info!(
-                    "closing snapshot reservation of task {task_id} at standby {}: {}",
+                    task:% = task_id; "closing snapshot reservation of task {task_id} at standby {}: {}",
                     self.instance,
                     end.close_frame().1
                 );
