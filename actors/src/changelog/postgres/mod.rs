@@ -34,7 +34,7 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use log::{error, info, warn};
+use log::{error, info};
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::{Client, Config};
 
@@ -42,7 +42,8 @@ use tokio_postgres::{Client, Config};
 use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue, Writes};
-use self::connection::{connect, named, redacted, runtime, with_causes};
+use self::connection::{connect, named, redacted, runtime, with_causes, within, Bounds, Session};
+pub use self::connection::{lease_for, set_lease, MIN_LEASE};
 pub(super) use self::listen::CommitNotices;
 pub(super) use self::records::InstanceDb;
 use self::types::{ChangeLogError, SEGMENT_ROWS};
@@ -156,7 +157,7 @@ fn run(engine: Engine) {
         owner,
         options.instance,
     );
-    let mut writer = match rt.block_on(loaded) {
+    let mut writer = match rt.block_on(within(Bounds::current().call(), loaded)) {
         Ok(w) => w,
         Err(e) => {
             let _ = ready.send(Err(e));
@@ -189,14 +190,18 @@ fn run(engine: Engine) {
         let served = match work {
             Work::Appends(group, _) => rt.block_on(writer.append_group(group)),
             Work::Other(cmd) => rt.block_on(writer.serve(cmd)),
-            Work::Idle => {
-                if rt.block_on(writer.still_owner()) {
-                    Ok(())
-                } else {
+            Work::Idle => match rt.block_on(writer.still_owner()) {
+                Ok(true) => Ok(()),
+                Ok(false) => {
                     error!("change DB: this instance no longer holds the ownership lock");
                     Err(())
                 }
-            }
+                Err(e) => {
+                    error!("change DB: the idle check failed ({e}): this instance cannot tell it still owns the change DB");
+                    writer.depose();
+                    Err(())
+                }
+            },
         };
         if served.is_err() {
             error!(
@@ -260,10 +265,11 @@ async fn claim(
     // An outage is said once, not at every attempt (PROTOCOL.md §14.2).
     let mut unreachable = Unreachable::new("standby: owning the change DB");
     loop {
-        match connect(config).await {
+        match connect(config, Session::Writer).await {
             Ok(client) => loop {
                 unreachable.answered();
-                match ownership::try_acquire(&client).await {
+                let bound = Bounds::current().call();
+                match within(bound, ownership::try_acquire(&client)).await {
                     Ok(true) => return Some(client),
                     Ok(false) if !said_standby => {
                         info!(
@@ -274,7 +280,8 @@ async fn claim(
                     }
                     Ok(false) => {}
                     Err(e) => {
-                        warn!("standby: trying to own the change DB failed: {e}");
+                        let why = format!("trying to own it failed ({e})");
+                        unreachable.failed(&why, &format!("connecting anew every {interval:?}"));
                         break;
                     }
                 }
