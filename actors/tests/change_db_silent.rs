@@ -154,3 +154,23 @@ async fn a_silent_owner_is_deposed_and_the_server_frees_its_lock_for_the_next() 
         "the silent owner's connection was never closed"
     );
 }
+
+/// The server ends a writer's session it does not hear from for the lease: an owner answering
+/// only what it holds in memory (stats, more often than its takeover interval, so it is never
+/// idle) still checks its lock every interval, and stays the owner well past the lease.
+#[actix_rt::test]
+async fn an_owner_busy_with_stats_only_is_still_heard_by_the_server_past_the_lease() {
+    set_change_db_lease(LEASE);
+    let db = TestDb::create("silent_busy").await;
+    let owner = ChangeLog::open_postgres(PgOptions::new(&db.url, INTERVAL))
+        .await
+        .unwrap();
+    owner.append(txn(1)).await.unwrap();
+    let until = Instant::now() + LEASE * 2;
+    while Instant::now() < until {
+        owner.stats().await.unwrap();
+        tokio::time::sleep(INTERVAL / 5).await;
+    }
+    assert!(owner.is_owner(), "deposed while busy");
+    owner.append(txn(2)).await.unwrap();
+}

@@ -186,23 +186,26 @@ fn run(engine: Engine) {
     if ready.send(Ok(())).is_err() {
         return;
     }
+    // When the writer's session last spoke with the server: the server ends one it does not
+    // hear from for the change DB lease (PROTOCOL.md §14.2), so an owner busy only with
+    // commands answered from memory (stats, barriers) still checks every takeover interval.
+    let mut heard = std::time::Instant::now();
     while let Some(work) = queue.next(Some(interval)) {
         let served = match work {
-            Work::Appends(group, _) => rt.block_on(writer.append_group(group)),
+            Work::Appends(group, _) => {
+                heard = std::time::Instant::now();
+                rt.block_on(writer.append_group(group))
+            }
             Work::Other(cmd) => rt.block_on(writer.serve(cmd)),
-            Work::Idle => match rt.block_on(writer.still_owner()) {
-                Ok(true) => Ok(()),
-                Ok(false) => {
-                    error!("change DB: this instance no longer holds the ownership lock");
-                    Err(())
-                }
-                Err(e) => {
-                    error!("change DB: the idle check failed ({e}): this instance cannot tell it still owns the change DB");
-                    writer.depose();
-                    Err(())
-                }
-            },
+            Work::Idle => Ok(()),
         };
+        let served = served.and_then(|()| {
+            if heard.elapsed() < interval {
+                return Ok(());
+            }
+            heard = std::time::Instant::now();
+            idle_check(&rt, &writer)
+        });
         if served.is_err() {
             error!(
                 "deposed: stopped writing to change DB {}",
@@ -217,6 +220,23 @@ fn run(engine: Engine) {
         }
     }
     info!("change log writer stopped");
+}
+
+/// The idle check: `Err(())` once this writer cannot tell it still holds the ownership lock
+/// (a silent change DB included).
+fn idle_check(rt: &tokio::runtime::Runtime, writer: &PgWriter) -> Result<(), ()> {
+    match rt.block_on(writer.still_owner()) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            error!("change DB: this instance no longer holds the ownership lock");
+            Err(())
+        }
+        Err(e) => {
+            error!("change DB: the idle check failed ({e}): this instance cannot tell it still owns the change DB");
+            writer.depose();
+            Err(())
+        }
+    }
 }
 
 /// Answers every command still to come with [`ChangeLogError::NotOwner`].
