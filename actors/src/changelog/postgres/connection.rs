@@ -203,3 +203,52 @@ pub(super) async fn settle(client: &Client, session: Session) -> Result<(), Chan
 
 /// `e` and its causes (written beside the change log's errors, which say theirs with it).
 pub(super) use super::types::with_causes;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_lease_is_ten_takeover_intervals_at_least_five_seconds() {
+        assert_eq!(lease_for(ms(1_000)), ms(10_000));
+        assert_eq!(lease_for(ms(200)), MIN_LEASE);
+        assert_eq!(lease_for(ms(1)), MIN_LEASE);
+        assert_eq!(lease_for(ms(5_000)), ms(50_000));
+    }
+
+    #[test]
+    fn each_bound_is_its_share_of_the_lease_keepalives_in_whole_seconds() {
+        let b = Bounds { lease: ms(10_000) };
+        assert_eq!(b.call(), ms(6_000));
+        assert_eq!(b.statement(), ms(5_000));
+        assert_eq!(b.keepalive_idle(), ms(2_000));
+        assert_eq!(b.keepalive_interval(), ms(1_000));
+        // At the floor, L/10 is half a second: a probe interval is at least a whole one (the
+        // socket's and the server's settings count seconds; 0 would be the system's default).
+        let short = Bounds { lease: MIN_LEASE };
+        assert_eq!(short.keepalive_idle(), ms(1_000));
+        assert_eq!(short.keepalive_interval(), ms(1_000));
+    }
+
+    #[test]
+    fn only_the_writers_session_is_ended_by_the_server_when_silent() {
+        let b = Bounds { lease: ms(10_000) };
+        let names = |s| -> Vec<&str> { b.server_settings(s).into_iter().map(|(n, _)| n).collect() };
+        let writer = b.server_settings(Session::Writer);
+        assert!(writer.contains(&("idle_session_timeout", "10000".into())));
+        assert!(writer.contains(&("idle_in_transaction_session_timeout", "10000".into())));
+        assert!(writer.contains(&("statement_timeout", "5000".into())));
+        assert!(writer.contains(&("tcp_keepalives_interval", "1".into())));
+        for other in [
+            "idle_session_timeout",
+            "idle_in_transaction_session_timeout",
+        ] {
+            assert!(!names(Session::Other).contains(&other), "{other}");
+        }
+        assert!(names(Session::Other).contains(&"tcp_user_timeout"));
+    }
+}
