@@ -174,3 +174,37 @@ async fn an_owner_busy_with_stats_only_is_still_heard_by_the_server_past_the_lea
     assert!(owner.is_owner(), "deposed while busy");
     owner.append(txn(2)).await.unwrap();
 }
+
+/// A slow change DB is not a silent one: a commit group that waits, at the server, far past
+/// the writer's bounds (here for a lock another session holds for twice the lease) is heard
+/// out, because the server says the writer's session is working on it; the owner stays the
+/// owner and the commit is stored.
+#[actix_rt::test]
+async fn a_writer_call_the_server_works_on_for_longer_than_the_lease_is_heard_out() {
+    set_change_db_lease(LEASE);
+    let db = TestDb::create("slow_owner").await;
+    let owner = ChangeLog::open_postgres(PgOptions::new(&db.url, INTERVAL))
+        .await
+        .unwrap();
+    owner.append(txn(1)).await.unwrap();
+    let blocker = db.connect().await;
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE change_streamer.segments IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let held = LEASE * 2;
+    let release = tokio::spawn(async move {
+        let sql = format!("SELECT pg_sleep({}); COMMIT", held.as_secs_f64());
+        blocker.batch_execute(&sql).await.unwrap();
+    });
+    let (stored, took) = answered("a commit group behind a lock", owner.append(txn(2))).await;
+    stored.unwrap();
+    assert!(
+        took >= held / 2,
+        "stored after {took:?}: the lock was not in its way"
+    );
+    assert!(owner.is_owner(), "deposed while the server worked");
+    release.await.unwrap();
+    let stats = owner.stats().await.unwrap();
+    assert_eq!(stats.max_watermark, Some(Watermark::from_u64(2)));
+}

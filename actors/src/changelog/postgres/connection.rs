@@ -56,12 +56,25 @@ impl Bounds {
         }
     }
 
-    /// 3L/5: how long the service waits for the answer to one call.
+    /// 3L/5: how long the service waits for the answer to one call (the writer's: see
+    /// [`Bounds::late`]).
     pub fn call(&self) -> Duration {
         self.lease * 3 / 5
     }
 
-    /// L/2: the server's `statement_timeout`, the TCP user timeout, and connecting.
+    /// 2L/5: how long the writer waits for a call's answer before it asks whether the server
+    /// is working on it (`liveness.rs`).
+    pub fn late(&self) -> Duration {
+        self.lease * 2 / 5
+    }
+
+    /// L/5: how long the writer waits for that question's answer, and between two questions.
+    pub fn probe(&self) -> Duration {
+        self.lease / 5
+    }
+
+    /// L/2: the server's `statement_timeout` (every session but the writer's), the TCP user
+    /// timeout, and connecting.
     pub fn statement(&self) -> Duration {
         self.lease / 2
     }
@@ -81,7 +94,6 @@ impl Bounds {
     fn server_settings(&self, session: Session) -> Vec<(&'static str, String)> {
         let ms = |d: Duration| d.as_millis().to_string();
         let mut settings = vec![
-            ("statement_timeout", ms(self.statement())),
             ("tcp_user_timeout", ms(self.statement())),
             (
                 "tcp_keepalives_idle",
@@ -93,9 +105,15 @@ impl Bounds {
             ),
             ("tcp_keepalives_count", KEEPALIVE_RETRIES.to_string()),
         ];
-        if session == Session::Writer {
-            settings.push(("idle_session_timeout", ms(self.lease)));
-            settings.push(("idle_in_transaction_session_timeout", ms(self.lease)));
+        match session {
+            // The writer's statements may rightly take long (a large transaction's commit):
+            // its calls are heard out while the server works on them (`liveness.rs`), and
+            // the server ends its session once it hears nothing from it for the lease.
+            Session::Writer => {
+                settings.push(("idle_session_timeout", ms(self.lease)));
+                settings.push(("idle_in_transaction_session_timeout", ms(self.lease)));
+            }
+            Session::Other => settings.push(("statement_timeout", ms(self.statement()))),
         }
         settings
     }
@@ -224,6 +242,8 @@ mod tests {
     fn each_bound_is_its_share_of_the_lease_keepalives_in_whole_seconds() {
         let b = Bounds { lease: ms(10_000) };
         assert_eq!(b.call(), ms(6_000));
+        assert_eq!(b.late(), ms(4_000));
+        assert_eq!(b.probe(), ms(2_000));
         assert_eq!(b.statement(), ms(5_000));
         assert_eq!(b.keepalive_idle(), ms(2_000));
         assert_eq!(b.keepalive_interval(), ms(1_000));
@@ -241,8 +261,9 @@ mod tests {
         let writer = b.server_settings(Session::Writer);
         assert!(writer.contains(&("idle_session_timeout", "10000".into())));
         assert!(writer.contains(&("idle_in_transaction_session_timeout", "10000".into())));
-        assert!(writer.contains(&("statement_timeout", "5000".into())));
         assert!(writer.contains(&("tcp_keepalives_interval", "1".into())));
+        assert!(!names(Session::Writer).contains(&"statement_timeout"));
+        assert!(names(Session::Other).contains(&"statement_timeout"));
         for other in [
             "idle_session_timeout",
             "idle_in_transaction_session_timeout",

@@ -22,6 +22,7 @@
 mod connection;
 mod group_statements;
 mod listen;
+mod liveness;
 mod read_cache;
 mod reader;
 mod records;
@@ -30,6 +31,7 @@ mod standby;
 mod state;
 mod writer;
 
+use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -45,6 +47,7 @@ use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue, Writes};
 use self::connection::{connect, named, redacted, runtime, with_causes, within, Bounds, Session};
 pub use self::connection::{lease_for, set_lease, MIN_LEASE};
 pub(super) use self::listen::CommitNotices;
+use self::liveness::Probe;
 pub(super) use self::records::InstanceDb;
 use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
@@ -150,14 +153,22 @@ fn run(engine: Engine) {
     let Some(client) = rt.block_on(claim(&named(&config, "writer"), interval, &ready)) else {
         return; // nobody waits for this instance to own the change DB any more
     };
+    let probe = match rt.block_on(Probe::of(&config, &client)) {
+        Ok(p) => Rc::new(p),
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
     let loaded = PgWriter::load(
         client,
+        probe.clone(),
         options.segment_rows,
         options.clock,
         owner,
         options.instance,
     );
-    let mut writer = match rt.block_on(within(Bounds::current().call(), loaded)) {
+    let mut writer = match rt.block_on(probe.heard(loaded)) {
         Ok(w) => w,
         Err(e) => {
             let _ = ready.send(Err(e));
