@@ -306,7 +306,9 @@ pub struct Config {
     #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
-    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
+    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db. Ten of
+    /// them, at least 5 s, are the change DB lease: a change DB silent for longer is out of
+    /// reach, and its owner steps down (PROTOCOL.md §14.2).
     #[arg(help_heading = "Instances", long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
