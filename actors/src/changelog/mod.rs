@@ -24,7 +24,7 @@ mod safety;
 mod shared;
 mod sqlite;
 mod txn_value;
-mod types;
+pub(crate) mod types;
 
 use std::path::Path;
 use std::sync::mpsc;
