@@ -137,27 +137,42 @@ fn run(engine: Engine) {
     let Engine {
         config,
         options,
-        mut queue,
+        queue,
         reads,
         ready,
         owner,
     } = engine;
+    let interval = options.takeover_interval;
+    let Some((rt, writer)) = own(&config, options, reads, ready, owner) else {
+        return;
+    };
+    serve(&rt, writer, queue, interval, &config);
+}
+
+/// Claims the change DB, loads its state and starts the reader thread; answers `ready` either
+/// way. `None`: nobody waits for this instance to own the change DB any more, or it failed.
+fn own(
+    config: &Config,
+    options: PgOptions,
+    reads: mpsc::Receiver<ReadCommand>,
+    ready: oneshot::Sender<Result<(), ChangeLogError>>,
+    owner: watch::Sender<bool>,
+) -> Option<(tokio::runtime::Runtime, PgWriter)> {
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.send(Err(ChangeLogError::Start(e)));
-            return;
+            return None;
         }
     };
     let interval = options.takeover_interval;
-    let Some(client) = rt.block_on(claim(&named(&config, "writer"), interval, &ready)) else {
-        return; // nobody waits for this instance to own the change DB any more
-    };
-    let probe = match rt.block_on(Probe::of(&config, &client)) {
+    // None: nobody waits for this instance to own the change DB any more.
+    let client = rt.block_on(claim(&named(config, "writer"), interval, &ready))?;
+    let probe = match rt.block_on(Probe::of(config, &client)) {
         Ok(p) => Rc::new(p),
         Err(e) => {
             let _ = ready.send(Err(e));
-            return;
+            return None;
         }
     };
     let loaded = PgWriter::load(
@@ -168,35 +183,44 @@ fn run(engine: Engine) {
         owner,
         options.instance,
     );
-    let mut writer = match rt.block_on(probe.heard(loaded)) {
+    let writer = match rt.block_on(probe.heard(loaded)) {
         Ok(w) => w,
         Err(e) => {
             let _ = ready.send(Err(e));
-            return;
+            return None;
         }
     };
     let reader = runtime().and_then(|reader_rt| {
-        let config = named(&config, "reader");
+        let config = named(config, "reader");
         thread::Builder::new()
             .name("change-log-pg-reader".into())
             .spawn(move || reader::run(reader_rt, config, reads, reader::PurgeCheck::Owner))
     });
     if let Err(e) = reader {
         let _ = ready.send(Err(ChangeLogError::Start(e)));
-        return;
+        return None;
     }
     info!(
         "change DB {} owned: replicaVersion={:?} watermarks {:?}..{:?}, {} rows",
-        redacted(&config),
+        redacted(config),
         writer.stats.replica_version,
         writer.stats.min_watermark,
         writer.stats.max_watermark,
         writer.stats.rows
     );
     writer.crown();
-    if ready.send(Ok(())).is_err() {
-        return;
-    }
+    ready.send(Ok(())).ok()?;
+    Some((rt, writer))
+}
+
+/// Serves the queue as owner until deposed (then refuses what is left) or every handle is gone.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    mut writer: PgWriter,
+    mut queue: WriteQueue,
+    interval: Duration,
+    config: &Config,
+) {
     // When the writer's session last spoke with the server: the server ends one it does not
     // hear from for the change DB lease (PROTOCOL.md §14.2), so an owner busy only with
     // commands answered from memory (stats, barriers) still checks every takeover interval.
@@ -215,13 +239,10 @@ fn run(engine: Engine) {
                 return Ok(());
             }
             heard = std::time::Instant::now();
-            idle_check(&rt, &writer)
+            idle_check(rt, &writer)
         });
         if served.is_err() {
-            error!(
-                "deposed: stopped writing to change DB {}",
-                redacted(&config)
-            );
+            error!("deposed: stopped writing to change DB {}", redacted(config));
             writer.depose();
             drop(writer); // ends the session, and any lock it may still hold
             refuse_all(queue);
