@@ -95,9 +95,14 @@ async fn a_frozen_source_is_closed_1001_no_pong_shown_unready_and_resumed_after_
     .await;
     let line = svc.logged("no pong for").remove(0);
     let n = silence_ms(&line).unwrap_or_else(|| panic!("no N in {line:?}"));
-    assert!(n >= 2 * INTERVAL_MS, "closed after {n} ms of silence: {line}");
+    assert!(
+        n >= 2 * INTERVAL_MS,
+        "closed after {n} ms of silence: {line}"
+    );
     let st = svc
-        .wait_status("not connected", |s| s["upstream"]["connected"] == json!(false))
+        .wait_status("not connected", |s| {
+            s["upstream"]["connected"] == json!(false)
+        })
         .await;
     // The silence's reason, or, once the next connect (held by the frozen proxy too) timed out,
     // that one's: both are silences.
@@ -124,7 +129,11 @@ async fn a_frozen_source_is_closed_1001_no_pong_shown_unready_and_resumed_after_
     assert_eq!(svc.readyz().await, (200, "ready".to_string()));
     assert_eq!(
         up.queries().last().cloned(),
-        Some(format!("lastWatermark={}&replicaVersion={}", w(101), w(100)))
+        Some(format!(
+            "lastWatermark={}&replicaVersion={}",
+            w(101),
+            w(100)
+        ))
     );
     // Handshakes the service gave up on while frozen reach the source at the thaw and end at
     // once; then only the service's connection is open.
@@ -208,7 +217,8 @@ async fn a_source_that_never_answers_the_upgrade_times_out_and_is_retried() {
         .await;
     assert_eq!(st["upstream"]["connected"], json!(false), "{st}");
     assert!(
-        !svc.logged(&format!("upstream connection ended: {timed_out}")).is_empty(),
+        !svc.logged(&format!("upstream connection ended: {timed_out}"))
+            .is_empty(),
         "not logged"
     );
     svc.terminate().await;

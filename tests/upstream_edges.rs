@@ -218,7 +218,10 @@ async fn the_service_pings_the_source_on_its_own_interval_and_answers_its_pings(
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while c.pings_answered < 12 {
-        assert!(std::time::Instant::now() < deadline, "subscriber pings stopped");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "subscriber pings stopped"
+        );
         let _ = c.next(Duration::from_millis(20)).await;
     }
     // 12 subscriber pings take at least 600 ms: the source got at least one ping of its own,
