@@ -196,10 +196,10 @@ async fn run(
         };
         let url = resume_url(&cfg.url, &state);
         info!("connecting to change source {url}");
-        let end = tokio::select! {
-            _ = &mut stop => ConnectionEnd::Stopped,
+        let (end, closed_with) = tokio::select! {
+            _ = &mut stop => (ConnectionEnd::Stopped, None),
             res = connect_within(&cfg, &url, cfg.ping_interval * 2) => match res {
-                Err(e) => e.into(),
+                Err(e) => (e.into(), None),
                 Ok((_, framed)) => {
                     info!("connected to change source (resuming after watermark={:?})", state.max_watermark.as_ref().map(|w| w.to_string()));
                     backoff = cfg.first_backoff;
@@ -218,8 +218,10 @@ async fn run(
                 return;
             }
             e => {
+                let closed = closed_with.map(|c| format!(" (closed with {c})"));
                 warn!(
-                    "upstream connection ended: {e}; reconnecting in {} ms",
+                    "upstream connection ended: {e}{}; reconnecting in {} ms",
+                    closed.unwrap_or_default(),
                     backoff.as_millis()
                 );
                 streamer.do_send(UpstreamLink::Down(UpstreamDown {

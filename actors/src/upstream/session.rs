@@ -30,13 +30,13 @@ const CLOSE_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(1);
 /// One connection to the change source, until it ends; an end the service decides on (a broken
 /// rule, a change log that failed, the streamer gone, a silence) is said to the source in a
 /// close frame (PROTOCOL.md §4: 1002 with the rule, 1011, 1001 `no pong for N ms`) before the
-/// connection drops.
+/// connection drops. Returns the end and the code of the close frame written, if one was.
 pub(super) async fn session(
     framed: Framed,
     streamer: &Addr<Streamer>,
     stop: &mut oneshot::Receiver<()>,
     live: Liveness,
-) -> ConnectionEnd {
+) -> (ConnectionEnd, Option<u16>) {
     let (mut sink, mut stream) = framed.split();
     let mut conn = Conn {
         sink: &mut sink,
@@ -49,6 +49,7 @@ pub(super) async fn session(
     };
     let end = conn.drive(&mut stream, stop).await;
     let limit = conn.live.limit();
+    let mut closed_with = None;
     if let Some((code, reason)) = end.close_frame() {
         let close = awc::ws::CloseReason {
             code: awc::ws::CloseCode::from(code),
@@ -56,7 +57,10 @@ pub(super) async fn session(
         };
         // Bounded: a silent source may not take even this.
         let sent = tokio::time::timeout(limit, sink.send(WsMessage::Close(Some(close)))).await;
-        if matches!(sent, Ok(Ok(()))) && !matches!(end, ConnectionEnd::Silent(_)) {
+        if matches!(sent, Ok(Ok(()))) {
+            closed_with = Some(code);
+        }
+        if closed_with.is_some() && !matches!(end, ConnectionEnd::Silent(_)) {
             // The closing handshake (RFC 6455 §7.1.1): read on until the source's close, so
             // that what it sent meanwhile is not left unread, which would make the socket's
             // end a reset that can lose the close frame at the source; bounded. Not after a
@@ -71,7 +75,7 @@ pub(super) async fn session(
             .await;
         }
     }
-    end
+    (end, closed_with)
 }
 
 /// What one connection holds while it runs.
