@@ -47,6 +47,8 @@ pub struct ChangeLog {
 pub struct Upstream {
     pub url: Option<String>,
     pub connected: bool,
+    /// While not connected, why (PROTOCOL.md §4); `null` while connected.
+    pub disconnect_reason: Option<String>,
     pub reset_required: bool,
     pub reset_message: Option<String>,
 }
