@@ -133,6 +133,7 @@ pub struct Config {
         help_heading = "Backup",
         long,
         env = "ZERO_BACKUP_AUDIT_INTERVAL_MS",
+        allow_negative_numbers = true,
         requires = "litestream_vfs",
         requires = "litestream_control_url"
     )]
@@ -238,11 +239,12 @@ pub struct Config {
 
     /// How much payload a catch-up sends ahead of the subscriber's acks: it reads and sends
     /// while what the subscriber has not acked is under this, so one that acks late or only at
-    /// commits still gets a continuous stream (≥ 65536; above --max-subscriber-queue-bytes the
-    /// service does not start).
-    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", default_value_t = 4 << 20, allow_negative_numbers = true,
+    /// commits still gets a continuous stream (≥ 65536; a value given above
+    /// --max-subscriber-queue-bytes: the service does not start) (default 4194304, or
+    /// --max-subscriber-queue-bytes where that is smaller).
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(65536..))]
-    pub catchup_window_bytes: u64,
+    pub catchup_window_bytes: Option<u64>,
 
     /// The most bytes of change payload held in memory for all subscribers together; past it
     /// the subscriber holding the most reads from the change log first (≥ 65536).
@@ -377,7 +379,7 @@ impl Config {
             padding: self.padding(),
             max_queue_changes: self.max_subscriber_queue_changes as usize,
             max_queue_bytes: self.max_subscriber_queue_bytes as usize,
-            catchup_window_bytes: self.catchup_window_bytes as usize,
+            catchup_window_bytes: self.catchup_window() as usize,
             max_queued_bytes: self.max_queued_bytes as usize,
             slow_grace: self.slow_subscriber_grace(),
             ..StreamerConfig::default()
@@ -416,12 +418,21 @@ impl Config {
                 source,
             })
     }
+    /// The catch-up window (PROTOCOL.md §2, §10.2): `--catchup-window-bytes` when given, else
+    /// [`DEFAULT_CATCHUP_WINDOW_BYTES`] or `--max-subscriber-queue-bytes` where that is
+    /// smaller, so that a bound valid before the window existed still starts.
+    pub fn catchup_window(&self) -> u64 {
+        self.catchup_window_bytes
+            .unwrap_or_else(|| DEFAULT_CATCHUP_WINDOW_BYTES.min(self.max_subscriber_queue_bytes))
+    }
     /// `--catchup-window-bytes` within `--max-subscriber-queue-bytes` (PROTOCOL.md §2, §10.2):
-    /// a larger window is refused rather than cut, so that no value is silently ignored.
+    /// a larger window given is refused rather than cut, so that no value is silently ignored;
+    /// the default never is.
     pub fn check_catchup_window(&self) -> Result<(), CatchupWindowError> {
-        if self.catchup_window_bytes > self.max_subscriber_queue_bytes {
+        let window = self.catchup_window();
+        if window > self.max_subscriber_queue_bytes {
             return Err(CatchupWindowError {
-                window: self.catchup_window_bytes,
+                window,
                 bound: self.max_subscriber_queue_bytes,
             });
         }
@@ -432,6 +443,10 @@ impl Config {
         self.initial_cleanup_delay().max(self.min_cleanup_delay())
     }
 }
+
+/// `--catchup-window-bytes`'s default (PROTOCOL.md §2): 4 MiB, unless
+/// `--max-subscriber-queue-bytes` is smaller ([`Config::catchup_window`]).
+pub const DEFAULT_CATCHUP_WINDOW_BYTES: u64 = 4 << 20;
 
 /// `--catchup-window-bytes` above `--max-subscriber-queue-bytes` ([`Config::check_catchup_window`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
