@@ -148,7 +148,7 @@ impl MonitorActor {
                 self.control.failures = 0;
                 self.ask_if_behind(ctx);
             }
-            PollOutcome::Aborted => {}
+            PollOutcome::StillInFlight | PollOutcome::Aborted => {}
         }
     }
 

@@ -28,7 +28,10 @@
 //! because watermarks recorded earlier may have become due.
 //!
 //! Polls never overlap: a [`Check`] that arrives while one is in flight waits for that one's
-//! outcome instead of starting another. [`Stop`] aborts the poll in flight (dropping the
+//! outcome instead of starting another. The scheduling step does not wait for it: a period that
+//! finds a poll still in flight (a frozen litestream, which keeps its timeout) hands on an empty
+//! result, [`PollOutcome::StillInFlight`], so that watermarks recorded earlier are scheduled on
+//! time whatever the source does (PROTOCOL.md §8.1c, §8.3). [`Stop`] aborts the poll in flight (dropping the
 //! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
 //! a half-read answer is ever recorded.
 //!
@@ -44,7 +47,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use actix::prelude::*;
-use log::warn;
+use log::{debug, warn};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
@@ -161,6 +164,9 @@ pub enum PollOutcome {
     /// Network error, non-2xx, timeout, garbage, a page without progress samples; no backup
     /// yet, or a failing query.
     Failed(String),
+    /// The poll of an earlier period still waits for its answer: nothing was asked or read this
+    /// period, and the scheduling step ran alone (PROTOCOL.md §8.3).
+    StillInFlight,
     /// The monitor stopped before the poll finished.
     Aborted,
 }
@@ -306,6 +312,23 @@ impl MonitorActor {
         self
     }
 
+    /// One period (PROTOCOL.md §8.1c, §8.3): a poll, or, while the previous one still waits for
+    /// its answer, the scheduling step alone; the request in flight keeps its timeout.
+    fn period(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            return;
+        }
+        if self.in_flight.is_none() {
+            return self.start_poll(ctx);
+        }
+        debug!(
+            "{} has not answered yet: the scheduling step runs without it",
+            self.describe()
+        );
+        let step = self.hand_on(Vec::new(), &PollOutcome::StillInFlight);
+        ctx.spawn(step.into_actor(self));
+    }
+
     fn start_poll(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight.is_some() || self.stopping {
             return;
@@ -365,7 +388,7 @@ impl Actor for MonitorActor {
             self.cfg.interval.as_millis()
         );
         if self.cfg.poll_automatically {
-            ctx.run_interval(self.cfg.interval, |act, ctx| act.start_poll(ctx));
+            ctx.run_interval(self.cfg.interval, |act, ctx| act.period(ctx));
         }
         self.schedule_audits(ctx);
     }
