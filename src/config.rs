@@ -308,6 +308,13 @@ pub struct Config {
     #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
+    /// A stage with work pending and no progress for this long, in ms (≥ 1), is stalled: it is
+    /// named in /readyz (503), in change_streamer_stage_stalled and in one ERROR line a minute
+    /// (PROTOCOL.md §11.1).
+    #[arg(help_heading = "Operations", long, env = "ZERO_STALL_ALARM_MS", default_value_t = 30_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_alarm_ms: u64,
+
     /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
     #[arg(help_heading = "Instances", long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
@@ -340,6 +347,10 @@ impl Config {
     }
     pub fn ping_interval(&self) -> Duration {
         Duration::from_millis(self.ping_interval_ms)
+    }
+    /// `--stall-alarm-ms` (PROTOCOL.md §11.1).
+    pub fn stall_alarm(&self) -> Duration {
+        Duration::from_millis(self.stall_alarm_ms)
     }
     pub fn takeover_interval(&self) -> Duration {
         Duration::from_millis(self.takeover_interval_ms)

@@ -102,6 +102,7 @@ const BOUNDS: &[Bounds] = &[
         above: "65536",
         needs: Needs::Nothing,
     },
+    ms("stall_alarm_ms", "1", "0", Needs::Backup),
     ms("takeover_interval_ms", "1", "0", Needs::Nothing),
 ];
 

@@ -5,12 +5,14 @@
 //! The owner is ready once its change log is initialised (a replicaVersion stored), it still
 //! owns it, its change source has not said `reset-required` since its last new transaction
 //! (PROTOCOL.md §4), and after a restart the backup covers the watermark recorded before it
-//! (PROTOCOL.md §13.1, as the cleanup actor judges). A standby's readiness is in
+//! (PROTOCOL.md §13.1, as the cleanup actor judges), and no stage is stalled (PROTOCOL.md §11.1,
+//! as the stall watch judges). A standby's readiness is in
 //! [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
 use change_streamer_actors::cleanup::GetRestartCatchUp;
+use change_streamer_actors::stall::{GetStages, StageState};
 use change_streamer_actors::streamer::IsResetRequired;
 
 use super::AppState;
@@ -32,6 +34,9 @@ pub enum NotReady {
     CannotWrite(String),
     /// The change source said `reset-required` and has sent no new transaction since.
     ResetRequired,
+    /// A stage has had work pending and no progress for `--stall-alarm-ms` (PROTOCOL.md
+    /// §11.1): `stalled: STAGE for N ms`.
+    Stalled(String),
 }
 
 impl NotReady {
@@ -45,6 +50,7 @@ impl NotReady {
             NotReady::Stopping => "stopping".into(),
             NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
             NotReady::ResetRequired => "reset required".into(),
+            NotReady::Stalled(line) => line.clone(),
         }
     }
 }
@@ -84,8 +90,19 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Err(_) => return Err(NotReady::ChangeDbUnreachable),
     }
     match state.streamer.send(IsResetRequired).await {
-        Ok(true) => Err(NotReady::ResetRequired),
-        Ok(false) => backup_caught_up(state).await,
+        Ok(true) => return Err(NotReady::ResetRequired),
+        Ok(false) => backup_caught_up(state).await?,
+        Err(_) => return Err(NotReady::Stopping),
+    }
+    nothing_stalled(state).await
+}
+
+/// PROTOCOL.md §11.1: not ready while a stage is stalled; the one stalled longest is named.
+async fn nothing_stalled(state: &AppState) -> Result<(), NotReady> {
+    match state.stall.send(GetStages).await {
+        Ok(stages) => {
+            StageState::readyz_reason(&stages).map_or(Ok(()), |r| Err(NotReady::Stalled(r)))
+        }
         Err(_) => Err(NotReady::Stopping),
     }
 }

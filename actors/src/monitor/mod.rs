@@ -55,6 +55,7 @@ use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
 use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
+use crate::stall::{stage, StallReport, StallWatch};
 use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
@@ -177,6 +178,14 @@ pub enum PollOutcome {
 #[rtype(result = "PollOutcome")]
 pub struct Check;
 
+/// From now on the monitor tells `watch` when work waits on its backup and when it
+/// progresses (PROTOCOL.md §11.1).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReportStalls {
+    pub watch: Addr<StallWatch>,
+}
+
 /// Aborts any poll in flight and stops the monitor.
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "()")]
@@ -233,6 +242,8 @@ pub struct MonitorActor {
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
     stopping: bool,
+    /// Told when work waits on this backup and when it progresses (PROTOCOL.md §11.1).
+    stall: StallReport,
 }
 
 impl MonitorActor {
@@ -251,7 +262,28 @@ impl MonitorActor {
             waiters: Vec::new(),
             stats: MonitorStats::default(),
             stopping: false,
+            stall: StallReport::default(),
             cfg,
+        }
+    }
+
+    /// Reports to `watch` as stage `backup:NAME` (PROTOCOL.md §11.1): work is pending while
+    /// the backup has not confirmed the newest ack (control source) or always (the others,
+    /// which learn what is backed up by polling); each poll that read the backup is progress.
+    fn report_stalls_to(&mut self, watch: &Addr<StallWatch>) {
+        let name = self.cfg.backup.as_deref().unwrap_or(SINGLE_BACKUP);
+        self.stall = StallReport::to(watch, stage::backup(name));
+        match self.cfg.source {
+            BackupSource::Control(_) if !self.control_behind() => self.stall.idle(),
+            _ => self.stall.pending(),
+        }
+    }
+
+    /// After a poll that read the backup: progress, or idle once nothing is left to confirm.
+    fn report_progress(&self) {
+        match self.cfg.source {
+            BackupSource::Control(_) if !self.control_behind() => self.stall.idle(),
+            _ => self.stall.progress(),
         }
     }
 
@@ -342,6 +374,7 @@ impl MonitorActor {
             act.stats.polls_total += 1;
             if matches!(outcome, PollOutcome::Read { .. }) {
                 act.stats.last_error = None;
+                act.report_progress();
             }
             act.audit.note_confirmed(&samples);
             act.hand_on(samples, &outcome)
@@ -404,6 +437,13 @@ impl Handler<Check> for MonitorActor {
         self.waiters.push(tx);
         self.start_poll(ctx);
         Box::pin(async move { rx.await.unwrap_or(PollOutcome::Aborted) })
+    }
+}
+
+impl Handler<ReportStalls> for MonitorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReportStalls, _: &mut Context<Self>) {
+        self.report_stalls_to(&msg.watch);
     }
 }
 
