@@ -109,6 +109,10 @@ impl Owner {
         };
         let (streamer, kept_reservations, drain) = start.streamer(kept, &read.stats).await;
         let stall = StallWatch::new(start.config.stall_alarm()).start();
+        start.log.report_stalls_to(&stall);
+        streamer.do_send(monitor::ReportStalls {
+            watch: stall.clone(),
+        });
         let purger = start.purger(&streamer, &read.safety, &stall);
         let backup = start
             .backup(&streamer, &purger, read, kept_reservations)

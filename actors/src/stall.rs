@@ -14,6 +14,7 @@
 //! Stages hold a [`StallReport`]: the watch's address (or none, in tests and tools that run a
 //! stage alone) and the stage's name, so a hook is one line: `self.stall.pending()`.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -53,6 +54,14 @@ pub struct Idle {
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "Vec<StageState>")]
 pub struct GetStages;
+
+/// Tells a stage's actor to report to `watch` from now on (the backup monitors, the streamer's
+/// flow control).
+#[derive(Message, Debug, Clone)]
+#[rtype(result = "()")]
+pub struct ReportStalls {
+    pub watch: Addr<StallWatch>,
+}
 
 /// Stops the watch (the owner's actors stop).
 #[derive(Message, Debug, Clone, Copy)]
@@ -199,11 +208,20 @@ impl Handler<GetStages> for StallWatch {
 }
 
 /// What a stage holds to report to the watch: one line at each progress point.
+///
+/// It sends only what changes the watch's table: a [`Pending`] or an [`Idle`] when the stage's
+/// state changes, a [`Progress`] at most every [`PROGRESS_EVERY`], so a hook on a hot path (each
+/// frame, each write) costs a comparison, not a message.
 #[derive(Debug, Clone, Default)]
 pub struct StallReport {
     to: Option<Addr<StallWatch>>,
     stage: String,
+    /// What was last sent: `Some(true)` pending (with when, for a progress), `Some(false)` idle.
+    sent: Cell<Option<(bool, Instant)>>,
 }
+
+/// The most often a stage's progress is told (the watch's clock is at most this late).
+pub const PROGRESS_EVERY: Duration = Duration::from_millis(50);
 
 impl StallReport {
     /// Reports as `stage` to `watch`.
@@ -211,36 +229,65 @@ impl StallReport {
         StallReport {
             to: Some(watch.clone()),
             stage: stage.into(),
+            sent: Cell::new(None),
         }
     }
 
+    /// Work waits on the stage.
     pub fn pending(&self) {
-        if let Some(w) = &self.to {
-            w.do_send(Pending {
-                stage: self.stage.clone(),
-            });
+        if !matches!(self.sent.get(), Some((true, _))) {
+            self.send(
+                true,
+                Pending {
+                    stage: self.stage.clone(),
+                },
+            );
         }
     }
 
+    /// The stage moved; work may still wait on it. Nothing to tell while it is idle.
     pub fn progress(&self) {
-        if let Some(w) = &self.to {
-            w.do_send(Progress {
-                stage: self.stage.clone(),
-            });
+        let due = match self.sent.get() {
+            Some((true, at)) => at.elapsed() >= PROGRESS_EVERY,
+            _ => false,
+        };
+        if due {
+            self.send(
+                true,
+                Progress {
+                    stage: self.stage.clone(),
+                },
+            );
         }
     }
 
+    /// Nothing waits on the stage.
     pub fn idle(&self) {
+        if !matches!(self.sent.get(), Some((false, _))) {
+            self.send(
+                false,
+                Idle {
+                    stage: self.stage.clone(),
+                },
+            );
+        }
+    }
+
+    fn send<M>(&self, pending: bool, msg: M)
+    where
+        M: Message<Result = ()> + Send + 'static,
+        StallWatch: Handler<M>,
+    {
         if let Some(w) = &self.to {
-            w.do_send(Idle {
-                stage: self.stage.clone(),
-            });
+            w.do_send(msg);
+            self.sent.set(Some((pending, Instant::now())));
         }
     }
 }
 
 /// The stages' names, as `/readyz`, the gauge's `stage` label and the log lines show them.
 pub mod stage {
+    /// The upstream reader, held by flow control until a tracked send is released.
     pub const UPSTREAM: &str = "upstream";
     pub const WRITER: &str = "writer";
     pub const CATCHUP: &str = "catchup";

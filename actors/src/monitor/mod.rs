@@ -55,6 +55,7 @@ use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
 use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
+pub use crate::stall::ReportStalls;
 use crate::stall::{stage, StallReport, StallWatch};
 use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
@@ -177,14 +178,6 @@ pub enum PollOutcome {
 #[derive(Message, Debug, Clone, Copy)]
 #[rtype(result = "PollOutcome")]
 pub struct Check;
-
-/// From now on the monitor tells `watch` when work waits on its backup and when it
-/// progresses (PROTOCOL.md §11.1).
-#[derive(Message, Debug, Clone)]
-#[rtype(result = "()")]
-pub struct ReportStalls {
-    pub watch: Addr<StallWatch>,
-}
 
 /// Aborts any poll in flight and stops the monitor.
 #[derive(Message, Debug, Clone, Copy)]
