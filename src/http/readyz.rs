@@ -79,6 +79,8 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
     if !state.log.is_owner() {
         return Err(NotReady::Standby);
     }
+    // Before anything that asks the change log: a stalled writer would hold that question.
+    nothing_stalled(state).await?;
     match state.log.stats().await {
         Ok(stats) if stats.write_error.is_some() => {
             return Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
@@ -90,11 +92,10 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Err(_) => return Err(NotReady::ChangeDbUnreachable),
     }
     match state.streamer.send(IsResetRequired).await {
-        Ok(true) => return Err(NotReady::ResetRequired),
-        Ok(false) => backup_caught_up(state).await?,
-        Err(_) => return Err(NotReady::Stopping),
+        Ok(true) => Err(NotReady::ResetRequired),
+        Ok(false) => backup_caught_up(state).await,
+        Err(_) => Err(NotReady::Stopping),
     }
-    nothing_stalled(state).await
 }
 
 /// PROTOCOL.md §11.1: not ready while a stage is stalled; the one stalled longest is named.

@@ -96,6 +96,48 @@ pub(super) enum ReadCommand {
     Range(RangeQuery, Reply<Vec<StoredChange>>),
     /// The bytes the change log takes on disk.
     Size(Reply<u64>),
+    /// From now on the reader's queue tells the stall watch when reads wait on the reader
+    /// (PROTOCOL.md §11.1); taken by [`ReadQueue::recv`], never served.
+    ReportStalls(StallReport),
+}
+
+/// The reader's end of the read channel. It reports the reader as stage `catchup` (PROTOCOL.md
+/// §11.1): pending from the moment it hands out a read, progress each time the reader comes
+/// back for more, idle while the channel is empty.
+pub(super) struct ReadQueue {
+    rx: mpsc::Receiver<ReadCommand>,
+    stall: StallReport,
+}
+
+impl ReadQueue {
+    pub(super) fn new(rx: mpsc::Receiver<ReadCommand>) -> ReadQueue {
+        ReadQueue {
+            rx,
+            stall: StallReport::default(),
+        }
+    }
+
+    /// The next read, waiting until one comes; `None` once every handle is gone.
+    pub(super) fn recv(&mut self) -> Option<ReadCommand> {
+        self.stall.progress();
+        loop {
+            let cmd = match self.rx.try_recv() {
+                Ok(c) => c,
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {
+                    self.stall.idle();
+                    self.rx.recv().ok()?
+                }
+            };
+            match cmd {
+                ReadCommand::ReportStalls(report) => self.stall = report,
+                cmd => {
+                    self.stall.pending();
+                    return Some(cmd);
+                }
+            }
+        }
+    }
 }
 
 /// The sending side of an engine's write queue. An engine whose writer waits out a commit window between

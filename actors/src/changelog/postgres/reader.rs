@@ -42,7 +42,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Statement};
 
-use super::commands::{RangeQuery, ReadCommand, ReadRows};
+use super::commands::{RangeQuery, ReadCommand, ReadQueue, ReadRows};
 use super::connection::connect;
 use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
@@ -68,7 +68,8 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
     let mut cache = ReadCache::default();
     // An outage is said once, not at every read (PROTOCOL.md §14.2).
     let mut unreachable = Unreachable::new("change log reads");
-    while let Ok(cmd) = rx.recv() {
+    let mut rx = ReadQueue::new(rx);
+    while let Some(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
         let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
             Some(c) => c,
@@ -78,6 +79,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
                     match cmd {
                         ReadCommand::Range(_, reply) => answer(reply, Err(e), &mut unreachable),
                         ReadCommand::Size(reply) => answer(reply, Err(e), &mut unreachable),
+                        ReadCommand::ReportStalls(_) => {} // taken by the queue
                     }
                     continue;
                 }
@@ -92,6 +94,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
             ReadCommand::Size(reply) => {
                 answer(reply, rt.block_on(disk_bytes(&c.client)), &mut unreachable)
             }
+            ReadCommand::ReportStalls(_) => {} // taken by the queue
         }
         conn = Some(c);
     }
