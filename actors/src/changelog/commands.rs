@@ -226,7 +226,11 @@ impl WriteQueue {
             match self.command(timeout)? {
                 Ok(WriteCommand::ReportStalls(report)) => self.stall = report,
                 Ok(cmd) => break cmd,
-                Err(idle) => return Some(idle),
+                // The writer's periodic work (the change DB's ownership check) is work too.
+                Err(idle) => {
+                    self.stall.pending();
+                    return Some(idle);
+                }
             }
         };
         self.stall.pending();
