@@ -21,6 +21,8 @@ const PAST_MAX: &str = "18446744073709551616";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Needs {
     Nothing,
+    /// A change source (`--upstream`; nothing listens there: the client connects and backs off).
+    Upstream,
     /// A backup (`--litestream-backup-url`): the monitor and the cleanup run.
     Backup,
     /// A `--backups` file of two backups.
@@ -55,6 +57,7 @@ const fn ms(id: &'static str, smallest: &'static str, below: &'static str, needs
 
 /// Every numeric flag of [`Config`] (PROTOCOL.md §2's table and its "Values").
 const BOUNDS: &[Bounds] = &[
+    ms("upstream_ping_interval_ms", "1", "0", Needs::Upstream),
     ms("backup_check_interval_ms", "1", "0", Needs::Backup),
     ms("initial_cleanup_delay_ms", "0", "-1", Needs::Backup),
     ms("min_cleanup_delay_ms", "0", "-1", Needs::Backup),
@@ -182,6 +185,7 @@ impl Setup {
         let owned = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         match needs {
             Needs::Nothing => Vec::new(),
+            Needs::Upstream => owned(&["--upstream", "ws://127.0.0.1:9/changes"]),
             Needs::Backup => owned(&backup),
             Needs::TwoBackups => vec!["--backups".into(), path("backups.toml")],
             Needs::LargestQueue => owned(&["--max-subscriber-queue-bytes", MAX]),
