@@ -24,6 +24,7 @@ use change_streamer_actors::monitor::{
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::PurgeState;
 use change_streamer_actors::reservation::{ProgressInfo, ReservationInfo, ReservationStats};
+use change_streamer_actors::stall::StageState;
 use change_streamer_actors::streamer::{Mode, Phase, StreamerState, SubscriberInfo};
 use change_streamer_actors::watermark::Watermark;
 use clap::Parser;
@@ -223,6 +224,10 @@ fn observation() -> Observation {
                 last_error: None,
             }],
         }),
+        stages: vec![StageState {
+            stage: "purger".into(),
+            stalled_ms: None,
+        }],
         change_log_bytes: 4096,
     }
 }

@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::cleanup::ScheduleCleanup;
 use crate::clock::Clock;
+use crate::stall::{stage, StallReport, StallWatch};
 use crate::streamer::{PurgeAnswer, PurgeError, PurgeIfSafe};
 use crate::watermark::Watermark;
 
@@ -120,6 +121,8 @@ pub struct Purger {
     state: PurgeState,
     /// The backups whose audit blocks every purge, and what a read must reach.
     audit_blocks: BTreeMap<String, Watermark>,
+    /// Told while a purge check waits for its answer (PROTOCOL.md §11.1).
+    stall: StallReport,
 }
 
 impl Purger {
@@ -141,7 +144,16 @@ impl Purger {
             timer: None,
             state: PurgeState::default(),
             audit_blocks: BTreeMap::new(),
+            stall: StallReport::default(),
         }
+    }
+
+    /// Reports to `watch` as stage `purger` (PROTOCOL.md §11.1): work is pending while a purge
+    /// check waits for the streamer's answer (a check that waits on a subscriber has its
+    /// answer: it is retried, not stalled).
+    pub fn reporting_stalls_to(mut self, watch: &Addr<StallWatch>) -> Purger {
+        self.stall = StallReport::to(watch, stage::PURGER);
+        self
     }
 
     /// Takes back the watermarks scheduled before a restart and not yet purged; each is
@@ -187,6 +199,7 @@ impl Purger {
             return;
         }
         self.checking = true;
+        self.stall.pending();
         let retention_ms = i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX);
         let stored_by_ms = self.clock.now_ms().saturating_sub(retention_ms);
         self.streamer
@@ -197,6 +210,7 @@ impl Purger {
             .into_actor(self)
             .map(move |answer, act, ctx| {
                 act.checking = false;
+                act.stall.idle();
                 let answer = answer.unwrap_or_else(|e| PurgeAnswer::Failed(PurgeError::StreamerGone(e)));
                 let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
                     act.state.waiting = Some(why);

@@ -121,6 +121,7 @@ fn every_flag_has_a_help_heading() {
         "Change log",
         "Subscribers",
         "Access",
+        "Operations",
         "Instances",
         "Logging",
     ];
@@ -175,4 +176,41 @@ fn backup_audit_interval_defaults_to_60_s_with_control_and_vfs_and_0_is_off() {
     assert_eq!(audit(&["--backup-audit-interval-ms", "0"]), None);
     let control_only = parse(&both[..6]).unwrap();
     assert_eq!(control_only.backup_audit_interval(), None);
+}
+
+/// PROTOCOL.md §2: unset, the catch-up window is 4 MiB or `--max-subscriber-queue-bytes` where
+/// that is smaller, so a bound valid before the window existed still starts; only a window
+/// given above the bound is refused.
+#[test]
+fn catchup_window_defaults_to_the_subscriber_bound_where_that_is_smaller() {
+    for (args, window) in [
+        (&[][..], 4 << 20),
+        (&["--max-subscriber-queue-bytes", "1048576"][..], 1 << 20),
+        (&["--max-subscriber-queue-bytes", "65536"][..], 65536),
+        (&["--max-subscriber-queue-bytes", "4194304"][..], 4 << 20),
+        (&["--max-subscriber-queue-bytes", "4194305"][..], 4 << 20),
+    ] {
+        let c = parse(args).unwrap();
+        assert_eq!(c.catchup_window(), window, "{args:?}");
+        assert_eq!(
+            c.streamer().catchup_window_bytes,
+            window as usize,
+            "{args:?}"
+        );
+        assert!(c.check_catchup_window().is_ok(), "{args:?}");
+    }
+    let c = parse(&[
+        "--max-subscriber-queue-bytes",
+        "1048576",
+        "--catchup-window-bytes",
+        "4194304",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.check_catchup_window(),
+        Err(CatchupWindowError {
+            window: 4 << 20,
+            bound: 1 << 20
+        })
+    );
 }

@@ -38,6 +38,7 @@ use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{BackupQuorum, MonitorActor};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::stall::StallWatch;
 use change_streamer_actors::streamer::Streamer;
 use tokio::sync::watch;
 
@@ -67,6 +68,8 @@ pub struct AppState {
     pub instance: InstanceId,
     /// Its record in the shared change DB; `None` on SQLite.
     pub recorder: Option<Addr<InstanceRecorder>>,
+    /// The stages' stall watch (PROTOCOL.md §11.1).
+    pub stall: Addr<StallWatch>,
 }
 
 #[derive(Clone)]

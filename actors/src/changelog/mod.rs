@@ -251,6 +251,15 @@ impl ChangeLog {
         self.write(|r| WriteCommand::HasCommit(w, r))
     }
 
+    /// From now on the writer reports to `watch` as stage `writer`, the reader (catch-up reads)
+    /// as stage `catchup` (PROTOCOL.md §11.1).
+    pub fn report_stalls_to(&self, watch: &actix::Addr<crate::stall::StallWatch>) {
+        let report = crate::stall::StallReport::to(watch, crate::stall::stage::WRITER);
+        self.writes.send(WriteCommand::ReportStalls(report));
+        let report = crate::stall::StallReport::to(watch, crate::stall::stage::CATCHUP);
+        let _ = self.reads.send(ReadCommand::ReportStalls(report));
+    }
+
     /// Resolves once every write queued before this call is durable.
     pub fn barrier(&self) -> impl std::future::Future<Output = Result<(), ChangeLogError>> {
         self.write(WriteCommand::Barrier)

@@ -302,6 +302,7 @@ fn refuse_all(mut queue: WriteQueue) {
             WriteCommand::LoadState(r) => {
                 let _ = r.send(Err(ChangeLogError::NotOwner));
             }
+            WriteCommand::ReportStalls(_) => {} // taken by the queue
         }
     }
 }

@@ -42,7 +42,7 @@ use tokio::runtime::Runtime;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Statement};
 
-use super::commands::{RangeQuery, ReadCommand, ReadRows};
+use super::commands::{RangeQuery, ReadCommand, ReadQueue, ReadRows};
 use super::connection::{connect, within, Bounds, Session};
 use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
@@ -70,7 +70,8 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
     let mut cache = ReadCache::default();
     // An outage is said once, not at every read (PROTOCOL.md §14.2).
     let mut unreachable = Unreachable::new("change log reads");
-    while let Ok(cmd) = rx.recv() {
+    let mut rx = ReadQueue::new(rx);
+    while let Some(cmd) = rx.recv() {
         // A lost connection is made anew at the next read: reads need no ownership.
         let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
             Some(c) => c,
@@ -80,6 +81,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
                     let _ = match cmd {
                         ReadCommand::Range(_, reply) => answer(reply, Err(e), &mut unreachable),
                         ReadCommand::Size(reply) => answer(reply, Err(e), &mut unreachable),
+                        ReadCommand::ReportStalls(_) => false, // taken by the queue
                     };
                     continue;
                 }
@@ -95,6 +97,7 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
                 let size = rt.block_on(within(bound, disk_bytes(&c.client)));
                 answer(reply, size, &mut unreachable)
             }
+            ReadCommand::ReportStalls(_) => false, // taken by the queue
         };
         if !silent {
             conn = Some(c);

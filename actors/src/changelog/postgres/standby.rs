@@ -65,6 +65,7 @@ fn answer_questions(rt: Runtime, config: Config, rx: mpsc::Receiver<WriteCommand
             WriteCommand::Purge { reply, .. } => {
                 let _ = reply.send(Err(ChangeLogError::NotOwner));
             }
+            WriteCommand::ReportStalls(_) => {} // taken by the queue
             WriteCommand::Barrier(reply) => {
                 let _ = reply.send(Ok(()));
             }

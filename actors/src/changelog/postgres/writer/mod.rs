@@ -148,6 +148,7 @@ impl PgWriter {
                 let r = probe.heard(self.has_commit(&w)).await;
                 self.answer(reply, r)
             }
+            WriteCommand::ReportStalls(_) => Ok(()), // taken by the queue
             WriteCommand::Barrier(reply) => {
                 let _ = reply.send(Ok(()));
                 Ok(())
