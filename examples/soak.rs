@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use actix_rt::task::JoinHandle;
 use change_streamer_actors::clock::Clock;
 use change_streamer_test_support::litestream::{render_page, Answer, FakeLitestream};
 use change_streamer_test_support::process::{free_port, sibling_binary, ServiceProcess};
@@ -200,20 +201,24 @@ fn save_log(out: &Path, life: usize, service: &ServiceProcess) {
     }
 }
 
+/// What the soak's tasks share: the stream checks' totals, the subscribers' and restorers'
+/// figures, the backup replicator's last applied commit and the backed-up one, and the stop.
+struct Shared {
+    tally: Rc<Tally>,
+    stats: Rc<Stats>,
+    rstats: Rc<restore::RestoreStats>,
+    backup_applied: Rc<Cell<u64>>,
+    backed_up: Rc<Cell<u64>>,
+    stop: Rc<Cell<bool>>,
+}
+
 #[actix_rt::main]
 async fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let args = parse_args();
-    if !sibling_binary().exists() {
-        eprintln!(
-            "soak: {} is not built; run benches/soak.sh",
-            sibling_binary().display()
-        );
-        std::process::exit(2);
-    }
+    require_the_service();
     std::fs::create_dir_all(&args.out).expect("--out directory");
     let began = Instant::now();
-    let secs = move || began.elapsed().as_secs_f64();
     let deadline = began + Duration::from_secs(args.duration_s);
 
     let up = FakeUpstream::start().await;
@@ -223,7 +228,7 @@ async fn main() {
         .tempdir()
         .expect("data dir");
     let port = free_port();
-    let mut service = start(port, dir.path(), &up, &lite);
+    let service = start(port, dir.path(), &up, &lite);
     let current: Current = Rc::new(Cell::new(Some((service.pid(), 0, 0.0))));
 
     let stop = Rc::new(Cell::new(false));
@@ -238,33 +243,91 @@ async fn main() {
     ))];
     up.wait_connections(1).await;
 
-    let tally = Rc::new(Tally::default());
-    let stats = Rc::new(Stats::default());
-    let rstats = Rc::new(restore::RestoreStats::default());
-    let backup_applied = Rc::new(Cell::new(0u64));
-    let backed_up = Rc::new(Cell::new(FIRST));
-    // The stand-in litestream: the backup replicator's last applied commit, backed up now.
-    tasks.push({
-        let (lite, stop, applied, backed_up) = (
-            lite.clone(),
-            stop.clone(),
-            backup_applied.clone(),
-            backed_up.clone(),
-        );
-        actix_rt::spawn(async move {
-            while !stop.get() {
-                let n = applied.get().max(FIRST);
-                let at = Clock::System.now_ms() as f64 / 1000.0;
-                lite.set_body(render_page(
-                    "/db",
-                    &[(Some(w(n).as_str()), "s3", format!("{at}"))],
-                ));
-                backed_up.set(n);
-                actix_rt::time::sleep(Duration::from_secs(1)).await;
-            }
-        })
-    });
+    let shared = Shared {
+        tally: Rc::new(Tally::default()),
+        stats: Rc::new(Stats::default()),
+        rstats: Rc::new(restore::RestoreStats::default()),
+        backup_applied: Rc::new(Cell::new(0u64)),
+        backed_up: Rc::new(Cell::new(FIRST)),
+        stop,
+    };
+    tasks.push(stand_in_litestream(&lite, &shared));
     let mut seeds = Rng::new(args.seed);
+    tasks.extend(spawn_readers(&args, port, &mut seeds, &shared));
+    let samples = Rc::new(RefCell::new(Vec::<Sample>::new()));
+    tasks.push(sampler(began, &current, &samples, &shared));
+
+    let mut lives = Lives {
+        port,
+        dir: dir.path(),
+        up: &up,
+        lite: &lite,
+        service: Some(service),
+        current,
+        life: 0,
+        kills: Kills::default(),
+    };
+    let rng = Rng::new(seeds.between(1, u64::MAX));
+    lives
+        .kill_until(deadline, rng, &args, began, &shared.tally)
+        .await;
+    let (kills, elapsed, final_status) = lives.end(&args.out, &shared, tasks, began).await;
+    up.stop().await;
+
+    let samples = samples.borrow().clone();
+    // The report exits the process: the data directory goes first.
+    drop(dir);
+    report::report(
+        &args,
+        elapsed,
+        &src,
+        &shared.tally,
+        &shared.stats,
+        &shared.rstats,
+        &kills,
+        &samples,
+        &final_status,
+    );
+}
+
+/// Stops (exit status 2) unless the service beside the example is built.
+fn require_the_service() {
+    if !sibling_binary().exists() {
+        eprintln!(
+            "soak: {} is not built; run benches/soak.sh",
+            sibling_binary().display()
+        );
+        std::process::exit(2);
+    }
+}
+
+/// The stand-in litestream: the backup replicator's last applied commit, backed up now (every
+/// second, until the stop).
+fn stand_in_litestream(lite: &FakeLitestream, shared: &Shared) -> JoinHandle<()> {
+    let (lite, stop, applied, backed_up) = (
+        lite.clone(),
+        shared.stop.clone(),
+        shared.backup_applied.clone(),
+        shared.backed_up.clone(),
+    );
+    actix_rt::spawn(async move {
+        while !stop.get() {
+            let n = applied.get().max(FIRST);
+            let at = Clock::System.now_ms() as f64 / 1000.0;
+            lite.set_body(render_page(
+                "/db",
+                &[(Some(w(n).as_str()), "s3", format!("{at}"))],
+            ));
+            backed_up.set(n);
+            actix_rt::time::sleep(Duration::from_secs(1)).await;
+        }
+    })
+}
+
+/// The backup replicator and `--subscribers` serving subscribers, then two restoring tasks,
+/// each with its own generator drawn from `seeds` in that order.
+fn spawn_readers(args: &Args, port: u16, seeds: &mut Rng, shared: &Shared) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
     for k in 0..=args.subscribers {
         let slot = Slot {
             name: if k == 0 {
@@ -275,7 +338,7 @@ async fn main() {
             backup: k == 0,
             batched: k % 2 == 0,
             applied: if k == 0 {
-                backup_applied.clone()
+                shared.backup_applied.clone()
             } else {
                 Rc::new(Cell::new(0))
             },
@@ -285,9 +348,9 @@ async fn main() {
             port,
             slot,
             rng,
-            tally.clone(),
-            stats.clone(),
-            stop.clone(),
+            shared.tally.clone(),
+            shared.stats.clone(),
+            shared.stop.clone(),
         )));
     }
     for k in 0..2 {
@@ -295,56 +358,120 @@ async fn main() {
         tasks.push(actix_rt::spawn(restore::run(
             port,
             k,
-            backed_up.clone(),
+            shared.backed_up.clone(),
             rng,
-            tally.clone(),
-            stats.clone(),
-            rstats.clone(),
-            stop.clone(),
+            shared.tally.clone(),
+            shared.stats.clone(),
+            shared.rstats.clone(),
+            shared.stop.clone(),
         )));
     }
-    let samples = Rc::new(RefCell::new(Vec::<Sample>::new()));
-    tasks.push({
-        let (current, samples, stats, stop) = (
-            current.clone(),
-            samples.clone(),
-            stats.clone(),
-            stop.clone(),
-        );
-        actix_rt::spawn(async move {
-            while !stop.get() {
-                if let Some((pid, life, since)) = current.get() {
-                    if let Some((rss_anon_kb, fds)) = sample::read(pid) {
-                        let t = secs();
-                        samples.borrow_mut().push(Sample {
-                            t,
-                            life,
-                            age: t - since,
-                            rss_anon_kb,
-                            fds,
-                            sockets: stats.open.get(),
-                        });
-                    }
-                }
-                actix_rt::time::sleep(Duration::from_secs(2)).await;
-            }
-        })
-    });
+    tasks
+}
 
-    let mut kills = Kills::default();
-    let mut rng = Rng::new(seeds.between(1, u64::MAX));
-    let mut life = 0;
-    loop {
-        let wait = Duration::from_secs(rng.between(args.kill_min_s, args.kill_max_s));
-        let at = (Instant::now() + wait).min(deadline);
-        actix_rt::time::sleep(at.saturating_duration_since(Instant::now())).await;
-        if Instant::now() >= deadline {
-            break;
+/// Every 2 s, the running service's RssAnon and open fds (and the soak's open sockets).
+fn sampler(
+    began: Instant,
+    current: &Current,
+    samples: &Rc<RefCell<Vec<Sample>>>,
+    shared: &Shared,
+) -> JoinHandle<()> {
+    let (current, samples, stats, stop) = (
+        current.clone(),
+        samples.clone(),
+        shared.stats.clone(),
+        shared.stop.clone(),
+    );
+    actix_rt::spawn(async move {
+        while !stop.get() {
+            if let Some((pid, life, since)) = current.get() {
+                if let Some((rss_anon_kb, fds)) = sample::read(pid) {
+                    let t = began.elapsed().as_secs_f64();
+                    samples.borrow_mut().push(Sample {
+                        t,
+                        life,
+                        age: t - since,
+                        rss_anon_kb,
+                        fds,
+                        sockets: stats.open.get(),
+                    });
+                }
+            }
+            actix_rt::time::sleep(Duration::from_secs(2)).await;
         }
-        save_log(&args.out, life, &service);
-        current.set(None);
+    })
+}
+
+/// The service's lives: the one running, its number, and what the kills found.
+struct Lives<'a> {
+    port: u16,
+    dir: &'a Path,
+    up: &'a FakeUpstream,
+    lite: &'a FakeLitestream,
+    /// The service running (none only inside a kill and restart).
+    service: Option<ServiceProcess>,
+    current: Current,
+    life: usize,
+    kills: Kills,
+}
+
+impl Lives<'_> {
+    /// Kills and restarts the service every `--kill-min-s` to `--kill-max-s` (drawn from
+    /// `rng`) until `deadline`.
+    async fn kill_until(
+        &mut self,
+        deadline: Instant,
+        mut rng: Rng,
+        args: &Args,
+        began: Instant,
+        tally: &Tally,
+    ) {
+        loop {
+            let wait = Duration::from_secs(rng.between(args.kill_min_s, args.kill_max_s));
+            let at = (Instant::now() + wait).min(deadline);
+            actix_rt::time::sleep(at.saturating_duration_since(Instant::now())).await;
+            if Instant::now() >= deadline {
+                break;
+            }
+            self.kill_and_restart(&args.out, began, tally).await;
+        }
+    }
+
+    /// The last life's log saved, every task stopped (10 s each at most), the service's final
+    /// `/status`, then the service stopped: what the kills found, the seconds the soak ran (its
+    /// tasks stopped) and that status.
+    async fn end(
+        self,
+        out: &Path,
+        shared: &Shared,
+        tasks: Vec<JoinHandle<()>>,
+        began: Instant,
+    ) -> (Kills, f64, serde_json::Value) {
+        let service = self.service.expect("a service runs between the kills");
+        save_log(out, self.life, &service);
+        shared.stop.set(true);
+        for t in tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
+        }
+        let elapsed = began.elapsed().as_secs_f64();
+        let final_status = service.status().await;
+        service.terminate().await;
+        (self.kills, elapsed, final_status)
+    }
+
+    /// `kill -9`, a restart on the same port and data dir, then what it resumed from upstream
+    /// against the last commit acked before, and whether it serves up to that commit.
+    async fn kill_and_restart(&mut self, out: &Path, began: Instant, tally: &Tally) {
+        let (up, port) = (self.up, self.port);
+        let secs = || began.elapsed().as_secs_f64();
+        let Some(service) = self.service.take() else {
+            return;
+        };
+        save_log(out, self.life, &service);
+        self.current.set(None);
         service.kill9();
         let t_kill = secs();
+        let kills = &mut self.kills;
         kills.count += 1;
         kills.restarts_at.push(t_kill);
         // Acks the service sent before it died are all in by the time the connection is gone.
@@ -356,9 +483,10 @@ async fn main() {
             .and_then(acked_watermark)
             .unwrap_or(0);
         let connections = up.queries().len();
-        life += 1;
-        service = start(port, dir.path(), &up, &lite);
-        current.set(Some((service.pid(), life, secs())));
+        self.life += 1;
+        let service = start(port, self.dir, up, self.lite);
+        self.current.set(Some((service.pid(), self.life, secs())));
+        self.service = Some(service);
         let reconnected = Instant::now() + Duration::from_secs(30);
         while up.queries().len() <= connections && Instant::now() < reconnected {
             actix_rt::time::sleep(Duration::from_millis(20)).await;
@@ -366,7 +494,8 @@ async fn main() {
         let query = up.queries().get(connections).cloned().unwrap_or_default();
         let resumed = last_watermark(&query).unwrap_or(0);
         let lost = acked.saturating_sub(resumed);
-        let served = serves_up_to(port, acked, &tally).await;
+        let served = serves_up_to(port, acked, tally).await;
+        let kills = &mut self.kills;
         let line = format!(
             "kill {} at {t_kill:.0} s: last ack upstream {} ({acked}), resumed from lastWatermark {} ({resumed}), acked-but-lost {lost}, served up to it after the restart: {served}",
             kills.count,
@@ -381,28 +510,4 @@ async fn main() {
         kills.acked_but_lost += lost;
         kills.unserved += u64::from(!served);
     }
-    save_log(&args.out, life, &service);
-    stop.set(true);
-    for t in tasks {
-        let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
-    }
-    let elapsed = secs();
-    let final_status = service.status().await;
-    service.terminate().await;
-    up.stop().await;
-
-    let samples = samples.borrow().clone();
-    // The report exits the process: the data directory goes first.
-    drop(dir);
-    report::report(
-        &args,
-        elapsed,
-        &src,
-        &tally,
-        &stats,
-        &rstats,
-        &kills,
-        &samples,
-        &final_status,
-    );
 }

@@ -186,6 +186,8 @@ async fn poll_part(a: &Args) {
     );
 }
 
+/// One delay measure (`delay`, `control`, `metrics`): the service with `source`, a backup
+/// replica replicated by litestream, transactions 50–150 ms apart; printed as two lines.
 async fn delay_part(a: &Args, source: Source) {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -194,37 +196,19 @@ async fn delay_part(a: &Args, source: Source) {
     let socket = dir.path().join("ls.sock");
     let up = FakeUpstream::start().await;
     let page = FakeLitestream::start(Answer::default()).await;
-    let page_url = page.url();
-    let (up_url, vfs, interval) = (
-        up.url(),
-        litestream.vfs.to_string_lossy().into_owned(),
-        a.interval_ms.to_string(),
-    );
-    let (control, db_path) = (
-        format!("unix:{}", socket.display()),
-        db.display().to_string(),
-    );
-    let mut args = vec![
-        "--upstream",
-        &up_url,
-        "--litestream-backup-url",
+    let control = format!("unix:{}", socket.display());
+    let db_path = db.display().to_string();
+    let flags = service_flags(
+        a,
+        source,
+        &up.url(),
         &url,
-        "--backup-check-interval-ms",
-        &interval,
-        "--min-cleanup-delay-ms",
-        "3600000",
-    ];
-    match source {
-        Source::Vfs => args.extend(["--litestream-vfs", &vfs]),
-        Source::Control => args.extend([
-            "--litestream-control-url",
-            &control,
-            "--litestream-db-path",
-            &db_path,
-        ]),
-        Source::Metrics => args.extend(["--litestream-metrics-url", &page_url]),
-    }
-    let svc = TestService::start(&args).await;
+        &litestream,
+        &control,
+        &db_path,
+        &page.url(),
+    );
+    let svc = TestService::start(&flags.iter().map(String::as_str).collect::<Vec<_>>()).await;
     up.wait_connections(1).await;
     up.send(txn(100, 1));
     svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
@@ -261,28 +245,91 @@ async fn delay_part(a: &Args, source: Source) {
     up.send(txn(101, 1));
     svc.wait_status("the first backup confirmed", |s| confirmed(s).is_some())
         .await;
-    let reads_before = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
-        .as_u64()
-        .unwrap_or(0);
+    let reads_before = backup_reads(&svc).await;
+    let writer = write_every_50_to_150_ms(&up);
+    let seen = watch_confirmed(&svc, Duration::from_secs(a.seconds)).await;
+    writer.abort();
+    if let Some(exporter) = exporter {
+        exporter.abort();
+    }
+    let reads = backup_reads(&svc).await - reads_before;
+    let reads_per = reads as f64 / seen.len().max(1) as f64;
+    let mut delays = delays(&replica.progress.borrow(), &seen);
+    print_delays(a, source, &mut delays, reads_per);
+    drop(replication);
+    svc.stop().await;
+    up.stop().await;
+}
 
-    let writer = {
-        let up = up.clone();
-        actix_rt::spawn(async move {
-            // 50–150 ms apart, pseudo-randomly, so that commits fall at every phase of the
-            // poll and sync periods (a fixed period would lock onto one).
-            let mut state = 0x2545_f491_4f6c_dd1d_u64;
-            for n in 102.. {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                actix_rt::time::sleep(Duration::from_millis(50 + state % 101)).await;
-                up.send(txn(n, 1));
-            }
-        })
+/// The service's flags for a delay measure with `source`.
+#[allow(clippy::too_many_arguments)]
+fn service_flags(
+    a: &Args,
+    source: Source,
+    up_url: &str,
+    backup_url: &str,
+    litestream: &stock_litestream::Litestream,
+    control: &str,
+    db_path: &str,
+    page_url: &str,
+) -> Vec<String> {
+    let mut flags: Vec<String> = [
+        "--upstream",
+        up_url,
+        "--litestream-backup-url",
+        backup_url,
+        "--backup-check-interval-ms",
+        &a.interval_ms.to_string(),
+        "--min-cleanup-delay-ms",
+        "3600000",
+    ]
+    .map(String::from)
+    .into();
+    let vfs = litestream.vfs.to_string_lossy().into_owned();
+    let more: Vec<&str> = match source {
+        Source::Vfs => vec!["--litestream-vfs", &vfs],
+        Source::Control => vec![
+            "--litestream-control-url",
+            control,
+            "--litestream-db-path",
+            db_path,
+        ],
+        Source::Metrics => vec!["--litestream-metrics-url", page_url],
     };
+    flags.extend(more.into_iter().map(String::from));
+    flags
+}
+
+/// The service's backup reads so far (`/status`'s `backupReadsTotal`).
+async fn backup_reads(svc: &TestService) -> u64 {
+    svc.status().await["backup"]["monitor"]["backupReadsTotal"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// Sends transactions from 102 on, until aborted.
+fn write_every_50_to_150_ms(up: &FakeUpstream) -> actix_rt::task::JoinHandle<()> {
+    let up = up.clone();
+    actix_rt::spawn(async move {
+        // 50–150 ms apart, pseudo-randomly, so that commits fall at every phase of the
+        // poll and sync periods (a fixed period would lock onto one).
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        for n in 102.. {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            actix_rt::time::sleep(Duration::from_millis(50 + state % 101)).await;
+            up.send(txn(n, 1));
+        }
+    })
+}
+
+/// Each backed-up watermark the service's `/status` shows (read every 5 ms for `long`), with
+/// when it first showed.
+async fn watch_confirmed(svc: &TestService, long: Duration) -> Vec<(Instant, String)> {
     let start = Instant::now();
     let mut seen: Vec<(Instant, String)> = Vec::new();
-    while start.elapsed() < Duration::from_secs(a.seconds) {
+    while start.elapsed() < long {
         let st = svc.status().await;
         if let Some(w) = confirmed(&st) {
             if seen.last().is_none_or(|(_, last)| *last != w) {
@@ -291,32 +338,30 @@ async fn delay_part(a: &Args, source: Source) {
         }
         actix_rt::time::sleep(Duration::from_millis(5)).await;
     }
-    writer.abort();
-    if let Some(exporter) = exporter {
-        exporter.abort();
-    }
-    let reads = svc.status().await["backup"]["monitor"]["backupReadsTotal"]
-        .as_u64()
-        .unwrap_or(0)
-        - reads_before;
-    let reads_per = reads as f64 / seen.len().max(1) as f64;
-    let committed: Vec<(String, Instant)> = replica
-        .progress
-        .borrow()
+    seen
+}
+
+/// For each watermark the replica committed, ms until the service showed one at or above it.
+fn delays(progress: &Progress, seen: &[(Instant, String)]) -> Vec<f64> {
+    let committed: Vec<(String, Instant)> = progress
         .committed_at
         .iter()
         .map(|(w, t)| (w.clone(), *t))
         .collect();
-    let mut delays: Vec<f64> = committed
+    committed
         .iter()
         .filter_map(|(w, at)| {
             seen.iter()
                 .find(|(t, s)| t >= at && s.as_str() >= w.as_str())
                 .map(|(t, _)| ms(*t - *at))
         })
-        .collect();
+        .collect()
+}
+
+/// The delay measure's JSON line and line for people.
+fn print_delays(a: &Args, source: Source, delays: &mut [f64], reads_per: f64) {
     let n = delays.len();
-    let (p50, p99) = (quantile(&mut delays, 0.5), quantile(&mut delays, 0.99));
+    let (p50, p99) = (quantile(delays, 0.5), quantile(delays, 0.99));
     let (bench, through) = match source {
         Source::Vfs => ("vfs_delay", "through the VFS"),
         Source::Control => ("control_delay", "through the control socket"),
@@ -334,9 +379,6 @@ async fn delay_part(a: &Args, source: Source) {
         "watermark committed in the backup replica -> confirmed by the service {through}: p50 {p50:.0} ms, p99 {p99:.0} ms ({n} watermarks; poll every {} ms, litestream sync every {} ms; {reads_per:.2} backup reads per watermark confirmed)",
         a.interval_ms, a.sync_ms
     );
-    drop(replication);
-    svc.stop().await;
-    up.stop().await;
 }
 
 /// The newest watermark the service counts as backed up: what the latest poll read or

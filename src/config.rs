@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::log_format::LogFormat;
 use backups::parse_backups_file;
 pub use backups::{
     AuditSpec, BackupSpec, BackupsFile, SourceSpec, DEFAULT_METRICS_URL, DEFAULT_WATERMARK_QUERY,
@@ -48,6 +49,12 @@ pub struct Config {
     /// Extra PEM root certificate(s) trusted for a wss:// --upstream, beside the system's.
     #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
+
+    /// The change source's liveness: ping period in ms; nothing heard from it for two periods
+    /// ends the connection (1001 "no pong for N ms"), and a connect must complete within two.
+    #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_ping_interval_ms: u64,
 
     /// Litestream backup URL: enables the backup monitor and is sent to restoring replicas.
     /// Without it nothing is polled or purged and snapshot reservations are refused.
@@ -133,6 +140,7 @@ pub struct Config {
         help_heading = "Backup",
         long,
         env = "ZERO_BACKUP_AUDIT_INTERVAL_MS",
+        allow_negative_numbers = true,
         requires = "litestream_vfs",
         requires = "litestream_control_url"
     )]
@@ -238,11 +246,12 @@ pub struct Config {
 
     /// How much payload a catch-up sends ahead of the subscriber's acks: it reads and sends
     /// while what the subscriber has not acked is under this, so one that acks late or only at
-    /// commits still gets a continuous stream (≥ 65536; above --max-subscriber-queue-bytes the
-    /// service does not start).
-    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", default_value_t = 4 << 20, allow_negative_numbers = true,
+    /// commits still gets a continuous stream (≥ 65536; a value given above
+    /// --max-subscriber-queue-bytes: the service does not start) (default 4194304, or
+    /// --max-subscriber-queue-bytes where that is smaller).
+    #[arg(help_heading = "Subscribers", long, env = "ZERO_CATCHUP_WINDOW_BYTES", allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(65536..))]
-    pub catchup_window_bytes: u64,
+    pub catchup_window_bytes: Option<u64>,
 
     /// The most bytes of change payload held in memory for all subscribers together; past it
     /// the subscriber holding the most reads from the change log first (≥ 65536).
@@ -270,8 +279,8 @@ pub struct Config {
     pub host: String,
 
     /// File whose content (one trailing newline stripped) is the shared secret that clients
-    /// must present as `Authorization: Bearer <secret>` on every path but /healthz, /readyz and
-    /// /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
+    /// must present as `Authorization: Bearer <secret>` on every path but /, /healthz, /readyz
+    /// and /metrics (PROTOCOL.md §15); 16 to 4096 visible ASCII bytes (e.g. `openssl rand -hex 32`).
     /// To rotate, give it twice (current and next) or write two lines: either secret is
     /// accepted. Re-read on SIGHUP and when it changes (PROTOCOL.md §15.1).
     #[arg(
@@ -288,7 +297,7 @@ pub struct Config {
           allow_hyphen_values = true, value_name = "SECRET", value_parser = parse_secret)]
     pub secret: Option<SecretArg>,
 
-    /// Without a secret, serve the guarded paths (all but /healthz, /readyz and /metrics) to
+    /// Without a secret, serve the guarded paths (all but /, /healthz, /readyz and /metrics) to
     /// clients that are not on loopback too (otherwise they get 403).
     #[arg(
         help_heading = "Access",
@@ -306,7 +315,16 @@ pub struct Config {
     #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
-    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
+    /// A stage with work pending and no progress for this long, in ms (≥ 1), is stalled: it is
+    /// named in /readyz (503), in change_streamer_stage_stalled and in one ERROR line a minute
+    /// (PROTOCOL.md §11.1).
+    #[arg(help_heading = "Operations", long, env = "ZERO_STALL_ALARM_MS", default_value_t = 30_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stall_alarm_ms: u64,
+
+    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db. Ten of
+    /// them, at least 5 s, are the change DB lease: a change DB silent for longer is out of
+    /// reach, and its owner steps down (PROTOCOL.md §14.2).
     #[arg(help_heading = "Instances", long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
@@ -320,6 +338,11 @@ pub struct Config {
     #[arg(help_heading = "Instances", long, env = "ZERO_STANDBY_SERVES", default_value_t = true, num_args = 0..=1,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     pub standby_serves: bool,
+
+    /// How each log line on stderr is written: `text`, env_logger's line, or `json`, one JSON
+    /// object a line with time, level, target, message and the line's fields (PROTOCOL.md §2).
+    #[arg(help_heading = "Logging", long, env = "ZERO_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 }
 
 impl Config {
@@ -338,6 +361,13 @@ impl Config {
     }
     pub fn ping_interval(&self) -> Duration {
         Duration::from_millis(self.ping_interval_ms)
+    }
+    /// `--stall-alarm-ms` (PROTOCOL.md §11.1).
+    pub fn stall_alarm(&self) -> Duration {
+        Duration::from_millis(self.stall_alarm_ms)
+    }
+    pub fn upstream_ping_interval(&self) -> Duration {
+        Duration::from_millis(self.upstream_ping_interval_ms)
     }
     pub fn takeover_interval(&self) -> Duration {
         Duration::from_millis(self.takeover_interval_ms)
@@ -377,7 +407,7 @@ impl Config {
             padding: self.padding(),
             max_queue_changes: self.max_subscriber_queue_changes as usize,
             max_queue_bytes: self.max_subscriber_queue_bytes as usize,
-            catchup_window_bytes: self.catchup_window_bytes as usize,
+            catchup_window_bytes: self.catchup_window() as usize,
             max_queued_bytes: self.max_queued_bytes as usize,
             slow_grace: self.slow_subscriber_grace(),
             ..StreamerConfig::default()
@@ -416,12 +446,21 @@ impl Config {
                 source,
             })
     }
+    /// The catch-up window (PROTOCOL.md §2, §10.2): `--catchup-window-bytes` when given, else
+    /// [`DEFAULT_CATCHUP_WINDOW_BYTES`] or `--max-subscriber-queue-bytes` where that is
+    /// smaller, so that a bound valid before the window existed still starts.
+    pub fn catchup_window(&self) -> u64 {
+        self.catchup_window_bytes
+            .unwrap_or_else(|| DEFAULT_CATCHUP_WINDOW_BYTES.min(self.max_subscriber_queue_bytes))
+    }
     /// `--catchup-window-bytes` within `--max-subscriber-queue-bytes` (PROTOCOL.md §2, §10.2):
-    /// a larger window is refused rather than cut, so that no value is silently ignored.
+    /// a larger window given is refused rather than cut, so that no value is silently ignored;
+    /// the default never is.
     pub fn check_catchup_window(&self) -> Result<(), CatchupWindowError> {
-        if self.catchup_window_bytes > self.max_subscriber_queue_bytes {
+        let window = self.catchup_window();
+        if window > self.max_subscriber_queue_bytes {
             return Err(CatchupWindowError {
-                window: self.catchup_window_bytes,
+                window,
                 bound: self.max_subscriber_queue_bytes,
             });
         }
@@ -432,6 +471,10 @@ impl Config {
         self.initial_cleanup_delay().max(self.min_cleanup_delay())
     }
 }
+
+/// `--catchup-window-bytes`'s default (PROTOCOL.md §2): 4 MiB, unless
+/// `--max-subscriber-queue-bytes` is smaller ([`Config::catchup_window`]).
+pub const DEFAULT_CATCHUP_WINDOW_BYTES: u64 = 4 << 20;
 
 /// `--catchup-window-bytes` above `--max-subscriber-queue-bytes` ([`Config::check_catchup_window`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

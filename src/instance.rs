@@ -39,7 +39,8 @@ use actix_web::dev::ServerHandle;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{
-    ChangeDb, ChangeLog, ChangeLogError, PgOptions, SEGMENT_ROWS,
+    change_db_lease_for, set_change_db_lease, ChangeDb, ChangeLog, ChangeLogError, PgOptions,
+    SEGMENT_ROWS,
 };
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{self, InstanceRecorder};
@@ -64,6 +65,8 @@ pub struct Instance {
     stop: Option<oneshot::Sender<StopMode>>,
     /// The instance's life ended by itself: an error it cannot go on after.
     ended: oneshot::Receiver<Result<(), StartError>>,
+    /// The HTTP server's end: outside a stop, an error the instance cannot go on after.
+    served: oneshot::Receiver<std::io::Result<()>>,
 }
 
 /// How the instance lives, by its change log's engine (see the module documentation).
@@ -120,6 +123,11 @@ impl Instance {
                 )
             }
             ChangeDb::Postgres { url } => {
+                // Every connection to the change DB answers within the lease's bounds
+                // (PROTOCOL.md §14.2, a silent change DB), set before the first is made.
+                let lease = change_db_lease_for(config.takeover_interval());
+                set_change_db_lease(lease);
+                info!("change DB lease {lease:?}: a change DB silent for longer is out of reach");
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
                 // §14.1).
                 let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();
@@ -128,7 +136,7 @@ impl Instance {
             }
         };
         let (phase, door) = watch::channel(first);
-        let server = serve_http(&edge, listener, Door::new(door))?;
+        let (server, served) = serve_http(&edge, listener, Door::new(door))?;
         edge.access
             .log_mode(&addr.to_string(), config.allow_unauthenticated);
         let (stop, stop_rx) = oneshot::channel();
@@ -154,6 +162,7 @@ impl Instance {
             server,
             stop: Some(stop),
             ended,
+            served,
         })
     }
 
@@ -175,7 +184,8 @@ impl Instance {
 }
 
 /// Runs an instance until `stop` resolves (SIGINT or SIGTERM), then stops it gracefully; or
-/// until its life ends by itself with an error.
+/// until its life or its HTTP server ends by itself, an error it cannot go on after: then the
+/// error, so that the binary exits non-zero with the reason, never 0 (PROTOCOL.md §11.1).
 pub async fn run(
     config: Config,
     clock: Clock,
@@ -187,7 +197,20 @@ pub async fn run(
         () = &mut stop => instance.stop(StopMode::Graceful).await,
         ended = &mut instance.ended => {
             instance.server.stop(true).await;
-            ended.unwrap_or(Err(StartError::Ended))
+            // A life that ends by itself without an error still ends the service unasked.
+            match ended {
+                Ok(Ok(())) | Err(_) => Err(StartError::Ended),
+                Ok(Err(e)) => Err(e),
+            }
+        }
+        served = &mut instance.served => {
+            let why = match served {
+                Ok(Err(e)) => e.to_string(),
+                _ => "it ended without being asked to".to_string(),
+            };
+            error!("the HTTP server stopped unexpectedly: {why}; stopping the service");
+            let _ = instance.stop(StopMode::StepDown).await;
+            Err(StartError::ServerEnded(why))
         }
     }
 }
@@ -218,13 +241,25 @@ impl Life {
         );
     }
 
-    /// The owner throughout (SQLite) until asked to stop.
+    /// The owner throughout (SQLite) until asked to stop; or until the change log's writer
+    /// ends by itself (its thread died), an error the owner cannot go on after.
     async fn own(self, owner: Owner, stop: oneshot::Receiver<StopMode>) -> Result<(), StartError> {
-        self.announce_owner(&owner.state().log);
-        let mode = stop.await.unwrap_or(StopMode::Graceful);
-        self.stopping(mode).await;
-        owner.stop(mode).await;
-        Ok(())
+        let log = owner.state().log.clone();
+        self.announce_owner(&log);
+        tokio::select! {
+            mode = stop => {
+                let mode = mode.unwrap_or(StopMode::Graceful);
+                self.stopping(mode).await;
+                owner.stop(mode).await;
+                Ok(())
+            }
+            () = log.deposed() => {
+                let location = log.location().to_string();
+                error!("the change log's writer stopped unexpectedly (change log {location}): stopping the service");
+                owner.stop(StopMode::StepDown).await;
+                Err(StartError::WriterEnded { location })
+            }
+        }
     }
 
     /// The server stops accepting before a graceful stop ends the phase.
@@ -414,7 +449,10 @@ async fn open(
 
 /// Starts the instance's one HTTP server on `listener`, behind the header limit and the
 /// access rule, its routes asking `door` which phase serves them.
-fn serve_http(edge: &Edge, listener: Listening, door: Door) -> Result<ServerHandle, StartError> {
+/// The server's handle and its end (the result of its run).
+type Served = (ServerHandle, oneshot::Receiver<std::io::Result<()>>);
+
+fn serve_http(edge: &Edge, listener: Listening, door: Door) -> Result<Served, StartError> {
     let access = edge.access.clone();
     let door = web::Data::new(door);
     let server = HttpServer::new(move || {
@@ -436,8 +474,11 @@ fn serve_http(edge: &Edge, listener: Listening, door: Door) -> Result<ServerHand
         })?;
     let server = server.run();
     let handle = server.handle();
-    actix_rt::spawn(server);
-    Ok(handle)
+    let (end, served) = oneshot::channel();
+    actix_rt::spawn(async move {
+        let _ = end.send(server.await);
+    });
+    Ok((handle, served))
 }
 
 /// The bound listening socket.

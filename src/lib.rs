@@ -8,6 +8,7 @@ pub mod config;
 pub mod edge;
 pub mod http;
 pub mod instance;
+pub mod log_format;
 pub mod owner;
 pub mod reload;
 pub mod shutdown;

@@ -18,7 +18,8 @@ fn main() -> std::process::ExitCode {
         return vfs_reader::run();
     }
     let (config, matches) = config::parse_or_exit();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let log_format = config.log_format;
+    change_streamer::log_format::init(log_format);
     let system = actix_rt::System::new();
     let result = system.block_on(async move {
         let clock = change_streamer_actors::clock::Clock::System;
@@ -29,11 +30,13 @@ fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            // One line, on stderr, whether or not logging is on.
-            eprintln!(
+            // One line, on stderr, whether or not logging is on (PROTOCOL.md §2: in the
+            // `--log-format`).
+            let message = format!(
                 "change-streamer: {e}{}",
                 config::env_sources(&matches, e.flags())
             );
+            change_streamer::log_format::print_start_error(log_format, &message);
             std::process::ExitCode::FAILURE
         }
     }

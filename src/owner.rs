@@ -37,9 +37,10 @@ use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::session_end::SessionEnd;
+use change_streamer_actors::stall::StallWatch;
 use change_streamer_actors::streamer::{Ingest, Streamer};
 use change_streamer_actors::upstream::{self, UpstreamConfig, UpstreamHandle};
-use change_streamer_actors::{cleanup, monitor, purger, reservation, streamer};
+use change_streamer_actors::{cleanup, monitor, purger, reservation, stall, streamer};
 use log::{info, warn};
 
 use crate::config::Config;
@@ -107,10 +108,20 @@ impl Owner {
             }
         };
         let (streamer, kept_reservations, drain) = start.streamer(kept, &read.stats).await;
-        let purger = start.purger(&streamer, &read.safety);
+        let stall = StallWatch::new(start.config.stall_alarm()).start();
+        start.log.report_stalls_to(&stall);
+        streamer.do_send(monitor::ReportStalls {
+            watch: stall.clone(),
+        });
+        let purger = start.purger(&streamer, &read.safety, &stall);
         let backup = start
             .backup(&streamer, &purger, read, kept_reservations)
             .await;
+        for m in backup.iter().flat_map(|b| &b.monitors) {
+            m.do_send(monitor::ReportStalls {
+                watch: stall.clone(),
+            });
+        }
         let state = AppState {
             config: start.config.clone(),
             streamer,
@@ -121,6 +132,7 @@ impl Owner {
             access: start.edge.access.clone(),
             instance: start.instance.clone(),
             recorder: start.recorder.clone(),
+            stall,
         };
         record_serving(&state);
         let upstream = start.upstream(&state.streamer);
@@ -247,7 +259,12 @@ impl OwnerStart<'_> {
         }
     }
 
-    fn purger(&self, streamer: &Addr<Streamer>, safety: &SafetyState) -> Addr<Purger> {
+    fn purger(
+        &self,
+        streamer: &Addr<Streamer>,
+        safety: &SafetyState,
+        stall: &Addr<StallWatch>,
+    ) -> Addr<Purger> {
         Purger::new(
             streamer.clone().recipient(),
             self.config.purge_delay(),
@@ -255,6 +272,7 @@ impl OwnerStart<'_> {
             self.clock.clone(),
         )
         .restore(&safety.scheduled)
+        .reporting_stalls_to(stall)
         .start()
     }
 
@@ -267,6 +285,7 @@ impl OwnerStart<'_> {
             UpstreamConfig {
                 secret: self.edge.upstream_secret.clone(),
                 tls: self.edge.upstream_tls.clone(),
+                ping_interval: self.config.upstream_ping_interval(),
                 ..UpstreamConfig::new(url.clone())
             },
             self.log.clone(),
@@ -332,4 +351,5 @@ async fn stop_purging(state: &AppState) {
         let _ = b.cleanup.send(cleanup::Stop).await;
     }
     let _ = state.purger.send(purger::Stop).await;
+    let _ = state.stall.send(stall::Stop).await;
 }

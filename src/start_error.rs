@@ -36,6 +36,13 @@ pub enum StartError {
     /// The instance's life stopped without saying why (it panicked: the log says where).
     #[error("the instance stopped unexpectedly (see the log)")]
     Ended,
+    /// The change log's writer stopped while the owner ran (its thread ended: the log says
+    /// why); nothing more can be stored (PROTOCOL.md §11.1).
+    #[error("the change log's writer stopped unexpectedly (change log {location}); see the log")]
+    WriterEnded { location: String },
+    /// The HTTP server stopped by itself: nothing is served any more (PROTOCOL.md §11.1).
+    #[error("the HTTP server stopped unexpectedly: {0}")]
+    ServerEnded(String),
 }
 
 impl StartError {
@@ -48,7 +55,7 @@ impl StartError {
             StartError::LitestreamVfs(_) => &["litestream_vfs"],
             StartError::BackupVfs { .. } => &["backups"],
             StartError::Secret(e) => e.flags(),
-            StartError::Ended => &[],
+            StartError::Ended | StartError::WriterEnded { .. } | StartError::ServerEnded(_) => &[],
             StartError::CatchupWindow(_) => &["catchup_window_bytes", "max_subscriber_queue_bytes"],
             StartError::Tls(e) => match e.flag_id() {
                 "tls_cert" => &["tls_cert"],

@@ -123,3 +123,41 @@ fn run_demo(args: &[&str]) -> (String, serde_json::Value) {
     let s = serde_json::from_str(summary).expect("summary is JSON");
     (stdout, s)
 }
+
+/// The demo's `backup via SOURCE:` lines (issue 45): the watermark each backup holds, read from
+/// `/status`'s typed `backups[]`, with the metrics source as with the control source (which reads
+/// `backup.monitor.backupWatermark` only on some sources, and showed `confirmed -` for a whole
+/// run with metrics). The shown watermarks are real ones, they move on, and the last is at most
+/// the one the summary reads at the end.
+#[test]
+fn the_demo_shows_the_confirmed_watermark_with_either_backup_source() {
+    // The control source needs stock litestream (installed as the other litestream tests do).
+    change_streamer_test_support::stock_litestream::install();
+    for source in ["metrics", "control"] {
+        let (stdout, s) = run_demo(&["--seconds", "10", "--backup-source", source]);
+        assert_eq!(s["backupSource"], source, "{s}");
+        let prefix = format!("backup via {source}: confirmed ");
+        let shown: Vec<String> = stdout
+            .lines()
+            .filter_map(|l| l.trim_start().strip_prefix(&prefix))
+            .filter_map(|rest| {
+                let (w, tail) = rest.split_once(' ')?;
+                tail.starts_with("(backup, ").then(|| w.to_string())
+            })
+            .collect();
+        assert!(shown.len() >= 2, "{source}: {stdout}");
+        for w in &shown {
+            change_streamer_actors::watermark::Watermark::parse(w)
+                .unwrap_or_else(|e| panic!("{source}: {w} is not a watermark ({e}): {stdout}"));
+        }
+        assert!(
+            shown.first() < shown.last(),
+            "{source}: the confirmed watermark never moved: {stdout}"
+        );
+        let last = s["backupConfirmed"][0].as_str().expect("backupConfirmed");
+        assert!(
+            shown.last().map(String::as_str) <= Some(last),
+            "{source}: {s}"
+        );
+    }
+}

@@ -55,7 +55,11 @@ fn from_help() -> BTreeMap<String, Flag> {
         let after_name = &block[block.find(&name).unwrap_or(0) + name.len()..];
         let switch = !after_name.trim_start().starts_with('<');
         let env = bracket(&block, "[env: ").map(|e| e.trim_end_matches('=').to_string());
-        let default = bracket(&block, "[default: ").map(|d| unquote(&d));
+        // A default that depends on another flag is not clap's (it shows none); the help says
+        // it as `(default VALUE, or …)`.
+        let default = bracket(&block, "[default: ")
+            .map(|d| unquote(&d))
+            .or_else(|| stated_default(&block));
         flags.insert(
             name,
             Flag {
@@ -72,6 +76,13 @@ fn from_help() -> BTreeMap<String, Flag> {
 fn bracket(block: &str, prefix: &str) -> Option<String> {
     let start = block.find(prefix)? + prefix.len();
     let end = block[start..].find(']')? + start;
+    Some(block[start..end].to_string())
+}
+
+/// The `VALUE` of a `(default VALUE, or …)` in a flag's help text.
+fn stated_default(block: &str) -> Option<String> {
+    let start = block.find("(default ")? + "(default ".len();
+    let end = block[start..].find([',', ')'])? + start;
     Some(block[start..end].to_string())
 }
 

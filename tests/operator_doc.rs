@@ -24,6 +24,7 @@ use change_streamer_actors::monitor::{
 use change_streamer_actors::ownership::Role;
 use change_streamer_actors::purger::PurgeState;
 use change_streamer_actors::reservation::{ProgressInfo, ReservationInfo, ReservationStats};
+use change_streamer_actors::stall::StageState;
 use change_streamer_actors::streamer::{Mode, Phase, StreamerState, SubscriberInfo};
 use change_streamer_actors::watermark::Watermark;
 use clap::Parser;
@@ -174,6 +175,7 @@ fn observation() -> Observation {
         },
         streamer: StreamerState {
             upstream_connected: true,
+            upstream_down: None,
             reset_required: None,
             subscribers: vec![subscriber()],
             releases_all: 3,
@@ -222,6 +224,10 @@ fn observation() -> Observation {
                 last_error: None,
             }],
         }),
+        stages: vec![StageState {
+            stage: "purger".into(),
+            stalled_ms: None,
+        }],
         change_log_bytes: 4096,
     }
 }
@@ -281,6 +287,51 @@ fn status_keys_match_protocol_table() {
     assert!(
         diffs.is_empty(),
         "/status and PROTOCOL.md §11 differ:\n{}",
+        diffs.join("\n")
+    );
+}
+
+/// The one client type of `/status` (test-support's `status::Status`, which the demo reads)
+/// against what the service serializes, both roles: each document reads into it (a key renamed
+/// or dropped fails, naming it) and comes back out with the same keys (a key the type lacks
+/// fails too), issue 45.
+#[test]
+fn the_client_status_type_reads_both_roles_key_for_key() {
+    use change_streamer_test_support::status::Status as ClientStatus;
+    let cfg = config();
+    let owner = Status::owner(
+        &cfg,
+        Role::Owner,
+        &instance(),
+        &observation(),
+        Some(Some(vec![instance_seen()])),
+    );
+    let view = stored_view();
+    let standby = Status::standby(
+        &cfg,
+        &instance(),
+        Some(&view),
+        vec![subscriber()],
+        vec![reservation()],
+    );
+    let mut diffs = Vec::new();
+    for (role, produced) in [
+        ("owner", owner.to_json().expect("a Status serializes")),
+        ("standby", standby.to_json().expect("a Status serializes")),
+        ("the documented owner", documented_status("owner")),
+    ] {
+        let typed =
+            ClientStatus::from_value(produced.clone()).unwrap_or_else(|e| panic!("{role}: {e}"));
+        let back = serde_json::to_value(&typed).expect("the client type serializes");
+        diffs.extend(
+            key_differences(&produced, &back, &produced, "")
+                .into_iter()
+                .map(|d| format!("{role}: {d}")),
+        );
+    }
+    assert!(
+        diffs.is_empty(),
+        "test-support's status::Status and /status differ:\n{}",
         diffs.join("\n")
     );
 }

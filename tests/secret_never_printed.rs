@@ -2,7 +2,7 @@
 //! verbose log level with a client secret, TLS, and a `wss://` change source that wants its own
 //! secret and refuses the first handshake; clients present it wrong, cut short and right. Then
 //! every log line, `/status`, `/metrics`, `--help` (with the secret in its variable) and the
-//! start errors are searched for either secret.
+//! start errors are searched for either secret, with the logs in both `--log-format`s.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -89,6 +89,17 @@ fn start_errors_do_not_show_the_secret() {
 
 #[actix_rt::test]
 async fn logs_status_and_metrics_never_show_a_secret() {
+    logs_status_and_metrics_in("text").await;
+}
+
+/// The same in `--log-format json` (PROTOCOL.md §2): every line is one JSON object, and none
+/// shows a secret either.
+#[actix_rt::test]
+async fn json_logs_never_show_a_secret() {
+    logs_status_and_metrics_in("json").await;
+}
+
+async fn logs_status_and_metrics_in(log_format: &str) {
     let cert = TestCert::localhost();
     let up = FakeUpstream::start_with(UpstreamOptions::guarded(
         UPSTREAM_SECRET,
@@ -113,6 +124,7 @@ async fn logs_status_and_metrics_never_show_a_secret() {
         .arg(&cert.cert)
         .arg("--upstream-secret-file")
         .arg(&upstream_secret)
+        .args(["--log-format", log_format])
         .env("RUST_LOG", "trace")
         .stderr(std::fs::File::create(&log_path).unwrap())
         .stdout(Stdio::null())
@@ -197,5 +209,10 @@ async fn logs_status_and_metrics_never_show_a_secret() {
     }
     for line in log.lines() {
         assert!(!shows_a_secret(line), "a log line shows a secret: {line}");
+        if log_format == "json" {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+            assert!(v["message"].is_string(), "{line}");
+        }
     }
 }

@@ -256,7 +256,7 @@ impl CleanupActor {
         self.store = Some(store);
         self.catch_up = RestartCatchUp::from_state(state);
         if let Some(c) = &self.catch_up {
-            info!("waiting for the backup to cover watermark={}, recorded before the restart, before any snapshot status or readiness", c.view().recorded);
+            info!(watermark:% = c.view().recorded; "waiting for the backup to cover watermark={}, recorded before the restart, before any snapshot status or readiness", c.view().recorded);
         }
         self
     }
@@ -311,7 +311,7 @@ impl CleanupActor {
                 continue;
             }
             info!(
-                "replicated watermark={} to {} at {}",
+                watermark:% = s.watermark; "replicated watermark={} to {} at {}",
                 s.watermark,
                 s.replica,
                 format_rfc3339_ms(s.backed_up_at_ms)
@@ -358,7 +358,7 @@ impl CleanupActor {
         else {
             return;
         };
-        info!("scheduling cleanup of changes before watermark={due}");
+        info!(watermark:% = due; "scheduling cleanup of changes before watermark={due}");
         self.watermarks = self.watermarks.split_off(&due);
         self.watermarks.remove(&due);
         self.last_scheduled = Some(due.clone());
@@ -372,7 +372,7 @@ impl CleanupActor {
             .is_err()
         {
             // The purger's mailbox is unbounded, so this only happens when it has stopped.
-            warn!("cleanup to watermark={due} could not be handed to the purger: it is gone");
+            warn!(watermark:% = due; "cleanup to watermark={due} could not be handed to the purger: it is gone");
         }
     }
 
@@ -388,7 +388,7 @@ impl CleanupActor {
         if held > self.cleanup_delay_ms {
             self.cleanup_delay_ms = held;
             self.write_down(StateChange::CleanupDelay(held_for), ctx);
-            info!("increased cleanup delay to {held} ms (task {task})");
+            info!(task:% = task; "increased cleanup delay to {held} ms (task {task})");
         }
     }
 

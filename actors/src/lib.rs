@@ -28,6 +28,7 @@ pub mod reservation;
 pub mod restart_catch_up;
 pub mod secret;
 pub mod session_end;
+pub mod stall;
 pub mod streamer;
 pub mod unreachable;
 pub mod upstream;

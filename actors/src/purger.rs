@@ -41,6 +41,7 @@ use tokio::time::Instant;
 
 use crate::cleanup::ScheduleCleanup;
 use crate::clock::Clock;
+use crate::stall::{stage, StallReport, StallWatch};
 use crate::streamer::{PurgeAnswer, PurgeError, PurgeIfSafe};
 use crate::watermark::Watermark;
 
@@ -120,6 +121,8 @@ pub struct Purger {
     state: PurgeState,
     /// The backups whose audit blocks every purge, and what a read must reach.
     audit_blocks: BTreeMap<String, Watermark>,
+    /// Told while a purge check waits for its answer (PROTOCOL.md §11.1).
+    stall: StallReport,
 }
 
 impl Purger {
@@ -141,7 +144,16 @@ impl Purger {
             timer: None,
             state: PurgeState::default(),
             audit_blocks: BTreeMap::new(),
+            stall: StallReport::default(),
         }
+    }
+
+    /// Reports to `watch` as stage `purger` (PROTOCOL.md §11.1): work is pending while a purge
+    /// check waits for the streamer's answer (a check that waits on a subscriber has its
+    /// answer: it is retried, not stalled).
+    pub fn reporting_stalls_to(mut self, watch: &Addr<StallWatch>) -> Purger {
+        self.stall = StallReport::to(watch, stage::PURGER);
+        self
     }
 
     /// Takes back the watermarks scheduled before a restart and not yet purged; each is
@@ -149,7 +161,7 @@ impl Purger {
     pub fn restore(mut self, scheduled: &[Watermark]) -> Purger {
         let due = Instant::now() + self.delay;
         for w in scheduled {
-            info!("purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
+            info!(watermark:% = w; "purge before watermark={w} was scheduled before the restart: checked again in {} ms", self.delay.as_millis());
             self.scheduled.insert(w.clone(), due);
         }
         self
@@ -187,6 +199,7 @@ impl Purger {
             return;
         }
         self.checking = true;
+        self.stall.pending();
         let retention_ms = i64::try_from(self.retention.as_millis()).unwrap_or(i64::MAX);
         let stored_by_ms = self.clock.now_ms().saturating_sub(retention_ms);
         self.streamer
@@ -197,6 +210,7 @@ impl Purger {
             .into_actor(self)
             .map(move |answer, act, ctx| {
                 act.checking = false;
+                act.stall.idle();
                 let answer = answer.unwrap_or_else(|e| PurgeAnswer::Failed(PurgeError::StreamerGone(e)));
                 let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
                     act.state.waiting = Some(why);
@@ -206,7 +220,7 @@ impl Purger {
                 let delay_ms = act.delay.as_millis();
                 match answer {
                     PurgeAnswer::Purged(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}");
+                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}");
                         act.scheduled.remove(&w);
                         act.state.rows_purged += n;
                         act.state.purges += 1;
@@ -217,7 +231,7 @@ impl Purger {
                         return;
                     }
                     PurgeAnswer::HeldByRetention(n) => {
-                        info!("purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
+                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
                         act.state.rows_purged += n;
                         retry(
                             act,
@@ -226,7 +240,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::NoSubscribers => {
-                        info!("purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
+                        info!(watermark:% = w; "purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
                         retry(
                             act,
                             "no subscriber connected".into(),
@@ -234,7 +248,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::Blocked { subscriber, acked } => {
-                        info!("purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
+                        info!(watermark:% = w, subscriber:% = subscriber; "purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
                         retry(
                             act,
                             format!("subscriber {subscriber} acked {acked}"),
@@ -242,7 +256,7 @@ impl Purger {
                         );
                     }
                     PurgeAnswer::Failed(e) => {
-                        warn!("purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
+                        warn!(watermark:% = w; "purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
                         retry(act, format!("failed: {e}"), None);
                     }
                 }
@@ -270,7 +284,7 @@ impl Handler<ScheduleCleanup> for Purger {
     type Result = ();
     fn handle(&mut self, msg: ScheduleCleanup, ctx: &mut Context<Self>) {
         info!(
-            "cleanup scheduled: purge before watermark={} in {} ms",
+            watermark:% = msg.watermark; "cleanup scheduled: purge before watermark={} in {} ms",
             msg.watermark,
             self.delay.as_millis()
         );
@@ -287,7 +301,7 @@ impl Handler<AuditBlock> for Purger {
         match msg.below {
             Some(below) => {
                 warn!(
-                    "every purge stops: backup {} read back below watermark={below}",
+                    backup:% = msg.backup, watermark:% = below; "every purge stops: backup {} read back below watermark={below}",
                     msg.backup
                 );
                 self.audit_blocks.insert(msg.backup, below);
@@ -295,7 +309,7 @@ impl Handler<AuditBlock> for Purger {
             None => {
                 if self.audit_blocks.remove(&msg.backup).is_some() && self.audit_blocks.is_empty() {
                     info!(
-                        "purging resumes: the audit of backup {} reads back what was confirmed",
+                        backup:% = msg.backup; "purging resumes: the audit of backup {} reads back what was confirmed",
                         msg.backup
                     );
                 }

@@ -81,7 +81,7 @@ impl RestartCatchUp {
         }
         if *top >= self.view.recorded {
             info!(
-                "the backup covers watermark={} recorded before the restart (it shows {top})",
+                watermark:% = self.view.recorded; "the backup covers watermark={} recorded before the restart (it shows {top})",
                 self.view.recorded
             );
             return true;

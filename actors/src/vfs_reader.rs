@@ -74,7 +74,9 @@ pub fn run() -> ExitCode {
         match serde_json::from_str::<Request>(&line) {
             Ok(req) => {
                 if tx.send(req).is_err() {
-                    break;
+                    // The SQLite thread is gone (it panicked): an error, never a clean exit.
+                    eprintln!("change-streamer vfs reader: the reading thread stopped");
+                    std::process::exit(1);
                 }
             }
             Err(e) => answer(&Reply::Error(format!("bad request {line:?}: {e}"))),

@@ -51,7 +51,8 @@ mod takeover;
 mod view;
 mod world;
 
-use view::{commits, departure, metric, n, view, LEGEND};
+use change_streamer_test_support::status::Status;
+use view::{commits, departure, metric, view, LEGEND};
 use world::{follow, litestream_reports, replica, write_transactions, Applied, Restore};
 
 const REPLICAS: usize = 3;
@@ -70,41 +71,178 @@ pub fn demo_secret() -> String {
     }
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
-async fn run(seconds: Option<u64>) {
-    let real = stock_litestream::installed();
-    let backup_dir = tempfile::tempdir().expect("tempdir");
-    match &real {
-        Some(l) => println!(
-            "change-streamer demo with real litestream ({}): the service confirms each backed-up commit through litestream's control API",
-            l.bin.display(),
-        ),
-        None => println!(
-            "change-streamer demo with a stand-in litestream /metrics page (scripts/install-litestream.sh installs real litestream 0.5 and its VFS for this demo)"
-        ),
-    }
+/// Where the demo's backup goes and how the service learns it is backed up: real litestream's
+/// control socket (PROTOCOL.md §8.1c), or the stand-in `/metrics` page.
+struct Backup {
+    real: Option<stock_litestream::Litestream>,
+    dir: tempfile::TempDir,
+    /// The `file://` replica real litestream writes.
+    file_url: String,
+    socket: std::path::PathBuf,
+    replica_db: std::path::PathBuf,
+}
+
+/// `/status` read into its one client type (a key the service renamed stops the demo, naming it).
+async fn status(svc: &TestService) -> Status {
+    Status::from_value(svc.status().await).unwrap_or_else(|e| panic!("demo: {e}"))
+}
+
+async fn run(seconds: Option<u64>, source: Option<args::BackupSource>) {
+    let backup = Backup::new(source);
     let up = FakeUpstream::start().await;
     let lite = FakeLitestream::start(Answer::default()).await;
+    let svc = start_service(&backup, &up, &lite).await;
+    let base = svc.base();
+
+    up.wait_connections(1).await;
+    actix_rt::spawn(write_transactions(up.clone(), 200));
+    // Wait for the initial sync, then start the backup replica and litestream's reports.
+    let mut st = status(&svc).await;
+    while st.replica_version.is_none() {
+        actix_rt::time::sleep(Duration::from_millis(20)).await;
+        st = status(&svc).await;
+    }
+    let rv = st.replica_version.clone().unwrap_or_else(|| "00".into());
+    // Kept until the end: dropping it stops litestream.
+    let (restore, _replication) = backup.start(&svc, &rv, &lite).await;
+    for i in 0..REPLICAS {
+        let restore_for = Duration::from_millis(2000 + 1000 * i as u64);
+        actix_rt::spawn(replica(
+            base.clone(),
+            svc.credentials.clone(),
+            format!("r{}", i + 1),
+            restore_for,
+            restore.clone(),
+            None,
+        ));
+    }
+    actix_rt::spawn(replica(
+        base.clone(),
+        svc.credentials.clone(),
+        "stalled".into(),
+        Duration::from_millis(1500),
+        restore,
+        Some(Duration::from_secs(4)),
+    ));
+    let start = watch(&svc, seconds).await;
+    print_summary(&svc, start).await;
+    svc.stop().await;
+    up.stop().await;
+}
+
+impl Backup {
+    /// Real litestream with `--backup-source control`, the stand-in with `metrics`, else real
+    /// litestream if installed; says which.
+    fn new(source: Option<args::BackupSource>) -> Backup {
+        let real = match source {
+            None => stock_litestream::installed(),
+            Some(args::BackupSource::Metrics) => None,
+            Some(args::BackupSource::Control) => Some(stock_litestream::installed().unwrap_or_else(|| {
+                eprintln!("demo: --backup-source control needs stock litestream 0.5: run scripts/install-litestream.sh");
+                std::process::exit(2)
+            })),
+        };
+        match &real {
+            Some(l) => println!(
+                "change-streamer demo with real litestream ({}): the service confirms each backed-up commit through litestream's control API",
+                l.bin.display(),
+            ),
+            None => println!(
+                "change-streamer demo with a stand-in litestream /metrics page (scripts/install-litestream.sh installs real litestream 0.5 and its VFS for this demo)"
+            ),
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        Backup {
+            real,
+            file_url: format!("file://{}", dir.path().join("backup").display()),
+            // With real litestream: its control socket, and the backup replica's file as
+            // litestream.yml names it (PROTOCOL.md §8.1c).
+            socket: dir.path().join("litestream.sock"),
+            replica_db: dir.path().join("replica.db"),
+            dir,
+        }
+    }
+
+    /// The service's `--litestream-backup-url`, and the flags of its backup source.
+    fn flags(&self, lite: &FakeLitestream) -> (String, Vec<String>) {
+        match &self.real {
+            Some(_) => (
+                self.file_url.clone(),
+                vec![
+                    "--litestream-control-url".to_string(),
+                    format!("unix:{}", self.socket.display()),
+                    "--litestream-db-path".to_string(),
+                    self.replica_db.display().to_string(),
+                ],
+            ),
+            None => (
+                "s3://demo-bucket/replica".to_string(),
+                vec!["--litestream-metrics-url".to_string(), lite.url()],
+            ),
+        }
+    }
+
+    /// The backup: a backup replica replicated by real litestream, or a backup subscriber
+    /// whose last commit the stand-in page reports; how restoring replicas restore, and the
+    /// replication (kept until the end: dropping it stops litestream).
+    async fn start(
+        &self,
+        svc: &TestService,
+        rv: &str,
+        lite: &FakeLitestream,
+    ) -> (Restore, Option<stock_litestream::Replication>) {
+        let base = svc.base();
+        match &self.real {
+            Some(l) => {
+                let replica = BackupReplica::start_with(
+                    &svc.credentials,
+                    &base,
+                    "backup",
+                    rv,
+                    rv,
+                    &self.replica_db,
+                )
+                .await;
+                let replication = l.replicate_controlled(
+                    &replica.db,
+                    &self.file_url,
+                    &self.dir.path().join("litestream.yml"),
+                    &self.socket,
+                    "1s",
+                );
+                replication
+                    .wait_for_socket(&self.socket, Duration::from_secs(30))
+                    .await;
+                let restore = Restore::Real {
+                    litestream: l.clone(),
+                    url: self.file_url.clone(),
+                    dir: self.dir.path().to_path_buf(),
+                };
+                (restore, Some(replication))
+            }
+            None => {
+                let applied: Applied = Rc::new(RefCell::new(None));
+                let backed_up: Applied = Rc::new(RefCell::new(None));
+                let backup = WsClient::connect_with(&format!(
+                    "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
+                ), &svc.credentials)
+                .await;
+                actix_rt::spawn(follow(backup, Some(applied.clone()), None));
+                actix_rt::spawn(litestream_reports(
+                    lite.clone(),
+                    applied.clone(),
+                    backed_up.clone(),
+                ));
+                (Restore::Reported(backed_up), None)
+            }
+        }
+    }
+}
+
+/// The service, with a secret made for this run and the backup's flags; says where it is.
+async fn start_service(backup: &Backup, up: &FakeUpstream, lite: &FakeLitestream) -> TestService {
     let up_url = up.url();
-    let file_url = format!("file://{}", backup_dir.path().join("backup").display());
-    // With real litestream: its control socket, and the backup replica's file as litestream.yml
-    // names it (PROTOCOL.md §8.1c).
-    let socket = backup_dir.path().join("litestream.sock");
-    let replica_db = backup_dir.path().join("replica.db");
-    let (backup_url, source_flags) = match &real {
-        Some(_) => (
-            file_url.clone(),
-            vec![
-                "--litestream-control-url".to_string(),
-                format!("unix:{}", socket.display()),
-                "--litestream-db-path".to_string(),
-                replica_db.display().to_string(),
-            ],
-        ),
-        None => (
-            "s3://demo-bucket/replica".to_string(),
-            vec!["--litestream-metrics-url".to_string(), lite.url()],
-        ),
-    };
+    let (backup_url, source_flags) = backup.flags(lite);
     let source = source_flags[1].clone();
     // The service asks for a secret, as a production one should: made here, for this run.
     let secret = demo_secret();
@@ -137,84 +275,17 @@ async fn run(seconds: Option<u64>) {
     );
     println!("  upstream {up_url}   litestream {source}   backup {backup_url}   Ctrl-C to stop\n");
     println!("{LEGEND}");
+    svc
+}
 
-    up.wait_connections(1).await;
-    actix_rt::spawn(write_transactions(up.clone(), 200));
-    let applied: Applied = Rc::new(RefCell::new(None));
-    let backed_up: Applied = Rc::new(RefCell::new(None));
-
-    // Wait for the initial sync, then start the backup replica and litestream's reports.
-    let mut st = svc.status().await;
-    while st["replicaVersion"].is_null() {
-        actix_rt::time::sleep(Duration::from_millis(20)).await;
-        st = svc.status().await;
-    }
-    let rv = st["replicaVersion"].as_str().unwrap_or("00").to_string();
-    // Kept until the end: dropping it stops litestream.
-    let mut _replication = None;
-    let restore = match &real {
-        Some(l) => {
-            let replica =
-                BackupReplica::start_with(&svc.credentials, &base, "backup", &rv, &rv, &replica_db)
-                    .await;
-            let replication = l.replicate_controlled(
-                &replica.db,
-                &file_url,
-                &backup_dir.path().join("litestream.yml"),
-                &socket,
-                "1s",
-            );
-            replication
-                .wait_for_socket(&socket, Duration::from_secs(30))
-                .await;
-            _replication = Some(replication);
-            Restore::Real {
-                litestream: l.clone(),
-                url: file_url.clone(),
-                dir: backup_dir.path().to_path_buf(),
-            }
-        }
-        None => {
-            let backup = WsClient::connect_with(&format!(
-                "ws://{base}/replication/v6/changes?id=backup&mode=backup&replicaVersion={rv}&watermark={rv}"
-            ), &svc.credentials)
-            .await;
-            actix_rt::spawn(follow(backup, Some(applied.clone()), None));
-            actix_rt::spawn(litestream_reports(
-                lite.clone(),
-                applied.clone(),
-                backed_up.clone(),
-            ));
-            Restore::Reported(backed_up.clone())
-        }
-    };
-    for i in 0..REPLICAS {
-        let restore_for = Duration::from_millis(2000 + 1000 * i as u64);
-        actix_rt::spawn(replica(
-            base.clone(),
-            svc.credentials.clone(),
-            format!("r{}", i + 1),
-            restore_for,
-            restore.clone(),
-            None,
-        ));
-    }
-    actix_rt::spawn(replica(
-        base.clone(),
-        svc.credentials.clone(),
-        "stalled".into(),
-        Duration::from_millis(1500),
-        restore,
-        Some(Duration::from_secs(4)),
-    ));
-
+/// The view every second (redrawn on a terminal, appended otherwise) until Ctrl-C or
+/// `seconds`; when it started.
+async fn watch(svc: &TestService, seconds: Option<u64>) -> Instant {
     let tty = std::io::stdout().is_terminal();
     let start = Instant::now();
     let mut tick = actix_rt::time::interval(Duration::from_secs(1));
     let mut warmed = false;
-    // Subscribers seen so far, and one line for each that has left since.
-    let mut seen: Vec<String> = Vec::new();
-    let mut departures: Vec<String> = Vec::new();
+    let mut subscribers = Subscribers::default();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
@@ -226,34 +297,9 @@ async fn run(seconds: Option<u64>) {
         if seconds.is_some_and(|s| t >= s) {
             break;
         }
-        let st = svc.status().await;
+        let st = status(svc).await;
         let (_, metrics) = svc.get("/metrics").await;
-        let ids: Vec<String> = st["subscribers"]
-            .as_array()
-            .map(|s| {
-                s.iter()
-                    .filter_map(|s| s["id"].as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let subscribed = ids.len();
-        let consensus = metric(
-            &metrics,
-            "change_streamer_flow_control_releases_total{mode=\"consensus\"}",
-        );
-        for gone in seen.iter().filter(|id| !ids.contains(id)) {
-            let line = departure(t, gone, consensus);
-            if !tty {
-                println!("{line}");
-            }
-            departures.push(line);
-        }
-        seen.retain(|id| ids.contains(id));
-        for id in ids {
-            if !seen.contains(&id) {
-                seen.push(id);
-            }
-        }
+        let subscribed = subscribers.update(t, &st, &metrics, tty);
         if !warmed {
             let total = REPLICAS + 2;
             warmed = subscribed >= total;
@@ -261,7 +307,7 @@ async fn run(seconds: Option<u64>) {
                 let bar: String = (0..total)
                     .map(|i| if i < subscribed { '#' } else { '.' })
                     .collect();
-                println!("warming up [{bar}] {subscribed}/{total} replicas subscribed, {} reservation(s) restoring", st["reservations"].as_array().map(Vec::len).unwrap_or(0));
+                println!("warming up [{bar}] {subscribed}/{total} replicas subscribed, {} reservation(s) restoring", st.reservations.len());
                 continue;
             }
         }
@@ -270,31 +316,69 @@ async fn run(seconds: Option<u64>) {
         }
         print!("{}", view(t, &st, &metrics));
         if tty {
-            for line in &departures {
+            for line in &subscribers.departures {
                 println!("{line}");
             }
         }
         let _ = std::io::stdout().flush();
     }
+    start
+}
 
-    let st = svc.status().await;
+/// Subscribers seen so far, and one line for each that has left since.
+#[derive(Default)]
+struct Subscribers {
+    seen: Vec<String>,
+    departures: Vec<String>,
+}
+
+impl Subscribers {
+    /// The subscribers `/status` lists at second `t`: a line for each gone since (printed at
+    /// once unless on a terminal); how many are subscribed.
+    fn update(&mut self, t: u64, st: &Status, metrics: &str, tty: bool) -> usize {
+        let ids: Vec<String> = st.subscribers.iter().map(|s| s.id.clone()).collect();
+        let subscribed = ids.len();
+        let consensus = metric(
+            metrics,
+            "change_streamer_flow_control_releases_total{mode=\"consensus\"}",
+        );
+        for gone in self.seen.iter().filter(|id| !ids.contains(id)) {
+            let line = departure(t, gone, consensus);
+            if !tty {
+                println!("{line}");
+            }
+            self.departures.push(line);
+        }
+        self.seen.retain(|id| ids.contains(id));
+        for id in ids {
+            if !self.seen.contains(&id) {
+                self.seen.push(id);
+            }
+        }
+        subscribed
+    }
+}
+
+/// The run's summary line: what was stored, purged, cleaned up and released.
+async fn print_summary(svc: &TestService, start: Instant) {
+    let st = status(svc).await;
     let (_, metrics) = svc.get("/metrics").await;
+    let backup = st.backup.as_ref();
     let summary = serde_json::json!({
         "seconds": start.elapsed().as_secs(),
         "transactionsStored": commits(&st),
         "changesStored": metric(&metrics, "change_streamer_changes_stored_total"),
-        "rowsPurged": n(&st["purge"]["rowsPurged"]),
+        "rowsPurged": st.purge.as_ref().map_or(0, |p| p.rows_purged),
         "cleanupsScheduled": metric(&metrics, "change_streamer_cleanups_scheduled_total"),
-        "cleanupDelayMs": n(&st["backup"]["cleanupDelayMs"]),
-        "backupSource": st["backup"]["source"],
-        "backupReads": n(&st["backup"]["monitor"]["backupReadsTotal"]),
-        "subscribersAtEnd": st["subscribers"].as_array().map(Vec::len).unwrap_or(0),
+        "cleanupDelayMs": backup.map_or(0, |b| b.cleanup_delay_ms),
+        "backupSource": backup.map(|b| b.source.clone()),
+        "backupReads": backup.and_then(|b| b.monitor.as_ref()).map_or(0, |m| m.backup_reads_total),
+        "backupConfirmed": st.backups.iter().flatten().map(|b| b.watermark.clone()).collect::<Vec<_>>(),
+        "subscribersAtEnd": st.subscribers.len(),
         "releasesAll": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"all\"}"),
         "releasesConsensus": metric(&metrics, "change_streamer_flow_control_releases_total{mode=\"consensus\"}"),
     });
     println!("\nsummary: {summary}");
-    svc.stop().await;
-    up.stop().await;
 }
 
 fn main() -> std::process::ExitCode {
@@ -317,7 +401,7 @@ fn main() -> std::process::ExitCode {
         Some(db) => {
             actix_rt::System::new().block_on(takeover::run(db, args.seconds, args.kill_after))
         }
-        None => actix_rt::System::new().block_on(run(args.seconds)),
+        None => actix_rt::System::new().block_on(run(args.seconds, args.backup_source)),
     }
     std::process::ExitCode::SUCCESS
 }

@@ -2,12 +2,7 @@
 //! and `/metrics`, the line printed when a subscriber leaves, and the legend printed at start.
 
 use change_streamer_actors::watermark::Watermark;
-use serde_json::Value;
-
-pub fn n(v: &Value) -> u64 {
-    v.as_u64().unwrap_or(0)
-}
-
+use change_streamer_test_support::status::Status;
 /// A count from the `/metrics` text (the text format writes every value as a float).
 pub fn metric(text: &str, name: &str) -> u64 {
     text.lines()
@@ -28,7 +23,8 @@ legend:
     backup may still need is purged
   backup: where the service learns what is backed up (control: litestream's control API syncs
     and confirms each commit the backup replica acks; metrics: the stand-in /metrics page), the
-    newest watermark confirmed, and how many times the backup itself was read to learn it
+    newest watermark each backup holds and since when, and how many times the backup itself was
+    read to learn it
   cleanup delay: how long after litestream reports a watermark backed up before its cleanup
   cleanups scheduled / purge queue: cleanups made from litestream's reports / those waiting for
     their purge check (--purge-delay-ms); rows purged: change-log rows deleted by them
@@ -38,23 +34,42 @@ legend:
     then subscribe; stalled stops reading after 4 s and is dropped once it misses a ping
 ";
 
-pub fn commits(st: &Value) -> u64 {
-    let w = |k: &str| {
-        st["changeLog"][k]
-            .as_str()
-            .and_then(|s| Watermark::parse(s).ok())
+/// Transactions stored: the change log's newest commit less its replicaVersion, plus one.
+pub fn commits(st: &Status) -> u64 {
+    let num = |w: Option<&String>| {
+        w.and_then(|s| Watermark::parse(s).ok())
             .and_then(|w| w.to_u64())
     };
-    match (
-        w("maxWatermark"),
-        st["replicaVersion"]
-            .as_str()
-            .and_then(|s| Watermark::parse(s).ok())
-            .and_then(|w| w.to_u64()),
-    ) {
+    let max = num(st
+        .change_log
+        .as_ref()
+        .and_then(|c| c.max_watermark.as_ref()));
+    match (max, num(st.replica_version.as_ref())) {
         (Some(max), Some(rv)) => max - rv + 1,
         _ => 0,
     }
+}
+
+/// What each backup holds, whatever its source (`backups[]`, PROTOCOL.md §8.4): `confirmed W
+/// (name, T s ago)`, `-` while it holds nothing yet.
+pub fn confirmed(st: &Status) -> String {
+    let backups = st.backups.as_deref().unwrap_or_default();
+    if backups.is_empty() {
+        return "confirmed -".into();
+    }
+    backups
+        .iter()
+        .map(|b| match (&b.watermark, b.age_ms) {
+            (Some(w), Some(age)) => format!(
+                "confirmed {w} ({}, {:.1} s ago)",
+                b.name,
+                age as f64 / 1000.0
+            ),
+            (Some(w), None) => format!("confirmed {w} ({})", b.name),
+            (None, _) => format!("confirmed - ({})", b.name),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The line printed when subscriber `id` is no longer connected.
@@ -66,59 +81,51 @@ pub fn departure(t: u64, id: &str, consensus: u64) -> String {
     }
 }
 
-pub fn view(t: u64, st: &Value, metrics: &str) -> String {
+pub fn view(t: u64, st: &Status, metrics: &str) -> String {
     let mut out = String::new();
-    let subs = st["subscribers"].as_array().cloned().unwrap_or_default();
+    let log = st.change_log.as_ref();
+    let dash = |w: Option<&String>| w.map_or("-".to_string(), String::clone);
     out.push_str(&format!(
         "t={t:>3}s  stored {} txns ({} rows now, log {}..{})  upstream {}\n",
         commits(st),
-        n(&st["changeLog"]["rows"]),
-        st["changeLog"]["minWatermark"].as_str().unwrap_or("-"),
-        st["changeLog"]["maxWatermark"].as_str().unwrap_or("-"),
-        if st["upstream"]["connected"] == true {
+        log.map_or(0, |l| l.rows),
+        dash(log.and_then(|l| l.min_watermark.as_ref())),
+        dash(log.and_then(|l| l.max_watermark.as_ref())),
+        if st.upstream.as_ref().is_some_and(|u| u.connected) {
             "connected"
         } else {
             "DOWN"
         },
     ));
-    let reservations: Vec<String> = st["reservations"]
-        .as_array()
-        .map(|r| {
-            r.iter()
-                .map(|r| {
-                    format!(
-                        "{} {}ms",
-                        r["taskID"].as_str().unwrap_or("?"),
-                        n(&r["heldMs"])
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let reservations: Vec<String> = st
+        .reservations
+        .iter()
+        .map(|r| format!("{} {}ms", r.task_id, r.held_ms))
+        .collect();
+    let backup = st.backup.as_ref();
     out.push_str(&format!(
         "        reservations [{}]  cleanup delay {:.1}s{}  cleanups scheduled {}  purge queue {}  rows purged {}\n",
         reservations.join(", "),
-        n(&st["backup"]["cleanupDelayMs"]) as f64 / 1000.0,
-        if st["backup"]["paused"] == true { " (paused)" } else { "" },
+        backup.map_or(0, |b| b.cleanup_delay_ms) as f64 / 1000.0,
+        if backup.is_some_and(|b| b.paused) { " (paused)" } else { "" },
         metric(metrics, "change_streamer_cleanups_scheduled_total"),
-        st["purge"]["scheduled"].as_array().map(Vec::len).unwrap_or(0),
-        n(&st["purge"]["rowsPurged"]),
+        st.purge.as_ref().map_or(0, |p| p.scheduled.len()),
+        st.purge.as_ref().map_or(0, |p| p.rows_purged),
     ));
+    let monitor = backup.and_then(|b| b.monitor.as_ref());
     out.push_str(&format!(
-        "        backup via {}: confirmed {}  backup reads {}{}\n",
-        st["backup"]["source"].as_str().unwrap_or("-"),
-        st["backup"]["monitor"]["backupWatermark"]
-            .as_str()
-            .unwrap_or("-"),
-        n(&st["backup"]["monitor"]["backupReadsTotal"]),
-        st["backup"]["monitor"]["lastError"]
-            .as_str()
+        "        backup via {}: {}  backup reads {}{}\n",
+        backup.map_or("-", |b| b.source.as_str()),
+        confirmed(st),
+        monitor.map_or(0, |m| m.backup_reads_total),
+        monitor
+            .and_then(|m| m.last_error.as_ref())
             .map(|e| format!("  last error: {e}"))
             .unwrap_or_default(),
     ));
     out.push_str(&format!(
         "        flow control: {} tracked sends, released by all {} / by consensus {}\n",
-        n(&st["flowControl"]["trackedSends"]),
+        st.flow_control.as_ref().map_or(0, |f| f.tracked_sends),
         metric(
             metrics,
             "change_streamer_flow_control_releases_total{mode=\"all\"}"
@@ -128,14 +135,10 @@ pub fn view(t: u64, st: &Value, metrics: &str) -> String {
             "change_streamer_flow_control_releases_total{mode=\"consensus\"}"
         ),
     ));
-    for s in subs {
+    for s in &st.subscribers {
         out.push_str(&format!(
             "        {:<8} {:<7} acked {:<10} pending {:>6}  {:>8.0} msg/s\n",
-            s["id"].as_str().unwrap_or("?"),
-            s["mode"].as_str().unwrap_or("?"),
-            s["acked"].as_str().unwrap_or("-"),
-            n(&s["pending"]),
-            s["processRate"].as_f64().unwrap_or(0.0),
+            s.id, s.mode, s.acked, s.pending, s.process_rate,
         ));
     }
     out

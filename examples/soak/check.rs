@@ -56,95 +56,111 @@ impl StreamCheck {
 
     /// Checks one payload; returns the commit's watermark when it ends a transaction.
     pub fn feed(&mut self, p: &Value, tally: &Tally) -> Option<u64> {
-        let who = &self.who;
         match p[0].as_str() {
             Some("status") => None,
             Some("begin") => {
-                let b = p[2]["commitWatermark"].as_str().and_then(num);
-                let Some(b) = b else {
-                    tally.problem(
-                        &tally.malformed,
-                        1,
-                        format!("{who}: begin without watermark: {p}"),
-                    );
-                    return None;
-                };
-                if self.open.is_some() {
-                    tally.problem(
-                        &tally.malformed,
-                        1,
-                        format!("{who}: begin {b} inside a transaction"),
-                    );
-                }
-                if b <= self.last {
-                    tally.problem(
-                        &tally.duplicates,
-                        1,
-                        format!("{who}: begin {b} after commit {} (duplicate)", self.last),
-                    );
-                } else if b > self.last + 1 {
-                    tally.problem(
-                        &tally.gaps,
-                        b - self.last - 1,
-                        format!("{who}: begin {b} after commit {} (gap)", self.last),
-                    );
-                }
-                self.open = Some((b, 0));
+                self.begin(p, tally);
                 None
             }
             Some("data") => {
-                match &mut self.open {
-                    Some((b, seen)) => {
-                        let want: Value =
-                            serde_json::from_str(&insert(*b * 1000 + *seen)).unwrap_or_default();
-                        if p[1] != want {
-                            tally.problem(
-                                &tally.malformed,
-                                1,
-                                format!("{who}: txn {b} change {seen} is {}", p[1]),
-                            );
-                        }
-                        *seen += 1;
-                    }
-                    None => tally.problem(
-                        &tally.malformed,
-                        1,
-                        format!("{who}: data outside a transaction"),
-                    ),
-                }
+                self.data(p, tally);
                 None
             }
             Some("rollback") => {
                 self.open = None;
                 None
             }
-            Some("commit") => {
-                let c = p[2]["watermark"].as_str().and_then(num);
-                match (self.open.take(), c) {
-                    (Some((b, seen)), Some(c)) if b == c => {
-                        if seen != rows(c) {
-                            tally.problem(
-                                &tally.malformed,
-                                1,
-                                format!("{who}: txn {c} had {seen} of {} changes", rows(c)),
-                            );
-                        }
-                        self.last = self.last.max(c);
-                        tally.commits.set(tally.commits.get() + 1);
-                        Some(c)
-                    }
-                    (open, _) => {
-                        tally.problem(
-                            &tally.malformed,
-                            1,
-                            format!("{who}: commit {p} with open {open:?}"),
-                        );
-                        None
-                    }
-                }
-            }
+            Some("commit") => self.commit(p, tally),
             _ => {
+                let who = &self.who;
                 tally.problem(&tally.malformed, 1, format!("{who}: unexpected {p}"));
+                None
+            }
+        }
+    }
+
+    /// A `begin`: the next transaction after the last commit, none open.
+    fn begin(&mut self, p: &Value, tally: &Tally) {
+        let who = &self.who;
+        let b = p[2]["commitWatermark"].as_str().and_then(num);
+        let Some(b) = b else {
+            tally.problem(
+                &tally.malformed,
+                1,
+                format!("{who}: begin without watermark: {p}"),
+            );
+            return;
+        };
+        if self.open.is_some() {
+            tally.problem(
+                &tally.malformed,
+                1,
+                format!("{who}: begin {b} inside a transaction"),
+            );
+        }
+        if b <= self.last {
+            tally.problem(
+                &tally.duplicates,
+                1,
+                format!("{who}: begin {b} after commit {} (duplicate)", self.last),
+            );
+        } else if b > self.last + 1 {
+            tally.problem(
+                &tally.gaps,
+                b - self.last - 1,
+                format!("{who}: begin {b} after commit {} (gap)", self.last),
+            );
+        }
+        self.open = Some((b, 0));
+    }
+
+    /// A `data`: the open transaction's next insert, as the source sent it.
+    fn data(&mut self, p: &Value, tally: &Tally) {
+        let who = &self.who;
+        match &mut self.open {
+            Some((b, seen)) => {
+                let want: Value =
+                    serde_json::from_str(&insert(*b * 1000 + *seen)).unwrap_or_default();
+                if p[1] != want {
+                    tally.problem(
+                        &tally.malformed,
+                        1,
+                        format!("{who}: txn {b} change {seen} is {}", p[1]),
+                    );
+                }
+                *seen += 1;
+            }
+            None => tally.problem(
+                &tally.malformed,
+                1,
+                format!("{who}: data outside a transaction"),
+            ),
+        }
+    }
+
+    /// A `commit`: the open transaction's, with all its rows; its watermark.
+    fn commit(&mut self, p: &Value, tally: &Tally) -> Option<u64> {
+        let who = &self.who;
+        let c = p[2]["watermark"].as_str().and_then(num);
+        match (self.open.take(), c) {
+            (Some((b, seen)), Some(c)) if b == c => {
+                if seen != rows(c) {
+                    tally.problem(
+                        &tally.malformed,
+                        1,
+                        format!("{who}: txn {c} had {seen} of {} changes", rows(c)),
+                    );
+                }
+                self.last = self.last.max(c);
+                tally.commits.set(tally.commits.get() + 1);
+                Some(c)
+            }
+            (open, _) => {
+                tally.problem(
+                    &tally.malformed,
+                    1,
+                    format!("{who}: commit {p} with open {open:?}"),
+                );
                 None
             }
         }

@@ -75,31 +75,47 @@ pub async fn run(
     rs: Rc<RestoreStats>,
     stop: Rc<Cell<bool>>,
 ) {
+    let tasks = Tasks {
+        port,
+        backed_up,
+        tally,
+        stats,
+        rs,
+        stop,
+    };
     let mut i = 0;
-    while !stop.get() {
+    while !tasks.stop.get() {
         actix_rt::time::sleep(Duration::from_millis(rng.between(5_000, 20_000))).await;
-        if stop.get() {
+        if tasks.stop.get() {
             return;
         }
         i += 1;
-        let task = format!("restore-{k}-{i}");
+        tasks.one(format!("restore-{k}-{i}"), &mut rng).await;
+    }
+}
+
+/// What every restoring task of one runner shares.
+struct Tasks {
+    port: u16,
+    backed_up: Rc<Cell<u64>>,
+    tally: Rc<Tally>,
+    stats: Rc<Stats>,
+    rs: Rc<RestoreStats>,
+    stop: Rc<Cell<bool>>,
+}
+
+impl Tasks {
+    /// One restoring task: its reservation (status, ack, hold), then abandoned or restored by a
+    /// subscription, then the reservation's end.
+    async fn one(&self, task: String, rng: &mut Rng) {
+        let (port, stats, rs) = (self.port, &self.stats, &self.rs);
         let url = format!("ws://127.0.0.1:{port}/replication/v6/snapshot?taskID={task}");
         let Some(mut res) = connect_retrying(&url, Duration::from_secs(20)).await else {
-            continue;
+            return;
         };
         rs.opened.set(rs.opened.get() + 1);
         stats.open.set(stats.open.get() + 1);
-        let first = loop {
-            match tokio::time::timeout(Duration::from_secs(10), res.next()).await {
-                Ok(Some(Ok(Frame::Ping(p)))) => {
-                    let _ = res.send(Message::Pong(p)).await;
-                }
-                Ok(Some(Ok(Frame::Text(t)))) => {
-                    break serde_json::from_slice::<serde_json::Value>(&t).ok()
-                }
-                _ => break None,
-            }
-        };
+        let first = first_text(&mut res).await;
         let Some(min) = first
             .as_ref()
             .filter(|v| v["msg"][0] == "status")
@@ -108,10 +124,10 @@ pub async fn run(
             log::warn!("{task}: no reservation status: {first:?}");
             rs.no_status.set(rs.no_status.get() + 1);
             stats.open.set(stats.open.get() - 1);
-            continue;
+            return;
         };
         let _ = res.send(Message::Text(r#"{"ack":1}"#.into())).await;
-        let backup = backed_up.get().max(FIRST);
+        let backup = self.backed_up.get().max(FIRST);
         if backup < min {
             log::error!("{task}: backup {} below minWatermark {}", w(backup), w(min));
             rs.backup_below_min.set(rs.backup_below_min.get() + 1);
@@ -124,8 +140,25 @@ pub async fn run(
             if held.is_none() {
                 leave(res).await;
             }
-            continue;
+            return;
         }
+        if !self.restore(&task, backup, rng).await {
+            return;
+        }
+        // The reservation socket: closed 1000 by the subscription unless it had died before.
+        if held.is_none() {
+            if let Some(1000) = hold(&mut res, Instant::now() + Duration::from_secs(2)).await {
+                rs.ended_by_subscription
+                    .set(rs.ended_by_subscription.get() + 1);
+            }
+        }
+        stats.open.set(stats.open.get() - 1);
+    }
+
+    /// The task's subscription with `initial=true` from `backup`, its stream checked for a
+    /// while; false when it could not connect (the reservation then counts as closed).
+    async fn restore(&self, task: &str, backup: u64, rng: &mut Rng) -> bool {
+        let (port, stats, rs) = (self.port, &self.stats, &self.rs);
         let sub = format!(
             "ws://127.0.0.1:{port}/replication/v6/changes?id={task}&taskID={task}&initial=true&replicaVersion={}&watermark={}",
             w(FIRST),
@@ -133,15 +166,15 @@ pub async fn run(
         );
         let Some(ws) = connect_retrying(&sub, Duration::from_secs(20)).await else {
             stats.open.set(stats.open.get() - 1);
-            continue;
+            return false;
         };
         stats.open.set(stats.open.get() + 1);
-        let mut check = StreamCheck::new(task.clone(), backup);
+        let mut check = StreamCheck::new(task.to_string(), backup);
         let applied = Cell::new(backup);
         let until = Instant::now() + Duration::from_millis(rng.between(5_000, 15_000));
         let end = tokio::select! {
-            e = read_stream(ws, &mut check, until, None, &applied, &tally) => Some(e),
-            _ = wait_stop(stop.clone()) => None,
+            e = read_stream(ws, &mut check, until, None, &applied, &self.tally) => Some(e),
+            _ = wait_stop(self.stop.clone()) => None,
         };
         match end {
             Some(End::Refused(kind, message)) => {
@@ -163,13 +196,21 @@ pub async fn run(
             None => {}
         }
         stats.open.set(stats.open.get() - 1);
-        // The reservation socket: closed 1000 by the subscription unless it had died before.
-        if held.is_none() {
-            if let Some(1000) = hold(&mut res, Instant::now() + Duration::from_secs(2)).await {
-                rs.ended_by_subscription
-                    .set(rs.ended_by_subscription.get() + 1);
+        true
+    }
+}
+
+/// The first text frame of a reservation socket as JSON (pings answered), within 10 s.
+async fn first_text(res: &mut Socket) -> Option<serde_json::Value> {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), res.next()).await {
+            Ok(Some(Ok(Frame::Ping(p)))) => {
+                let _ = res.send(Message::Pong(p)).await;
             }
+            Ok(Some(Ok(Frame::Text(t)))) => {
+                return serde_json::from_slice::<serde_json::Value>(&t).ok()
+            }
+            _ => return None,
         }
-        stats.open.set(stats.open.get() - 1);
     }
 }

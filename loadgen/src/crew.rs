@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::sync::oneshot;
 
-use crate::churn;
+use crate::churn::{self, Churn};
 use crate::ctx::{Ctx, Setup};
 use crate::sample;
 use crate::shared::{Phases, Run};
@@ -71,9 +71,9 @@ pub fn plan(
 }
 
 /// Starts `jobs` on the current thread's `LocalSet`, thread `t` of `threads`, and that
-/// thread's share of the churn (`--churn-subs`).
-pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>, t: usize, threads: usize) {
-    if let Some(c) = &ctx.churn {
+/// thread's share of the churn (`--churn-subs`), if any.
+pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>, t: usize, threads: usize, churn: Option<&Churn>) {
+    if let Some(c) = churn {
         tokio::task::spawn_local(churn::drive(ctx.clone(), c.clone(), t, threads));
     }
     for job in jobs {
@@ -94,26 +94,23 @@ pub fn start(ctx: &Rc<Ctx>, jobs: Vec<Job>, t: usize, threads: usize) {
     }
 }
 
-/// Starts every thread's subscribers: thread 0's on `main` (the caller's thread), the others'
-/// each on a new OS thread (`counters[t]` its counters); one receiver per new thread, of
-/// what it received once the run stopped. Threads given no subscriber are not started.
+/// Starts every thread's subscribers and churning joiners (`churn`): thread 0's on `main`
+/// (the caller's thread), the others' each on a new OS thread (`counters[t]` its counters); one
+/// receiver per new thread, of what it received once the run stopped. Threads given no
+/// subscriber are not started.
 pub fn launch(
     plan: Vec<Vec<Job>>,
     main: &Rc<Ctx>,
     setup: &Setup,
     counters: &[Arc<Counters>],
+    churn: Option<&Churn>,
 ) -> Vec<oneshot::Receiver<Received>> {
     let mut reports = Vec::new();
     let threads = plan.len();
-    let churns = |t: usize| {
-        setup
-            .churn
-            .as_ref()
-            .is_some_and(|c| c.share(t, threads) > 0)
-    };
+    let churns = |t: usize| churn.is_some_and(|c| c.share(t, threads) > 0);
     for (t, jobs) in plan.into_iter().enumerate() {
         if t == 0 {
-            start(main, jobs, t, threads);
+            start(main, jobs, t, threads, churn);
             continue;
         }
         if jobs.is_empty() && !churns(t) {
@@ -125,10 +122,13 @@ pub fn launch(
             continue;
         };
         let (tx, rx) = oneshot::channel();
-        let (run, setup) = (main.run.clone(), setup.clone());
+        let (run, setup, churn) = (main.run.clone(), setup.clone(), churn.cloned());
         let spawned = std::thread::Builder::new()
             .name(format!("lg-subs-{t}"))
-            .spawn(move || thread(t, threads, setup.ctx(run, counters), jobs, tx));
+            .spawn(move || {
+                let ctx = setup.ctx(run, counters);
+                thread(t, threads, ctx, jobs, churn, tx)
+            });
         match spawned {
             Ok(_) => reports.push(rx),
             Err(e) => main
@@ -139,9 +139,16 @@ pub fn launch(
     reports
 }
 
-/// Body of subscriber thread `t`: its runtime runs its subscribers until the run stops, then
-/// hands back what they received (the tasks are dropped with the runtime).
-fn thread(t: usize, threads: usize, ctx: Ctx, jobs: Vec<Job>, done: oneshot::Sender<Received>) {
+/// Body of subscriber thread `t`: its runtime runs its subscribers and joiners until the run
+/// stops, then hands back what they received (the tasks are dropped with the runtime).
+fn thread(
+    t: usize,
+    threads: usize,
+    ctx: Ctx,
+    jobs: Vec<Job>,
+    churn: Option<Churn>,
+    done: oneshot::Sender<Received>,
+) {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -157,7 +164,7 @@ fn thread(t: usize, threads: usize, ctx: Ctx, jobs: Vec<Job>, done: oneshot::Sen
     let local = tokio::task::LocalSet::new();
     let received = local.block_on(&rt, async move {
         let ctx = Rc::new(ctx);
-        start(&ctx, jobs, t, threads);
+        start(&ctx, jobs, t, threads, churn.as_ref());
         ctx.run.phases.until(Phases::stopped).await;
         ctx.tally.take()
     });

@@ -1,11 +1,11 @@
 //! What the subscriber tasks of one thread share ([`Ctx`], built from the run's [`Setup`]), and
-//! how they subscribe ([`Framing`]) and churn: what the crew (`crew.rs`) hands the subscribers
-//! (`subscriber.rs`) it starts.
+//! how they subscribe ([`Framing`]): what the crew (`crew.rs`) hands the subscribers
+//! (`subscriber.rs`) it starts. Which of them churn is the crew's to know (`churn.rs` drives
+//! its joiners with a `Ctx`), not the context's.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::churn::Churn;
 use crate::shared::{Run, ServiceAccess};
 use crate::tally::{Counters, Tally};
 
@@ -28,8 +28,6 @@ pub struct Ctx {
     pub framing: Framing,
     /// Subscribing is given up after this.
     pub deadline: Instant,
-    /// Subscribers that join and leave (`--churn-subs`), if any.
-    pub churn: Option<Churn>,
 }
 
 /// How every thread's subscribers subscribe (each thread gets its copy).
@@ -39,7 +37,6 @@ pub struct Setup {
     pub changes: usize,
     pub framing: Framing,
     pub deadline: Instant,
-    pub churn: Option<Churn>,
 }
 
 impl Setup {
@@ -51,7 +48,6 @@ impl Setup {
             changes: self.changes,
             framing: self.framing,
             deadline: self.deadline,
-            churn: self.churn.clone(),
         }
     }
 }
@@ -70,7 +66,6 @@ impl Setup {
             changes: 10,
             framing: Framing::Batched,
             deadline: Instant::now(),
-            churn: None,
         };
         setup.ctx(Arc::new(Run::new()), Arc::new(Counters::new(1)))
     }

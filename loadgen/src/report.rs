@@ -101,59 +101,62 @@ fn latency_json(lat: &[u32]) -> serde_json::Value {
            "p999": quantile(&lat, 0.999), "max": quantile(&lat, 1.0)})
 }
 
+/// The measured window's totals, from the two snapshots.
+struct Window {
+    secs: f64,
+    /// Changes the steady subscribers received in the window.
+    deliveries: f64,
+    /// CPU seconds of each `--service-pid-file`'s processes, and their sum.
+    cpu_of: Vec<f64>,
+    service_cpu: f64,
+    own_cpu: f64,
+    /// The checked subscribers' commit→receipt latencies (µs), sorted.
+    lat: Vec<u32>,
+}
+
+impl Window {
+    /// CPU µs per delivery of `cpu` seconds.
+    fn per_delivery_us(&self, cpu: f64) -> f64 {
+        if self.deliveries > 0.0 {
+            cpu * 1e6 / self.deliveries
+        } else {
+            f64::NAN
+        }
+    }
+}
+
 impl Report<'_> {
+    /// Prints the JSON line, then the human line and its detail lines.
     pub fn print(&self) {
+        let w = self.window();
+        let j = self.json(&w);
+        println!("{j}");
+        self.print_human(&w);
+        self.print_details(&w, &j);
+    }
+
+    fn window(&self) -> Window {
         let (a, b) = (&self.a, &self.b);
-        let secs = (b.at - a.at).as_secs_f64();
-        let deliveries = (b.got.changes - a.got.changes) as f64;
         let cpu_of: Vec<f64> = (a.service_cpu_s.iter().zip(&b.service_cpu_s))
             .map(|(a, b)| cpu::spent_s(a, b))
             .collect();
-        let service_cpu: f64 = cpu_of.iter().sum();
-        let own_cpu = b.own_cpu_s - a.own_cpu_s;
-        let per_delivery_us = |cpu: f64| {
-            if deliveries > 0.0 {
-                cpu * 1e6 / deliveries
-            } else {
-                f64::NAN
-            }
-        };
         let mut lat = self.received.latencies_us.clone();
         lat.sort_unstable();
-        let (p50, p99, p999) = (
-            quantile(&lat, 0.5),
-            quantile(&lat, 0.99),
-            quantile(&lat, 0.999),
-        );
-        let gap_ms = self.received.longest_gap_us as f64 / 1000.0;
-        let n = self.services.len().max(1);
-        let services: Vec<_> = (self.services.iter().enumerate())
-            .map(|(i, url)| {
-                let got = |s: &Snapshot| s.got.service_changes.get(i).copied().unwrap_or(0);
-                let lat = (self.received.service_latencies_us.get(i))
-                    .map_or_else(|| latency_json(&[]), |l| latency_json(l));
-                json!({
-                    "url": url,
-                    "subs": self.subs / n + usize::from(i < self.subs % n),
-                    "deliveriesPerS": r2((got(b) - got(a)) as f64 / secs),
-                    "latencyMs": lat,
-                })
-            })
-            .collect();
-        let processes: Vec<_> = (self.pid_files.iter().zip(&b.service_cpu_s).zip(&cpu_of))
-            .map(|((file, listed), &cpu)| {
-                let mut pids: Vec<u32> = listed.keys().copied().collect();
-                pids.sort_unstable();
-                json!({
-                    "pidFile": file,
-                    "pids": pids,
-                    "cpuS": r2(cpu),
-                    "cores": r2(cpu / secs),
-                    "cpuUsPerDelivery": r2(per_delivery_us(cpu)),
-                })
-            })
-            .collect();
-        let j = json!({
+        Window {
+            secs: (b.at - a.at).as_secs_f64(),
+            deliveries: (b.got.changes - a.got.changes) as f64,
+            service_cpu: cpu_of.iter().sum(),
+            cpu_of,
+            own_cpu: b.own_cpu_s - a.own_cpu_s,
+            lat,
+        }
+    }
+
+    /// The JSON line.
+    fn json(&self, w: &Window) -> serde_json::Value {
+        let (a, b) = (&self.a, &self.b);
+        let (secs, deliveries, lat) = (w.secs, w.deliveries, &w.lat);
+        json!({
             "service": self.label,
             "subs": self.subs,
             "checkedSubs": self.checked_subs,
@@ -173,27 +176,78 @@ impl Report<'_> {
             "framesPerS": r2((b.got.frames - a.got.frames) as f64 / secs),
             "changesReceived": b.got.changes,
             "serviceRssAnonPeakMiB": r2(self.service_rss_anon_peak_kib as f64 / 1024.0),
-            "serviceCpuS": r2(service_cpu),
-            "serviceCores": r2(service_cpu / secs),
-            "serviceCpuUsPerDelivery": r2(per_delivery_us(service_cpu)),
-            "deliveriesPerServiceCpuS": r2(deliveries / service_cpu),
-            "loadgenCpuS": r2(own_cpu),
-            "loadgenCpuUsPerDelivery": r2(per_delivery_us(own_cpu)),
-            "latencyMs": {"n": lat.len(), "p50": p50, "p99": p99, "p999": p999, "max": quantile(&lat, 1.0)},
-            "longestCommitGapMs": gap_ms,
+            "serviceCpuS": r2(w.service_cpu),
+            "serviceCores": r2(w.service_cpu / secs),
+            "serviceCpuUsPerDelivery": r2(w.per_delivery_us(w.service_cpu)),
+            "deliveriesPerServiceCpuS": r2(deliveries / w.service_cpu),
+            "loadgenCpuS": r2(w.own_cpu),
+            "loadgenCpuUsPerDelivery": r2(w.per_delivery_us(w.own_cpu)),
+            "latencyMs": {"n": lat.len(), "p50": quantile(lat, 0.5), "p99": quantile(lat, 0.99),
+                          "p999": quantile(lat, 0.999), "max": quantile(lat, 1.0)},
+            "longestCommitGapMs": self.received.longest_gap_us as f64 / 1000.0,
             "lightNewestCommitLatencyMs": self.light_latency_json(),
             "ackLatencyMs": latency_json(&self.source.ack_latencies_us.borrow()),
             "errors": self.run.error_count(),
             "firstErrors": self.run.first_errors(),
-            "services": services,
-            "processes": processes,
+            "services": self.services_json(secs),
+            "processes": self.processes_json(w),
             "loadgenRssAnonMiB": r2(memory::rss_anon_kib(std::process::id()).unwrap_or(0) as f64 / 1024.0),
             "idle": self.idle_json(),
             "serviceSched": sched::json(a.service_sched, b.service_sched, secs),
             "loadgenSched": sched::json(a.own_sched, b.own_sched, secs),
             "churn": self.churn_json(secs),
-        });
-        println!("{j}");
+        })
+    }
+
+    /// Each service address's subscribers, deliveries and latencies (`services`).
+    fn services_json(&self, secs: f64) -> Vec<serde_json::Value> {
+        let (a, b) = (&self.a, &self.b);
+        let n = self.services.len().max(1);
+        (self.services.iter().enumerate())
+            .map(|(i, url)| {
+                let got = |s: &Snapshot| s.got.service_changes.get(i).copied().unwrap_or(0);
+                let lat = (self.received.service_latencies_us.get(i))
+                    .map_or_else(|| latency_json(&[]), |l| latency_json(l));
+                json!({
+                    "url": url,
+                    "subs": self.subs / n + usize::from(i < self.subs % n),
+                    "deliveriesPerS": r2((got(b) - got(a)) as f64 / secs),
+                    "latencyMs": lat,
+                })
+            })
+            .collect()
+    }
+
+    /// Each `--service-pid-file`'s processes and their CPU (`processes`).
+    fn processes_json(&self, w: &Window) -> Vec<serde_json::Value> {
+        (self
+            .pid_files
+            .iter()
+            .zip(&self.b.service_cpu_s)
+            .zip(&w.cpu_of))
+        .map(|((file, listed), &cpu)| {
+            let mut pids: Vec<u32> = listed.keys().copied().collect();
+            pids.sort_unstable();
+            json!({
+                "pidFile": file,
+                "pids": pids,
+                "cpuS": r2(cpu),
+                "cores": r2(cpu / w.secs),
+                "cpuUsPerDelivery": r2(w.per_delivery_us(cpu)),
+            })
+        })
+        .collect()
+    }
+
+    /// The human line.
+    fn print_human(&self, w: &Window) {
+        let (a, b, secs) = (&self.a, &self.b, w.secs);
+        let (p50, p99, p999) = (
+            quantile(&w.lat, 0.5),
+            quantile(&w.lat, 0.99),
+            quantile(&w.lat, 0.999),
+        );
+        let gap_ms = self.received.longest_gap_us as f64 / 1000.0;
         println!(
             "{} {} subs{} {}{}: {:.0} deliveries/s ({:.0} txns/s upstream), service {:.2} µs CPU/delivery ({:.2} cores), loadgen {:.2} µs/delivery; commit→receipt{} p50 {p50:.2} ms p99 {p99:.2} ms p99.9 {p999:.2} ms, longest gap {gap_ms:.1} ms; service RssAnon peak {:.0} MiB; {} errors",
             self.label,
@@ -201,15 +255,19 @@ impl Report<'_> {
             if self.never_reading > 0 { format!(" (+{} never reading)", self.never_reading) } else { String::new() },
             if self.batched { "batched " } else { "" },
             if self.rate > 0.0 { format!("at {} txns/s", self.rate) } else { "saturated".into() },
-            deliveries / secs,
+            w.deliveries / secs,
             (b.txns_sent - a.txns_sent) as f64 / secs,
-            per_delivery_us(service_cpu),
-            service_cpu / secs,
-            per_delivery_us(own_cpu),
+            w.per_delivery_us(w.service_cpu),
+            w.service_cpu / secs,
+            w.per_delivery_us(w.own_cpu),
             self.sample_words(),
             self.service_rss_anon_peak_kib as f64 / 1024.0,
             self.run.error_count()
         );
+    }
+
+    /// The lines under the human line: light subscribers, scheduling, idle memory, churn.
+    fn print_details(&self, w: &Window, j: &serde_json::Value) {
         if self.checked_subs < self.subs {
             let l = &j["lightNewestCommitLatencyMs"];
             println!(
@@ -236,7 +294,7 @@ impl Report<'_> {
             );
         }
         if let Some(c) = self.churn {
-            let (a, b) = (&a.got, &b.got);
+            let (a, b) = (&self.a.got, &self.b.got);
             println!(
                 "  churn: {} joiners at {}/s: {} joined, {} left in the window, {} left with no transaction; joiners received {:.0} txns/s in all; gaps are errors ({} in all)",
                 c.subs,
@@ -244,32 +302,37 @@ impl Report<'_> {
                 b.churn_joins - a.churn_joins,
                 b.churn_leaves - a.churn_leaves,
                 b.churn_empty,
-                (b.churn_commits - a.churn_commits) as f64 / secs,
+                (b.churn_commits - a.churn_commits) as f64 / w.secs,
                 self.run.error_count()
             );
         }
         if self.services.len() > 1 || self.pid_files.len() > 1 {
-            let by_service: Vec<String> = (j["services"].as_array().into_iter().flatten())
-                .map(|s| {
-                    format!(
-                        "{} ({} subs) {:.0} deliveries/s p50 {} p99 {} ms",
-                        s["url"].as_str().unwrap_or("?"),
-                        s["subs"],
-                        s["deliveriesPerS"].as_f64().unwrap_or(f64::NAN),
-                        s["latencyMs"]["p50"],
-                        s["latencyMs"]["p99"]
-                    )
-                })
-                .collect();
-            let by_process: Vec<String> = (self.pid_files.iter().zip(&cpu_of))
-                .map(|(f, cpu)| format!("{f} {:.2} cores", cpu / secs))
-                .collect();
-            println!(
-                "  by service: {}; by process: {}",
-                by_service.join(", "),
-                by_process.join(", ")
-            );
+            self.print_by_service(w, j);
         }
+    }
+
+    /// With several addresses or processes: each one's figures on one line.
+    fn print_by_service(&self, w: &Window, j: &serde_json::Value) {
+        let by_service: Vec<String> = (j["services"].as_array().into_iter().flatten())
+            .map(|s| {
+                format!(
+                    "{} ({} subs) {:.0} deliveries/s p50 {} p99 {} ms",
+                    s["url"].as_str().unwrap_or("?"),
+                    s["subs"],
+                    s["deliveriesPerS"].as_f64().unwrap_or(f64::NAN),
+                    s["latencyMs"]["p50"],
+                    s["latencyMs"]["p99"]
+                )
+            })
+            .collect();
+        let by_process: Vec<String> = (self.pid_files.iter().zip(&w.cpu_of))
+            .map(|(f, cpu)| format!("{f} {:.2} cores", cpu / w.secs))
+            .collect();
+        println!(
+            "  by service: {}; by process: {}",
+            by_service.join(", "),
+            by_process.join(", ")
+        );
     }
 }
 

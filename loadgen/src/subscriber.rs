@@ -30,18 +30,11 @@ use tokio_tungstenite::{Connector, MaybeTlsStream, WebSocketStream};
 use crate::ctx::{Ctx, Framing};
 use crate::frames::{ack_text, payloads, split_batch, split_frame, Frame};
 use crate::light::Light;
+use crate::reader::Reader;
 use crate::shared::{Phases, Run, ServiceAccess};
 use crate::workload::{frame_watermark, lexi, parse_lexi, FIRST_SEQ};
 
 type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
-
-/// How a subscriber reads each frame: with every check ([`Check`]) or light ([`Light`]).
-pub trait Reader {
-    /// Reads one frame's text; the id to ack, or `None` when the subscription cannot go on.
-    fn frame(&mut self, ctx: &Ctx, text: &str) -> Option<u64>;
-    /// The subscriber's name, for errors.
-    fn name(&self) -> &str;
-}
 
 /// Whose figures a subscriber's receipts go to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use crate::light::Contents;
+use crate::scan::Contents;
 
 /// One counter alone on its cache lines, so that two threads' counters never share one.
 #[repr(align(128))]

@@ -9,6 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -99,15 +100,73 @@ pub async fn serve(
     }
 }
 
-// The handshake callback's `Result<Response, ErrorResponse>` is tungstenite's signature.
-#[allow(clippy::result_large_err)]
+type Ws = tokio_tungstenite::WebSocketStream<TcpStream>;
+type WsError = tokio_tungstenite::tungstenite::Error;
+
+/// What the ack reader tells the sender: the connection closed, or an ack made room (`wake`).
+#[derive(Clone)]
+struct Link {
+    closed: Rc<Cell<bool>>,
+    wake: Rc<Notify>,
+}
+
+/// One connection of the service: the handshake, the initial sync unless it resumes from a
+/// `lastWatermark`, then the flood once the run starts, while its acks are read beside.
 async fn connection(
     tcp: TcpStream,
     run: &Arc<Run>,
     stats: &Rc<SourceStats>,
     cfg: &SourceConfig,
     go_at: &Rc<Cell<Option<Instant>>>,
-) -> Result<(), tokio_tungstenite::tungstenite::Error> {
+) -> Result<(), WsError> {
+    let (ws, last) = accept(tcp).await?;
+    let (mut sink, stream) = ws.split();
+    let resume = match &last {
+        Some(w) => match parse_lexi(w) {
+            Some(seq) => seq,
+            None => {
+                run.error(format!("upstream: lastWatermark {w} is not a LexiVersion"));
+                return Ok(());
+            }
+        },
+        None => FIRST_SEQ - 1,
+    };
+    stats.acked.set(resume);
+    run.set_stored(resume);
+    let link = Link {
+        closed: Rc::new(Cell::new(false)),
+        wake: Rc::new(Notify::new()),
+    };
+    let acks = read_acks(stream, run.clone(), stats.clone(), link.clone());
+    tokio::task::spawn_local(acks);
+
+    let mut next = resume + 1;
+    if last.is_none() {
+        for f in initial_sync(&cfg.app, &cfg.shard) {
+            sink.feed(Message::text(f)).await?;
+        }
+        sink.flush().await?;
+        run.mark_sent(FIRST_SEQ, FIRST_SEQ);
+        next = FIRST_SEQ + 1;
+    }
+    let mut phase_changed = run.phases.watch();
+    while !run.phases.go() {
+        if link.closed.get() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = phase_changed.changed() => {}
+            _ = link.wake.notified() => {}
+        }
+    }
+    let start = go_at.get().unwrap_or_else(Instant::now);
+    flood(&mut sink, run, stats, cfg, &link, start, next).await
+}
+
+/// Accepts the websocket handshake; the socket and the `lastWatermark` it resumes from, if any.
+// The handshake callback's `Result<Response, ErrorResponse>` is tungstenite's signature.
+#[allow(clippy::result_large_err)]
+async fn accept(tcp: TcpStream) -> Result<(Ws, Option<String>), WsError> {
     tcp.set_nodelay(true)?;
     let uri = Rc::new(RefCell::new(String::new()));
     let seen = uri.clone();
@@ -122,67 +181,42 @@ async fn connection(
         .find_map(|kv| kv.strip_prefix("lastWatermark="))
         .map(str::to_owned);
     eprintln!("loadgen: upstream connect {uri}");
-    let (mut sink, mut stream) = ws.split();
+    Ok((ws, last))
+}
 
-    let closed = Rc::new(Cell::new(false));
-    let wake = Rc::new(Notify::new());
-    let resume = match &last {
-        Some(w) => match parse_lexi(w) {
-            Some(seq) => seq,
-            None => {
-                run.error(format!("upstream: lastWatermark {w} is not a LexiVersion"));
-                return Ok(());
+/// Reads the service's commit acks until the connection closes, waking the sender at each.
+async fn read_acks(mut stream: SplitStream<Ws>, run: Arc<Run>, stats: Rc<SourceStats>, link: Link) {
+    while let Some(Ok(m)) = stream.next().await {
+        let Message::Text(t) = m else { continue };
+        if !t.as_str().starts_with(r#"["status",{"tag":"commit"}"#) {
+            continue;
+        }
+        match frame_watermark(t.as_str()).and_then(parse_lexi) {
+            Some(seq) if seq > stats.acked.get() => {
+                stats.acked_now(&run, seq);
+                link.wake.notify_one();
             }
-        },
-        None => FIRST_SEQ - 1,
-    };
-    stats.acked.set(resume);
-    run.set_stored(resume);
-    {
-        let (run, stats) = (run.clone(), stats.clone());
-        let (closed, wake) = (closed.clone(), wake.clone());
-        tokio::task::spawn_local(async move {
-            while let Some(Ok(m)) = stream.next().await {
-                let Message::Text(t) = m else { continue };
-                if !t.as_str().starts_with(r#"["status",{"tag":"commit"}"#) {
-                    continue;
-                }
-                match frame_watermark(t.as_str()).and_then(parse_lexi) {
-                    Some(seq) if seq > stats.acked.get() => {
-                        stats.acked_now(&run, seq);
-                        wake.notify_one();
-                    }
-                    Some(_) => {}
-                    None => run.error(format!("upstream: ack without a LexiVersion: {t}")),
-                }
-            }
-            closed.set(true);
-            wake.notify_one();
-        });
+            Some(_) => {}
+            None => run.error(format!("upstream: ack without a LexiVersion: {t}")),
+        }
     }
+    link.closed.set(true);
+    link.wake.notify_one();
+}
 
-    let mut next = resume + 1;
-    if last.is_none() {
-        for f in initial_sync(&cfg.app, &cfg.shard) {
-            sink.feed(Message::text(f)).await?;
-        }
-        sink.flush().await?;
-        run.mark_sent(FIRST_SEQ, FIRST_SEQ);
-        next = FIRST_SEQ + 1;
-    }
-    let mut phase_changed = run.phases.watch();
-    while !run.phases.go() {
-        if closed.get() {
-            return Ok(());
-        }
-        tokio::select! {
-            _ = phase_changed.changed() => {}
-            _ = wake.notified() => {}
-        }
-    }
-    let start = go_at.get().unwrap_or_else(Instant::now);
+/// Sends live transactions from `next` until the run stops or the connection closes: at most
+/// `window` ahead of the acks, paced from `start` (the flood's start), `MAX_BATCH` a write.
+async fn flood(
+    sink: &mut SplitSink<Ws, Message>,
+    run: &Run,
+    stats: &SourceStats,
+    cfg: &SourceConfig,
+    link: &Link,
+    start: Instant,
+    mut next: u64,
+) -> Result<(), WsError> {
     let mut frames = Vec::with_capacity((cfg.changes + 2) * MAX_BATCH as usize);
-    while !run.phases.stopped() && !closed.get() {
+    while !run.phases.stopped() && !link.closed.get() {
         let in_flight = (next - 1).saturating_sub(stats.acked.get());
         let room = cfg.window.saturating_sub(in_flight);
         let due = match cfg.pace {
@@ -201,7 +235,7 @@ async fn connection(
                 }
                 _ => {
                     tokio::select! {
-                        _ = wake.notified() => {}
+                        _ = link.wake.notified() => {}
                         _ = tokio::time::sleep(Duration::from_millis(100)) => {}
                     }
                 }

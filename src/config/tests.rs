@@ -111,17 +111,19 @@ fn standby_serves_defaults_to_true_and_takes_an_explicit_false() {
     assert!(e.contains("--standby-serves"), "{e}");
 }
 
-/// `--help` is grouped (issue 27): every flag sits under one of the six headings, in that order,
+/// `--help` is grouped (issue 27): every flag sits under one of the seven headings, in that order,
 /// so that an operator finds a flag by what it is about.
 #[test]
 fn every_flag_has_a_help_heading() {
-    const HEADINGS: [&str; 6] = [
+    const HEADINGS: [&str; 7] = [
         "Upstream",
         "Backup",
         "Change log",
         "Subscribers",
         "Access",
+        "Operations",
         "Instances",
+        "Logging",
     ];
     let command = Config::command();
     let mut seen: Vec<&str> = Vec::new();
@@ -174,4 +176,41 @@ fn backup_audit_interval_defaults_to_60_s_with_control_and_vfs_and_0_is_off() {
     assert_eq!(audit(&["--backup-audit-interval-ms", "0"]), None);
     let control_only = parse(&both[..6]).unwrap();
     assert_eq!(control_only.backup_audit_interval(), None);
+}
+
+/// PROTOCOL.md §2: unset, the catch-up window is 4 MiB or `--max-subscriber-queue-bytes` where
+/// that is smaller, so a bound valid before the window existed still starts; only a window
+/// given above the bound is refused.
+#[test]
+fn catchup_window_defaults_to_the_subscriber_bound_where_that_is_smaller() {
+    for (args, window) in [
+        (&[][..], 4 << 20),
+        (&["--max-subscriber-queue-bytes", "1048576"][..], 1 << 20),
+        (&["--max-subscriber-queue-bytes", "65536"][..], 65536),
+        (&["--max-subscriber-queue-bytes", "4194304"][..], 4 << 20),
+        (&["--max-subscriber-queue-bytes", "4194305"][..], 4 << 20),
+    ] {
+        let c = parse(args).unwrap();
+        assert_eq!(c.catchup_window(), window, "{args:?}");
+        assert_eq!(
+            c.streamer().catchup_window_bytes,
+            window as usize,
+            "{args:?}"
+        );
+        assert!(c.check_catchup_window().is_ok(), "{args:?}");
+    }
+    let c = parse(&[
+        "--max-subscriber-queue-bytes",
+        "1048576",
+        "--catchup-window-bytes",
+        "4194304",
+    ])
+    .unwrap();
+    assert_eq!(
+        c.check_catchup_window(),
+        Err(CatchupWindowError {
+            window: 4 << 20,
+            bound: 1 << 20
+        })
+    );
 }

@@ -34,7 +34,9 @@ use tokio::sync::watch;
 use crate::config::Config;
 
 /// Paths served to anyone, whatever the mode.
-pub const OPEN_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics"];
+/// `/` is the live page (PROTOCOL.md §11.2), which holds no data: what it shows it reads from
+/// `/status`, guarded, with the secret the operator types in.
+pub const OPEN_PATHS: &[&str] = &["/", "/healthz", "/readyz", "/metrics"];
 
 /// The access mode of the service.
 #[derive(Debug)]

@@ -156,6 +156,13 @@ fn change_log(m: &Scrape, o: &Observation) -> prometheus::Result<()> {
     m.set(&CHANGE_LOG_BYTES, o.change_log_bytes as f64)?;
     m.set(&PURGES, o.purge.purges as f64)?;
     m.set_each(
+        &STAGE_STALLED,
+        o.stages.iter().map(|s| {
+            let stalled = f64::from(u8::from(s.stalled_ms.is_some()));
+            ([s.stage.as_str()], stalled)
+        }),
+    )?;
+    m.set_each(
         &PURGE_BLOCKED,
         BlockedBy::ALL.map(|b| {
             (

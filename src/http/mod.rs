@@ -10,12 +10,13 @@
 //! actors. A request that is bad (unsupported version, missing or invalid parameter) is still
 //! upgraded, then closed with 1002 and a reason, because websocket clients only see close
 //! frames; a request to these paths without an upgrade gets a plain 400. Everything else but
-//! `/healthz`, `/readyz`, `/metrics` and `/status` is 404. Before any of it, [`access`] decides
+//! `/` (the live page, [`page`]), `/healthz`, `/readyz`, `/metrics` and `/status` is 404. Before any of it, [`access`] decides
 //! whether the request is served at all.
 
 pub mod access;
 pub mod changes;
 pub mod metrics;
+pub mod page;
 pub mod query;
 pub mod readyz;
 pub mod snapshot;
@@ -37,6 +38,7 @@ use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::monitor::{BackupQuorum, MonitorActor};
 use change_streamer_actors::purger::Purger;
 use change_streamer_actors::reservation::ReservationActor;
+use change_streamer_actors::stall::StallWatch;
 use change_streamer_actors::streamer::Streamer;
 use tokio::sync::watch;
 
@@ -66,6 +68,8 @@ pub struct AppState {
     pub instance: InstanceId,
     /// Its record in the shared change DB; `None` on SQLite.
     pub recorder: Option<Addr<InstanceRecorder>>,
+    /// The stages' stall watch (PROTOCOL.md §11.1).
+    pub stall: Addr<StallWatch>,
 }
 
 #[derive(Clone)]
@@ -106,13 +110,22 @@ impl Door {
 
 /// Registers every route; each asks the [`Door`] which phase serves it.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route("/replication/{version}/snapshot", web::get().to(snapshot))
+    cfg.route("/", web::get().to(page))
+        .route("/replication/{version}/snapshot", web::get().to(snapshot))
         .route("/replication/{version}/changes", web::get().to(changes))
         .route("/healthz", web::get().to(status::healthz))
         .route("/readyz", web::get().to(readyz))
         .route("/metrics", web::get().to(metrics))
         .route("/status", web::get().to(status))
         .default_service(web::to(not_found));
+}
+
+/// The live page (PROTOCOL.md §11.2), the same at the owner and at a standby.
+async fn page(door: web::Data<Door>) -> HttpResponse {
+    match door.phase() {
+        Phase::Owner(s) => page::page(s.access.mode()),
+        Phase::Standby(s) => page::page(s.access.mode()),
+    }
 }
 
 async fn snapshot(

@@ -3,15 +3,18 @@
 //! `/healthz`: it says nothing about the data.
 //!
 //! The owner is ready once its change log is initialised (a replicaVersion stored), it still
-//! owns it, its change source has not said `reset-required` since its last new transaction
-//! (PROTOCOL.md §4), and after a restart the backup covers the watermark recorded before it
-//! (PROTOCOL.md §13.1, as the cleanup actor judges). A standby's readiness is in
+//! owns it, its change source is not silent (its last connection did not end by a silence nor
+//! its last connect time out, with none since) and has not said `reset-required` since its last
+//! new transaction (PROTOCOL.md §4), after a restart the backup covers the watermark recorded
+//! before it (PROTOCOL.md §13.1, as the cleanup actor judges), and no stage is stalled
+//! (PROTOCOL.md §11.1, as the stall watch judges). A standby's readiness is in
 //! [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
 use change_streamer_actors::cleanup::GetRestartCatchUp;
-use change_streamer_actors::streamer::IsResetRequired;
+use change_streamer_actors::stall::{GetStages, StageState};
+use change_streamer_actors::streamer::{IsResetRequired, IsUpstreamSilent};
 
 use super::AppState;
 
@@ -32,6 +35,12 @@ pub enum NotReady {
     CannotWrite(String),
     /// The change source said `reset-required` and has sent no new transaction since.
     ResetRequired,
+    /// The last connection to the change source ended by a silence, or the last connect timed
+    /// out, and none has succeeded since (PROTOCOL.md §4).
+    UpstreamSilent,
+    /// A stage has had work pending and no progress for `--stall-alarm-ms` (PROTOCOL.md
+    /// §11.1): `stalled: STAGE for N ms`.
+    Stalled(String),
 }
 
 impl NotReady {
@@ -45,6 +54,8 @@ impl NotReady {
             NotReady::Stopping => "stopping".into(),
             NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
             NotReady::ResetRequired => "reset required".into(),
+            NotReady::UpstreamSilent => "upstream silent".into(),
+            NotReady::Stalled(line) => line.clone(),
         }
     }
 }
@@ -73,6 +84,8 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
     if !state.log.is_owner() {
         return Err(NotReady::Standby);
     }
+    // Before anything that asks the change log: a stalled writer would hold that question.
+    nothing_stalled(state).await?;
     match state.log.stats().await {
         Ok(stats) if stats.write_error.is_some() => {
             return Err(NotReady::CannotWrite(stats.write_error.unwrap_or_default()))
@@ -83,9 +96,24 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Err(ChangeLogError::Closed) => return Err(NotReady::Stopping),
         Err(_) => return Err(NotReady::ChangeDbUnreachable),
     }
+    match state.streamer.send(IsUpstreamSilent).await {
+        Ok(true) => return Err(NotReady::UpstreamSilent),
+        Ok(false) => {}
+        Err(_) => return Err(NotReady::Stopping),
+    }
     match state.streamer.send(IsResetRequired).await {
         Ok(true) => Err(NotReady::ResetRequired),
         Ok(false) => backup_caught_up(state).await,
+        Err(_) => Err(NotReady::Stopping),
+    }
+}
+
+/// PROTOCOL.md §11.1: not ready while a stage is stalled; the one stalled longest is named.
+async fn nothing_stalled(state: &AppState) -> Result<(), NotReady> {
+    match state.stall.send(GetStages).await {
+        Ok(stages) => {
+            StageState::readyz_reason(&stages).map_or(Ok(()), |r| Err(NotReady::Stalled(r)))
+        }
         Err(_) => Err(NotReady::Stopping),
     }
 }

@@ -237,7 +237,7 @@ impl OwnerStart<'_> {
             let control = matches!(source, BackupSource::Control(_));
             if let (BackupSource::Control(c), None) = (&source, &audit) {
                 info!(
-                    "no audit of backup {}: it needs a VFS to read it through (PROTOCOL.md §8.1d); {} is trusted as it answers",
+                    backup:% = spec.name; "no audit of backup {}: it needs a VFS to read it through (PROTOCOL.md §8.1d); {} is trusted as it answers",
                     spec.name, c.url
                 );
             }

@@ -235,7 +235,7 @@ impl Actor for SubscriberSession {
                     if let (true, Some(task), Some(res)) =
                         (act.params.initial, &act.params.task_id, &act.reservations)
                     {
-                        info!("initial subscription of task {task} ends its snapshot reservation");
+                        info!(task:% = task; "initial subscription of task {task} ends its snapshot reservation");
                         res.do_send(EndBySubscription {
                             task_id: task.clone(),
                         });

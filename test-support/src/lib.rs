@@ -21,6 +21,7 @@ pub mod pg_cluster;
 pub mod process;
 #[cfg(feature = "service")]
 pub mod service;
+pub mod status;
 pub mod stock_litestream;
 pub mod stored;
 pub mod upstream;

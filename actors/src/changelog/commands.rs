@@ -16,6 +16,7 @@ use super::safety::{SafetyState, StateChange};
 use super::types::{
     LogStats, PendingChunk, PurgeGate, PurgeOutcome, Reply, StoredChange, Transaction,
 };
+use crate::stall::StallReport;
 use crate::watermark::Watermark;
 
 /// How many queued appends at most share one database transaction.
@@ -42,6 +43,9 @@ pub(super) enum WriteCommand {
     Barrier(Reply<()>),
     State(StateChange, Reply<()>),
     LoadState(Reply<SafetyState>),
+    /// From now on the writer's queue tells the stall watch when work waits on the writer and
+    /// when it is done (PROTOCOL.md §11.1); taken by [`WriteQueue::next`], never served.
+    ReportStalls(StallReport),
 }
 
 /// A catch-up read: up to `limit` stored changes after `after` (exclusive) and at or below
@@ -98,6 +102,48 @@ pub(super) enum ReadCommand {
     Range(RangeQuery, Reply<Vec<StoredChange>>),
     /// The bytes the change log takes on disk.
     Size(Reply<u64>),
+    /// From now on the reader's queue tells the stall watch when reads wait on the reader
+    /// (PROTOCOL.md §11.1); taken by [`ReadQueue::recv`], never served.
+    ReportStalls(StallReport),
+}
+
+/// The reader's end of the read channel. It reports the reader as stage `catchup` (PROTOCOL.md
+/// §11.1): pending from the moment it hands out a read, progress each time the reader comes
+/// back for more, idle while the channel is empty.
+pub(super) struct ReadQueue {
+    rx: mpsc::Receiver<ReadCommand>,
+    stall: StallReport,
+}
+
+impl ReadQueue {
+    pub(super) fn new(rx: mpsc::Receiver<ReadCommand>) -> ReadQueue {
+        ReadQueue {
+            rx,
+            stall: StallReport::default(),
+        }
+    }
+
+    /// The next read, waiting until one comes; `None` once every handle is gone.
+    pub(super) fn recv(&mut self) -> Option<ReadCommand> {
+        self.stall.progress();
+        loop {
+            let cmd = match self.rx.try_recv() {
+                Ok(c) => c,
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {
+                    self.stall.idle();
+                    self.rx.recv().ok()?
+                }
+            };
+            match cmd {
+                ReadCommand::ReportStalls(report) => self.stall = report,
+                cmd => {
+                    self.stall.pending();
+                    return Some(cmd);
+                }
+            }
+        }
+    }
 }
 
 /// The sending side of an engine's write queue. An engine whose writer waits out a commit window between
@@ -159,30 +205,67 @@ pub(super) enum Work {
 }
 
 /// The writer's end of the write channel, with the one command read past a group of appends.
+///
+/// It reports the writer as stage `writer` (PROTOCOL.md §11.1): pending from the moment it hands
+/// out work, progress each time the writer comes back for more, idle while it waits on an empty
+/// channel.
 pub(super) struct WriteQueue {
     rx: mpsc::Receiver<WriteCommand>,
     next: Option<WriteCommand>,
+    stall: StallReport,
 }
 
 impl WriteQueue {
     pub(super) fn new(rx: mpsc::Receiver<WriteCommand>) -> WriteQueue {
-        WriteQueue { rx, next: None }
+        WriteQueue {
+            rx,
+            next: None,
+            stall: StallReport::default(),
+        }
     }
 
     /// The next piece of work, waiting at most `timeout` (`None`: until one comes); `None` once
-    /// every handle is gone.
+    /// every handle is gone. Coming back for it means the work handed out before is done.
     pub(super) fn next(&mut self, timeout: Option<Duration>) -> Option<Work> {
-        let cmd = match self.next.take() {
-            Some(c) => c,
-            None => match timeout {
-                None => self.rx.recv().ok()?,
-                Some(t) => match self.rx.recv_timeout(t) {
-                    Ok(c) => c,
-                    Err(RecvTimeoutError::Timeout) => return Some(Work::Idle),
-                    Err(RecvTimeoutError::Disconnected) => return None,
-                },
-            },
+        self.stall.progress();
+        let cmd = loop {
+            match self.command(timeout)? {
+                Ok(WriteCommand::ReportStalls(report)) => self.stall = report,
+                Ok(cmd) => break cmd,
+                // The writer's periodic work (the change DB's ownership check) is work too.
+                Err(idle) => {
+                    self.stall.pending();
+                    return Some(idle);
+                }
+            }
         };
+        self.stall.pending();
+        self.group(cmd)
+    }
+
+    /// The next command, or [`Work::Idle`] once `timeout` passed without one; idle while the
+    /// channel is empty.
+    fn command(&mut self, timeout: Option<Duration>) -> Option<Result<WriteCommand, Work>> {
+        if let Some(c) = self.next.take() {
+            return Some(Ok(c));
+        }
+        match self.rx.try_recv() {
+            Ok(c) => return Some(Ok(c)),
+            Err(mpsc::TryRecvError::Disconnected) => return None,
+            Err(mpsc::TryRecvError::Empty) => self.stall.idle(),
+        }
+        Some(match timeout {
+            None => Ok(self.rx.recv().ok()?),
+            Some(t) => match self.rx.recv_timeout(t) {
+                Ok(c) => Ok(c),
+                Err(RecvTimeoutError::Timeout) => Err(Work::Idle),
+                Err(RecvTimeoutError::Disconnected) => return None,
+            },
+        })
+    }
+
+    /// `cmd`, with the appends queued right behind it when it is one.
+    fn group(&mut self, cmd: WriteCommand) -> Option<Work> {
         let WriteCommand::Append(txn, reply, queued) = cmd else {
             return Some(Work::Other(cmd));
         };

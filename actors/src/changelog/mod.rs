@@ -24,7 +24,7 @@ mod safety;
 mod shared;
 mod sqlite;
 mod txn_value;
-mod types;
+pub(crate) mod types;
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -34,7 +34,10 @@ use tokio::sync::{oneshot, watch};
 
 use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand, Writes};
 pub use self::engine::ChangeDb;
-pub use self::postgres::PgOptions;
+pub use self::postgres::{
+    lease_for as change_db_lease_for, set_lease as set_change_db_lease, PgOptions,
+    MIN_LEASE as MIN_CHANGE_DB_LEASE,
+};
 pub use self::safety::{
     ChangeDbView, RecordedWatermark, SafetyState, StateChange, StoredReservation,
 };
@@ -263,6 +266,15 @@ impl ChangeLog {
         w: Watermark,
     ) -> impl std::future::Future<Output = Result<bool, ChangeLogError>> {
         self.write(|r| WriteCommand::HasCommit(w, r))
+    }
+
+    /// From now on the writer reports to `watch` as stage `writer`, the reader (catch-up reads)
+    /// as stage `catchup` (PROTOCOL.md §11.1).
+    pub fn report_stalls_to(&self, watch: &actix::Addr<crate::stall::StallWatch>) {
+        let report = crate::stall::StallReport::to(watch, crate::stall::stage::WRITER);
+        self.writes.send(WriteCommand::ReportStalls(report));
+        let report = crate::stall::StallReport::to(watch, crate::stall::stage::CATCHUP);
+        let _ = self.reads.send(ReadCommand::ReportStalls(report));
     }
 
     /// Resolves once every write queued before this call is durable.

@@ -101,7 +101,7 @@ impl MonitorActor {
             return;
         };
         info!(
-            "auditing backup {} at {} through the VFS every {} ms",
+            backup:% = cfg.backup; "auditing backup {} at {} through the VFS every {} ms",
             cfg.backup,
             cfg.vfs.backup_url,
             cfg.interval.as_millis()
@@ -152,7 +152,7 @@ impl MonitorActor {
                     _ => c,
                 };
                 stats.failures_total += 1;
-                error!("backup {backup} read back watermark {read} below the confirmed watermark {below}: purging stops until it reads {below} again");
+                error!(backup:% = backup; "backup {backup} read back watermark {read} below the confirmed watermark {below}: purging stops until it reads {below} again");
                 // The purger is told when the block starts or its watermark rises.
                 let changed = stats.blocked_below.as_ref() != Some(&below);
                 stats.blocked_below = Some(below.clone());
@@ -165,7 +165,7 @@ impl MonitorActor {
             }
             None => {
                 if let Some(below) = stats.blocked_below.take() {
-                    info!("backup {backup} reads back watermark {read}, at or above the confirmed {below}: the audit no longer blocks purging");
+                    info!(backup:% = backup; "backup {backup} reads back watermark {read}, at or above the confirmed {below}: the audit no longer blocks purging");
                     if let Some(p) = &self.audit.purger {
                         p.do_send(AuditBlock {
                             backup: backup.clone(),
@@ -180,6 +180,6 @@ impl MonitorActor {
 
 /// An audit that read nothing: a warning; a block stays, none starts.
 fn audit_unread(stats: &mut AuditStats, backup: &str, reason: String) {
-    warn!("the audit of backup {backup} could not read it: {reason}");
+    warn!(backup:% = backup; "the audit of backup {backup} could not read it: {reason}");
     stats.last_error = Some(reason);
 }

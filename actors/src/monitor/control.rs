@@ -101,7 +101,7 @@ impl MonitorActor {
         };
         self.stats.last_poll_ok = Some(true);
         debug!(
-            "litestream synced ({}, txid {}, replicated {}) through watermark {}",
+            watermark:% = asked.as_ref().map_or("(none acked yet)", |w| w.as_str()); "litestream synced ({}, txid {}, replicated {}) through watermark {}",
             synced.status,
             synced.txid,
             synced.replicated_txid,
@@ -148,14 +148,19 @@ impl MonitorActor {
                 self.control.failures = 0;
                 self.ask_if_behind(ctx);
             }
-            PollOutcome::Aborted => {}
+            PollOutcome::StillInFlight | PollOutcome::Aborted => {}
         }
+    }
+
+    /// Whether an acked watermark is not confirmed yet: work waits on the backup.
+    pub(super) fn control_behind(&self) -> bool {
+        self.control.acked > self.control.confirmed
     }
 
     /// Asks litestream, unless a backoff runs, when an acked watermark is not confirmed yet
     /// (the request in flight, if any, is joined: [`MonitorActor::start_poll`]).
     fn ask_if_behind(&mut self, ctx: &mut Context<Self>) {
-        if self.control.retry.is_none() && self.control.acked > self.control.confirmed {
+        if self.control.retry.is_none() && self.control_behind() {
             self.start_poll(ctx);
         }
     }
@@ -169,6 +174,9 @@ impl Handler<BackupAcked> for MonitorActor {
         }
         if Some(&msg.watermark) > self.control.acked.as_ref() {
             self.control.acked = Some(msg.watermark);
+        }
+        if self.control_behind() {
+            self.stall.pending();
         }
         self.ask_if_behind(ctx);
     }

@@ -28,7 +28,10 @@
 //! because watermarks recorded earlier may have become due.
 //!
 //! Polls never overlap: a [`Check`] that arrives while one is in flight waits for that one's
-//! outcome instead of starting another. [`Stop`] aborts the poll in flight (dropping the
+//! outcome instead of starting another. The scheduling step does not wait for it: a period that
+//! finds a poll still in flight (a frozen litestream, which keeps its timeout) hands on an empty
+//! result, [`PollOutcome::StillInFlight`], so that watermarks recorded earlier are scheduled on
+//! time whatever the source does (PROTOCOL.md §8.1c, §8.3). [`Stop`] aborts the poll in flight (dropping the
 //! future closes the connection, or kills the VFS reader) and stops the actor, so nothing from
 //! a half-read answer is ever recorded.
 //!
@@ -44,7 +47,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use actix::prelude::*;
-use log::warn;
+use log::{debug, warn};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
@@ -52,6 +55,8 @@ use crate::cleanup::{CleanupActor, PollResult};
 use crate::clock::Clock;
 use crate::litestream::BackupSample;
 use crate::reservation::BackupRead;
+pub use crate::stall::ReportStalls;
+use crate::stall::{stage, StallReport, StallWatch};
 use crate::vfs::{VfsReader, VfsSource};
 use crate::watermark::Watermark;
 
@@ -161,6 +166,9 @@ pub enum PollOutcome {
     /// Network error, non-2xx, timeout, garbage, a page without progress samples; no backup
     /// yet, or a failing query.
     Failed(String),
+    /// The poll of an earlier period still waits for its answer: nothing was asked or read this
+    /// period, and the scheduling step ran alone (PROTOCOL.md §8.3).
+    StillInFlight,
     /// The monitor stopped before the poll finished.
     Aborted,
 }
@@ -227,6 +235,8 @@ pub struct MonitorActor {
     waiters: Vec<oneshot::Sender<PollOutcome>>,
     stats: MonitorStats,
     stopping: bool,
+    /// Told when work waits on this backup and when it progresses (PROTOCOL.md §11.1).
+    stall: StallReport,
 }
 
 impl MonitorActor {
@@ -245,7 +255,28 @@ impl MonitorActor {
             waiters: Vec::new(),
             stats: MonitorStats::default(),
             stopping: false,
+            stall: StallReport::default(),
             cfg,
+        }
+    }
+
+    /// Reports to `watch` as stage `backup:NAME` (PROTOCOL.md §11.1): work is pending while
+    /// the backup has not confirmed the newest ack (control source) or always (the others,
+    /// which learn what is backed up by polling); each poll that read the backup is progress.
+    fn report_stalls_to(&mut self, watch: &Addr<StallWatch>) {
+        let name = self.cfg.backup.as_deref().unwrap_or(SINGLE_BACKUP);
+        self.stall = StallReport::to(watch, stage::backup(name));
+        match self.cfg.source {
+            BackupSource::Control(_) if !self.control_behind() => self.stall.idle(),
+            _ => self.stall.pending(),
+        }
+    }
+
+    /// After a poll that read the backup: progress, or idle once nothing is left to confirm.
+    fn report_progress(&self) {
+        match self.cfg.source {
+            BackupSource::Control(_) if !self.control_behind() => self.stall.idle(),
+            _ => self.stall.progress(),
         }
     }
 
@@ -306,6 +337,23 @@ impl MonitorActor {
         self
     }
 
+    /// One period (PROTOCOL.md §8.1c, §8.3): a poll, or, while the previous one still waits for
+    /// its answer, the scheduling step alone; the request in flight keeps its timeout.
+    fn period(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping {
+            return;
+        }
+        if self.in_flight.is_none() {
+            return self.start_poll(ctx);
+        }
+        debug!(
+            "{} has not answered yet: the scheduling step runs without it",
+            self.describe()
+        );
+        let step = self.hand_on(Vec::new(), &PollOutcome::StillInFlight);
+        ctx.spawn(step.into_actor(self));
+    }
+
     fn start_poll(&mut self, ctx: &mut Context<Self>) {
         if self.in_flight.is_some() || self.stopping {
             return;
@@ -319,6 +367,7 @@ impl MonitorActor {
             act.stats.polls_total += 1;
             if matches!(outcome, PollOutcome::Read { .. }) {
                 act.stats.last_error = None;
+                act.report_progress();
             }
             act.audit.note_confirmed(&samples);
             act.hand_on(samples, &outcome)
@@ -365,7 +414,7 @@ impl Actor for MonitorActor {
             self.cfg.interval.as_millis()
         );
         if self.cfg.poll_automatically {
-            ctx.run_interval(self.cfg.interval, |act, ctx| act.start_poll(ctx));
+            ctx.run_interval(self.cfg.interval, |act, ctx| act.period(ctx));
         }
         self.schedule_audits(ctx);
     }
@@ -381,6 +430,13 @@ impl Handler<Check> for MonitorActor {
         self.waiters.push(tx);
         self.start_poll(ctx);
         Box::pin(async move { rx.await.unwrap_or(PollOutcome::Aborted) })
+    }
+}
+
+impl Handler<ReportStalls> for MonitorActor {
+    type Result = ();
+    fn handle(&mut self, msg: ReportStalls, _: &mut Context<Self>) {
+        self.report_stalls_to(&msg.watch);
     }
 }
 

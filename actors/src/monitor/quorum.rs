@@ -114,7 +114,7 @@ impl Backup {
                 .cloned()
                 .collect();
             debug!(
-                "backup {}: {} observations above the last recorded watermark; dropping {} older ones",
+                backup:% = self.name; "backup {}: {} observations above the last recorded watermark; dropping {} older ones",
                 self.name,
                 self.observed.len(),
                 older.len()
@@ -275,7 +275,7 @@ impl Handler<BackupPolled> for BackupQuorum {
         match &msg.outcome {
             PollOutcome::Failed(reason) => b.last_error = Some(reason.clone()),
             PollOutcome::Read { .. } => b.last_error = None,
-            PollOutcome::Aborted => {}
+            PollOutcome::StillInFlight | PollOutcome::Aborted => {}
         }
         for s in &msg.samples {
             b.observe(s);

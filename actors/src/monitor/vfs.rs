@@ -55,7 +55,7 @@ impl MonitorActor {
             Some((w, at)) if *w == watermark => *at,
             _ => {
                 let now = self.cfg.clock.now_ms();
-                debug!("the backup holds watermark={watermark}");
+                debug!(watermark:% = watermark; "the backup holds watermark={watermark}");
                 self.vfs_first_read = Some((watermark.clone(), now));
                 now
             }

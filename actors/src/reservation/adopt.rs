@@ -89,7 +89,7 @@ impl ReservationActor {
             "the one this instance held as a standby",
         );
         info!(
-            "snapshot reservation of task {task_id} (session {session_id}), held by this instance as a standby, is the owner's now: its socket stays open, cleanup stays paused"
+            task:% = task_id; "snapshot reservation of task {task_id} (session {session_id}), held by this instance as a standby, is the owner's now: its socket stays open, cleanup stays paused"
         );
         self.others
             .handed_over
@@ -137,7 +137,7 @@ impl ReservationActor {
                     }
                 }
                 Err(e) => {
-                    warn!("failing snapshot reservation of task {task_id}: adopted from this instance's standby phase, it could not be written down: {e}");
+                    warn!(task:% = task_id; "failing snapshot reservation of task {task_id}: adopted from this instance's standby phase, it could not be written down: {e}");
                     act.fail_unstored(&task_id, session_id, e);
                 }
             })

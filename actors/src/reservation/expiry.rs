@@ -31,7 +31,7 @@ impl ReservationActor {
         let orphans_end_ms = self.clock.now_ms().saturating_add(millis(cleanup_delay));
         for r in stored {
             info!(
-                "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
+                task:% = r.task_id; "snapshot reservation of task {} was open when the service stopped: orphaned, cleanup stays paused",
                 r.task_id
             );
             self.reservations.insert(
@@ -70,18 +70,18 @@ impl ReservationActor {
             let held = now - res.started_ms;
             match res.holder {
                 Some(h) if max > 0 && held >= max => {
-                    warn!("snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
+                    warn!(task:% = task_id; "snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
                     self.expired_total += 1;
                     h.session
                         .do_send(ReservationEvent::Closed(held_too_long(max)));
                 }
                 Some(_) => continue,
                 None if max > 0 && held >= max => {
-                    warn!("orphaned snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
+                    warn!(task:% = task_id; "orphaned snapshot reservation of task {task_id} held {held} ms, longer than --max-reservation-ms ({max} ms): ended");
                     self.expired_total += 1;
                 }
                 None => {
-                    info!("orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since it was orphaned without the task coming back");
+                    info!(task:% = task_id; "orphaned snapshot reservation of task {task_id} ended: the cleanup delay passed since it was orphaned without the task coming back");
                 }
             }
             self.erase(&task_id, ctx);

@@ -253,7 +253,7 @@ impl ReservationActor {
                 .map(move |r, _, _| {
                     if let Err(e) = r {
                         warn!(
-                            "end of the reservation of task {task} could not be written down: {e}"
+                            task:% = task; "end of the reservation of task {task} could not be written down: {e}"
                         );
                     }
                 })
@@ -319,11 +319,13 @@ impl ReservationActor {
         if let Some(old) = self.remove(task_id, None) {
             match old.holder {
                 Some(h) => {
-                    info!("reservation of task {task_id} replaced by {by} (session {} -> {session_id})", h.session_id);
+                    info!(task:% = task_id; "reservation of task {task_id} replaced by {by} (session {} -> {session_id})", h.session_id);
                     h.session
                         .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
                 }
-                None => info!("orphaned reservation of task {task_id} replaced by {by} (session {session_id})"),
+                None => {
+                    info!(task:% = task_id; "orphaned reservation of task {task_id} replaced by {by} (session {session_id})")
+                }
             }
             self.closed(task_id, None);
         }
@@ -341,7 +343,7 @@ impl Handler<Reserve> for ReservationActor {
         } = msg;
         self.replace(&task_id, session_id, "a new one");
         let started_ms = self.clock.now_ms();
-        info!("snapshot reservation opened by task {task_id} (session {session_id})");
+        info!(task:% = task_id; "snapshot reservation opened by task {task_id} (session {session_id})");
         self.reservations.insert(
             task_id.clone(),
             Reservation {
@@ -373,7 +375,7 @@ impl Handler<Reserve> for ReservationActor {
                 .map(move |r, act, ctx| match r {
                     Ok(()) => act.send_status(task_id, session_id, ctx),
                     Err(e) => {
-                        warn!("failing snapshot reservation of task {task_id}: it could not be written down: {e}");
+                        warn!(task:% = task_id; "failing snapshot reservation of task {task_id}: it could not be written down: {e}");
                         act.fail_unstored(&task_id, session_id, e);
                     }
                 })
@@ -387,7 +389,7 @@ impl Handler<Release> for ReservationActor {
     fn handle(&mut self, msg: Release, ctx: &mut Context<Self>) {
         if self.remove(&msg.task_id, Some(msg.session_id)).is_some() {
             info!(
-                "snapshot reservation of task {} dropped by its client (session {}); cleanup delay unchanged",
+                task:% = msg.task_id; "snapshot reservation of task {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, msg.session_id
             );
             self.erase(&msg.task_id, ctx);
@@ -415,7 +417,7 @@ impl ReservationActor {
             ""
         };
         info!(
-            "snapshot reservation{orphaned} of task {task_id} ended by its subscription{at} after {} ms",
+            task:% = task_id; "snapshot reservation{orphaned} of task {task_id} ended by its subscription{at} after {} ms",
             held.as_millis()
         );
         if let Some(h) = res.holder {
@@ -445,8 +447,8 @@ impl Handler<EndBySubscription> for ReservationActor {
                 .into_actor(self)
                 .map(move |r, _, _| match r {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => warn!("the end by subscription of task {task} could not be recorded in the change DB: {e}"),
-                    Err(_) => warn!("the end by subscription of task {task} could not be recorded: the instance recorder is gone"),
+                    Ok(Err(e)) => warn!(task:% = task; "the end by subscription of task {task} could not be recorded in the change DB: {e}"),
+                    Err(_) => warn!(task:% = task; "the end by subscription of task {task} could not be recorded: the instance recorder is gone"),
                 })
                 .spawn(ctx);
         }
@@ -491,7 +493,7 @@ impl Handler<Stop> for ReservationActor {
         if let Some(end) = msg.end {
             for (task_id, res) in std::mem::take(&mut self.reservations) {
                 if let Some(h) = res.holder {
-                    info!("closing snapshot reservation of task {task_id}: service stopping");
+                    info!(task:% = task_id; "closing snapshot reservation of task {task_id}: service stopping");
                     h.session.do_send(ReservationEvent::Closed(end.clone()));
                 }
                 self.closed(&task_id, None);

@@ -139,7 +139,7 @@ impl ReservationActor {
                             .map(|r| format!(" at instance {}", r.instance))
                             .unwrap_or_default();
                         info!(
-                            "snapshot reservation of task {}{at} ended by its subscription after {} ms",
+                            task:% = e.task_id; "snapshot reservation of task {}{at} ended by its subscription after {} ms",
                             e.task_id,
                             held.as_millis()
                         );
@@ -183,7 +183,7 @@ impl ReservationActor {
                 .open
                 .contains_key(&(instance.clone(), task.clone()))
             {
-                info!("snapshot reservation of task {task} held at instance {instance}: pausing change-log cleanup");
+                info!(task:% = task; "snapshot reservation of task {task} held at instance {instance}: pausing change-log cleanup");
             }
         }
         for ((instance, task), started) in &self.others.open {
@@ -191,7 +191,7 @@ impl ReservationActor {
                 .iter()
                 .any(|r| &r.instance == instance && &r.task_id == task && r.started_ms == *started);
             if !still {
-                info!("snapshot reservation of task {task} at instance {instance} dropped; cleanup delay unchanged");
+                info!(task:% = task; "snapshot reservation of task {task} at instance {instance} dropped; cleanup delay unchanged");
             }
         }
         view.paused_by.extend(
@@ -218,13 +218,13 @@ impl ReservationActor {
         for r in &gone {
             if self.reservations.contains_key(&r.task_id) {
                 info!(
-                    "snapshot reservation of task {} at instance {} (gone) is forgotten: this owner holds the task's reservation",
+                    task:% = r.task_id; "snapshot reservation of task {} at instance {} (gone) is forgotten: this owner holds the task's reservation",
                     r.task_id, r.instance
                 );
                 continue;
             }
             info!(
-                "snapshot reservation of task {} at instance {}: the instance is gone, the reservation is orphaned, cleanup stays paused",
+                task:% = r.task_id; "snapshot reservation of task {} at instance {}: the instance is gone, the reservation is orphaned, cleanup stays paused",
                 r.task_id, r.instance
             );
             self.reservations.insert(

@@ -151,12 +151,12 @@ pub(super) fn log_progress(msg: &Progress, first: bool, restore: &Restore) {
         .map_or_else(String::new, |size| format!(" of {size}"));
     if first {
         info!(
-            "snapshot reservation of task {} reports restore progress: {} bytes{of} restored",
+            task:% = msg.task_id; "snapshot reservation of task {} reports restore progress: {} bytes{of} restored",
             msg.task_id, msg.bytes
         );
     } else {
         debug!(
-            "snapshot reservation of task {}: {} bytes{of} restored",
+            task:% = msg.task_id; "snapshot reservation of task {}: {} bytes{of} restored",
             msg.task_id, msg.bytes
         );
     }

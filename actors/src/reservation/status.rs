@@ -138,10 +138,10 @@ impl ReservationActor {
                 };
                 match state {
                     Ok(_) if !verified && act.held_after_restart => {
-                        info!("snapshot reservation of task {task_id} waits for the backup to cover the watermark recorded before the restart");
+                        info!(task:% = task_id; "snapshot reservation of task {task_id} waits for the backup to cover the watermark recorded before the restart");
                     }
                     Ok(_) if !verified => {
-                        info!("snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
+                        info!(task:% = task_id; "snapshot reservation of task {task_id} waits for a backup at or above the change log's minWatermark");
                     }
                     Ok(s) => {
                         res.status_sent = true;
@@ -155,7 +155,7 @@ impl ReservationActor {
                         }));
                     }
                     Err(e) => {
-                        warn!("failing snapshot reservation of task {task_id}: {e}");
+                        warn!(task:% = task_id; "failing snapshot reservation of task {task_id}: {e}");
                         holder
                             .session
                             .do_send(ReservationEvent::Failed(Arc::new(e.into())));

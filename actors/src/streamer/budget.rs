@@ -140,11 +140,7 @@ impl Streamer {
             .catchup
             .iter()
             .filter(|(k, c)| {
-                !c.reading
-                    && self
-                        .subscribers
-                        .get(k)
-                        .is_some_and(|s| !super::catchup::ack_to_come(s))
+                !c.reading && self.subscribers.get(k).is_some_and(|s| !s.ack_to_come())
             })
             .map(|(&k, _)| k)
             .collect();

@@ -99,7 +99,7 @@ impl Streamer {
         // and no ack sure to come to make more: read the backlog's transactions from storage
         // instead, rather than wait for the next upstream transaction to overflow it.
         let full = sub.room() == 0 || sub.byte_room(budget.room()) == 0;
-        if full && !ack_to_come(sub) && !sub.backlog.is_empty() && at_boundary {
+        if full && !sub.ack_to_come() && !sub.backlog.is_empty() && at_boundary {
             if let Some(last) = last_commit {
                 drop_backlog(sub, c, last);
             }
@@ -130,7 +130,7 @@ impl Streamer {
             return;
         }
         let row_bytes = c.row_bytes.or(known_row_bytes);
-        if ack_to_come(sub) && row_bytes.is_some_and(|size| byte_room < size) {
+        if sub.ack_to_come() && row_bytes.is_some_and(|size| byte_room < size) {
             // No room for a row of the usual size: the ack of a commit in flight makes more.
             // With none to come (what is unacked is the start of a transaction, whose commit a
             // client acking only at commits waits for), a row is read: it may well fit.
@@ -172,7 +172,7 @@ impl Streamer {
             return;
         };
         let little = window_room(sub, window, global_room) < window / READ_WHEN_FREE;
-        if c.reading || (little && ack_to_come(sub)) {
+        if c.reading || (little && sub.ack_to_come()) {
             return;
         }
         self.read_catchup(ctx, session_id);
@@ -286,7 +286,7 @@ impl Streamer {
             // boundary; inside one, the backlog overflows and is dropped at its end).
             // Otherwise the acks that make room read on (its own, or, for the budget, anyone's).
             if let (false, false, Some(last)) =
-                (ack_to_come(sub), sub.backlog.is_empty(), last_commit)
+                (sub.ack_to_come(), sub.backlog.is_empty(), last_commit)
             {
                 drop_backlog(sub, c, last);
                 self.read_catchup(ctx, session_id);
@@ -304,13 +304,6 @@ impl Streamer {
         self.note_queued_peak();
         self.read_catchup(ctx, session_id);
     }
-}
-
-/// Whether an ack is sure to come: a commit it was sent is unacked. What is unacked otherwise is
-/// at most the start of a transaction, whose commit a client acking only at commits (PROTOCOL.md
-/// §5) waits for: no ack may come until more is sent.
-pub(super) fn ack_to_come(sub: &Subscriber) -> bool {
-    sub.in_flight() > 0 && sub.watermark > sub.acked
 }
 
 /// The bytes a catch-up may send a subscriber now: what the window leaves of its unacked

@@ -38,6 +38,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
+
+use crate::stall::{stage, ReportStalls, StallReport};
 use log::{debug, info};
 use tokio::sync::oneshot;
 
@@ -64,6 +66,8 @@ pub(super) struct FlowControl {
     /// lag, since a healthy subscriber briefly lags on most tracked sends that another acks
     /// first.
     eviction_alarm: Option<Alarm>,
+    /// The upstream reader waits while a tracked send is held (PROTOCOL.md §11.1).
+    stall: StallReport,
 }
 
 /// The consensus release of the tracked send `token` may be due: its alarm rang.
@@ -151,6 +155,7 @@ impl Streamer {
             alarm: None,
         });
         self.set_release_alarm(ctx);
+        self.flow.stall.pending();
         Some(rx)
     }
 
@@ -192,6 +197,7 @@ impl Streamer {
         let Some(cur) = self.flow.tracked_send.take() else {
             return;
         };
+        self.flow.stall.idle();
         let now = self.now_ms();
         match cur.broadcast.released() {
             Some(Release::Consensus) => {
@@ -393,5 +399,13 @@ impl Handler<EvictionDue> for Streamer {
         self.flow.eviction_alarm = None;
         self.evict_laggards(ctx);
         self.set_eviction_alarm(ctx);
+    }
+}
+
+impl Handler<ReportStalls> for Streamer {
+    type Result = ();
+    fn handle(&mut self, msg: ReportStalls, _: &mut Context<Self>) {
+        self.flow.stall = StallReport::to(&msg.watch, stage::UPSTREAM);
+        self.flow.stall.idle();
     }
 }

@@ -18,7 +18,6 @@ use log::{info, warn};
 use tokio::sync::oneshot;
 
 use super::change::{Change, Kind};
-use super::pending::both;
 use super::Streamer;
 use crate::changelog::{ChangeKind, ChangeLogError, Transaction};
 use crate::upstream::protocol::{self, UpstreamMessage};
@@ -101,6 +100,25 @@ impl Txn {
     fn push(&mut self, kind: ChangeKind, payload: String) {
         self.bytes += payload.len();
         self.changes.push((kind, payload));
+    }
+}
+
+/// A release once both `a` and `b` resolve (either may be absent).
+fn both(
+    a: Option<oneshot::Receiver<()>>,
+    b: Option<oneshot::Receiver<()>>,
+) -> Option<oneshot::Receiver<()>> {
+    match (a, b) {
+        (None, x) | (x, None) => x,
+        (Some(a), Some(b)) => {
+            let (tx, rx) = oneshot::channel();
+            actix::spawn(async move {
+                let _ = a.await;
+                let _ = b.await;
+                let _ = tx.send(());
+            });
+            Some(rx)
+        }
     }
 }
 

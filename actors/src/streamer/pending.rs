@@ -37,25 +37,6 @@ pub(super) struct WritePace {
     mark: Option<oneshot::Receiver<()>>,
 }
 
-/// A release once both `a` and `b` resolve (either may be absent).
-pub(super) fn both(
-    a: Option<oneshot::Receiver<()>>,
-    b: Option<oneshot::Receiver<()>>,
-) -> Option<oneshot::Receiver<()>> {
-    match (a, b) {
-        (None, x) | (x, None) => x,
-        (Some(a), Some(b)) => {
-            let (tx, rx) = oneshot::channel();
-            actix::spawn(async move {
-                let _ = a.await;
-                let _ = b.await;
-                let _ = tx.send(());
-            });
-            Some(rx)
-        }
-    }
-}
-
 impl Streamer {
     /// Counts `bytes` just queued on the change log; past [`StreamerConfig::txn_chunk_bytes`]
     /// since the last mark, sets a new one and returns the one before it: the upstream client

@@ -476,6 +476,13 @@ impl Subscriber {
     }
 
     /// Changes sent (handed to the session) and not yet acked.
+    /// Whether an ack is sure to come: a commit it was sent is unacked. What is unacked otherwise
+    /// is at most the start of a transaction, whose commit a client acking only at commits
+    /// (PROTOCOL.md §5) waits for: no ack may come until more is sent.
+    pub fn ack_to_come(&self) -> bool {
+        self.in_flight() > 0 && self.watermark > self.acked
+    }
+
     pub fn in_flight(&self) -> u64 {
         self.sent_messages.saturating_sub(self.acked_messages)
     }

@@ -7,6 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use change_streamer_test_support::status::Status;
 use serde_json::Value;
 
 /// The hidden first argument that makes this binary a service process.
@@ -103,7 +104,9 @@ pub fn start_instance(i: usize, db: &str, up: &str, said: &mpsc::Sender<Said>) -
     }
 }
 
-pub async fn role(addr: &str) -> Option<Value> {
+/// `/status` of the instance at `addr`, typed; `None` while it does not answer with one (down,
+/// starting, stopping). An answer that does not read as the type stops the demo, naming the key.
+pub async fn role(addr: &str) -> Option<Status> {
     let mut resp = awc::Client::new()
         .get(format!("http://{addr}/status"))
         .insert_header(("authorization", format!("Bearer {}", secret())))
@@ -111,7 +114,8 @@ pub async fn role(addr: &str) -> Option<Value> {
         .send()
         .await
         .ok()?;
-    resp.json::<Value>().limit(1 << 20).await.ok()
+    let v = resp.json::<Value>().limit(1 << 20).await.ok()?;
+    Some(Status::from_value(v).unwrap_or_else(|e| panic!("demo: {e}")))
 }
 
 /// The secret every instance asks for, generated for this run (as in the single-instance demo).

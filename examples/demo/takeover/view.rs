@@ -53,21 +53,23 @@ pub async fn instance_line(inst: &Instance, up: bool, killed: bool) -> String {
     let Some(st) = role(a).await else {
         return format!("{}  down     {a} (no answer to /status)", inst.name);
     };
-    let serving = st["subscribers"].as_array().map_or(0, Vec::len);
-    if st["role"] == "owner" {
+    let serving = st.subscribers.len();
+    if st.role == "owner" {
         format!(
             "{}  OWNER    {a}  stored up to {}, upstream {}, serving {serving}",
             inst.name,
-            st["changeLog"]["maxWatermark"].as_str().unwrap_or("-"),
-            if st["upstream"]["connected"] == true {
+            st.change_log
+                .as_ref()
+                .and_then(|l| l.max_watermark.as_deref())
+                .unwrap_or("-"),
+            if st.upstream.as_ref().is_some_and(|u| u.connected) {
                 "connected"
             } else {
                 "DOWN"
             }
         )
     } else {
-        let r = st["role"].as_str().unwrap_or("?");
-        format!("{}  {r:<8} {a}  serving {serving}", inst.name)
+        format!("{}  {:<8} {a}  serving {serving}", inst.name, st.role)
     }
 }
 

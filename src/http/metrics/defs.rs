@@ -189,6 +189,12 @@ pub const PROCESS_RATE: Metric = gauge(
 )
 .by(&["id", "mode"]);
 
+pub const STAGE_STALLED: Metric = gauge(
+    "change_streamer_stage_stalled",
+    "1 while the stage has had work pending and no progress for --stall-alarm-ms (PROTOCOL.md §11.1), else 0.",
+)
+.by(&["stage"]);
+
 /// Every metric of the owner's page, in PROTOCOL.md §11's order.
 pub const OWNER_PAGE: &[Metric] = &[
     OWNER,
@@ -213,6 +219,7 @@ pub const OWNER_PAGE: &[Metric] = &[
     CHANGE_LOG_BYTES,
     PURGES,
     PURGE_BLOCKED,
+    STAGE_STALLED,
     UPSTREAM_CONNECTED,
     SUBSCRIBERS,
     RELEASES,

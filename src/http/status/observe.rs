@@ -12,6 +12,7 @@ use change_streamer_actors::purger::{GetPurgeState, PurgeState};
 use change_streamer_actors::reservation::{
     GetReservationStats, ListReservations, ReservationInfo, ReservationStats,
 };
+use change_streamer_actors::stall::{GetStages, StageState};
 use change_streamer_actors::streamer::{GetStreamerState, StreamerState};
 
 use crate::http::AppState;
@@ -31,6 +32,8 @@ pub struct Observation {
     pub audits: Vec<AuditStats>,
     /// Each backup's state and the purge floor; `None` without a backup monitor.
     pub quorum: Option<QuorumState>,
+    /// Every stage that reported to the stall watch (PROTOCOL.md §11.1).
+    pub stages: Vec<StageState>,
     /// Bytes the change log takes on disk, as its engine counts them
     /// ([`ChangeLog::disk_bytes`](change_streamer_actors::changelog::ChangeLog::disk_bytes)).
     pub change_log_bytes: u64,
@@ -46,6 +49,7 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
     let bytes = state.log.disk_bytes();
     let streamer = state.streamer.send(GetStreamerState);
     let purge = state.purger.send(GetPurgeState);
+    let stages = state.stall.send(GetStages);
     let (log, bytes, streamer, purge) =
         futures_util::future::join4(log, bytes, streamer, purge).await;
     let mut obs = Observation {
@@ -58,6 +62,8 @@ pub async fn observe(state: &AppState) -> Result<Observation, Unavailable> {
         monitor: MonitorStats::default(),
         audits: Vec::new(),
         quorum: None,
+        // The watch stops last at shutdown; until then it answers.
+        stages: stages.await.unwrap_or_default(),
         change_log_bytes: bytes.map_err(|e| Unavailable("change log", e.to_string()))?,
     };
     if let Some(b) = &state.backup {

@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc};
 
 use rusqlite::{params, Connection};
 
-use super::commands::{RangeQuery, ReadCommand, ReadRows};
+use super::commands::{RangeQuery, ReadCommand, ReadQueue, ReadRows};
 use super::segments::{load_segments, segment_table};
 use super::txn_rows::Layout;
 use super::txn_value::{append_row, unpack, TxnRow};
@@ -18,8 +18,10 @@ use crate::watermark::Watermark;
 /// Serves `rx` on `conn`, the connection to the database file `db`, until every handle is gone.
 pub(super) fn run(mut conn: Connection, db: &Path, rx: mpsc::Receiver<ReadCommand>) {
     conn.set_prepared_statement_cache_capacity(64);
-    while let Ok(cmd) = rx.recv() {
+    let mut rx = ReadQueue::new(rx);
+    while let Some(cmd) = rx.recv() {
         match cmd {
+            ReadCommand::ReportStalls(_) => {} // taken by the queue
             ReadCommand::Range(query, reply) => {
                 let _ = reply.send(read_range(&mut conn, &query));
             }

@@ -61,7 +61,7 @@ impl StandbyReservations {
         for task_id in due {
             if let Some(r) = self.reservations.remove(&task_id) {
                 warn!(
-                    "snapshot reservation of task {task_id} at standby {} held {} ms, longer than --max-reservation-ms ({max} ms): ended",
+                    task:% = task_id; "snapshot reservation of task {task_id} at standby {} held {} ms, longer than --max-reservation-ms ({max} ms): ended",
                     self.instance,
                     now - r.started_ms
                 );

@@ -158,7 +158,7 @@ impl StandbyReservations {
             let range = match base {
                 Ok(range) => range,
                 Err(e) => {
-                    warn!("failing snapshot reservation of task {task_id} at standby {}: {e}", act.instance);
+                    warn!(task:% = task_id; "failing snapshot reservation of task {task_id} at standby {}: {e}", act.instance);
                     if let Some(r) = act.reservations.remove(&task_id) {
                         r.session
                             .do_send(ReservationEvent::Failed(Arc::new(e.into())));
@@ -170,7 +170,7 @@ impl StandbyReservations {
                 None => true,
                 Some(Ok(b)) => b.is_some_and(|b| b.as_str() >= range.min_watermark.as_str()),
                 Some(Err(e)) => {
-                    warn!("snapshot reservation of task {task_id}: the change DB's backup observations could not be read ({e}); checking again");
+                    warn!(task:% = task_id; "snapshot reservation of task {task_id}: the change DB's backup observations could not be read ({e}); checking again");
                     false
                 }
             };
@@ -208,7 +208,7 @@ impl StandbyReservations {
                 .map(|(t, r)| (t.clone(), r.session_id))
                 .collect();
             if let Some((task, _)) = waiting.first() {
-                info!("snapshot reservation of task {task} at standby {} waits for a backup at or above the change log's minWatermark", act.instance);
+                info!(task:% = task; "snapshot reservation of task {task} at standby {} waits for a backup at or above the change log's minWatermark", act.instance);
             }
             for (task_id, session_id) in waiting {
                 act.send_status(task_id, session_id, ctx);
@@ -241,8 +241,8 @@ impl StandbyReservations {
             .map(move |written, act, _| {
                 match written {
                     Ok(Ok(())) => {}
-                    Ok(Err(e)) => warn!("the end by subscription of task {task_id} could not be recorded in the change DB (standby {}): {e}", act.instance),
-                    Err(_) => warn!("the end by subscription of task {task_id} could not be recorded: the instance recorder is gone"),
+                    Ok(Err(e)) => warn!(task:% = task_id; "the end by subscription of task {task_id} could not be recorded in the change DB (standby {}): {e}", act.instance),
+                    Err(_) => warn!(task:% = task_id; "the end by subscription of task {task_id} could not be recorded: the instance recorder is gone"),
                 }
                 let Some(session_id) = session_id else {
                     return;
@@ -252,7 +252,7 @@ impl StandbyReservations {
                 }
                 if let Some(r) = act.reservations.remove(&task_id) {
                     info!(
-                        "snapshot reservation of task {task_id} at standby {} ended by its subscription{at} after {} ms",
+                        task:% = task_id; "snapshot reservation of task {task_id} at standby {} ended by its subscription{at} after {} ms",
                         act.instance,
                         (ended_ms - r.started_ms).max(0)
                     );
@@ -295,14 +295,14 @@ impl Handler<Reserve> for StandbyReservations {
         } = msg;
         if let Some(old) = self.reservations.remove(&task_id) {
             info!(
-                "reservation of task {task_id} at standby {} replaced by a newer one (session {} -> {session_id})",
+                task:% = task_id; "reservation of task {task_id} at standby {} replaced by a newer one (session {} -> {session_id})",
                 self.instance, old.session_id
             );
             old.session
                 .do_send(ReservationEvent::Closed(SessionEnd::Replaced));
         }
         info!(
-            "snapshot reservation opened by task {task_id} at standby {} (session {session_id})",
+            task:% = task_id; "snapshot reservation opened by task {task_id} at standby {} (session {session_id})",
             self.instance
         );
         self.reservations.insert(
@@ -334,7 +334,7 @@ impl Handler<Reserve> for StandbyReservations {
                         if !act.holds(&task_id, session_id) {
                             return;
                         }
-                        warn!("failing snapshot reservation of task {task_id} at standby {}: it could not be recorded in the change DB: {e}", act.instance);
+                        warn!(task:% = task_id; "failing snapshot reservation of task {task_id} at standby {}: it could not be recorded in the change DB: {e}", act.instance);
                         if let Some(r) = act.reservations.remove(&task_id) {
                             r.session.do_send(ReservationEvent::Failed(Arc::new(
                                 ReservationError::NotRecorded(e),
@@ -357,7 +357,7 @@ impl Handler<Release> for StandbyReservations {
         if self.holds(&msg.task_id, msg.session_id) {
             self.reservations.remove(&msg.task_id);
             info!(
-                "snapshot reservation of task {} at standby {} dropped by its client (session {}); cleanup delay unchanged",
+                task:% = msg.task_id; "snapshot reservation of task {} at standby {} dropped by its client (session {}); cleanup delay unchanged",
                 msg.task_id, self.instance, msg.session_id
             );
         }
@@ -456,7 +456,7 @@ impl Handler<Stop> for StandbyReservations {
         if let Some(end) = msg.end {
             for (task_id, r) in self.reservations.drain() {
                 info!(
-                    "closing snapshot reservation of task {task_id} at standby {}: {}",
+                    task:% = task_id; "closing snapshot reservation of task {task_id} at standby {}: {}",
                     self.instance,
                     end.close_frame().1
                 );

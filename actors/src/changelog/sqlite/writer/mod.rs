@@ -254,6 +254,7 @@ impl Writer {
             WriteCommand::HasCommit(w, reply) => {
                 let _ = reply.send(self.has_commit(&w));
             }
+            WriteCommand::ReportStalls(_) => {} // taken by the queue
             WriteCommand::Barrier(reply) => {
                 let _ = reply.send(Ok(()));
             }
