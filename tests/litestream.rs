@@ -136,8 +136,8 @@ async fn cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_t
 }
 
 #[actix_rt::test]
-async fn s3_cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_the_delay_passed(
-) {
+async fn s3_cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_the_delay_passed()
+{
     cleanup_scheduled_once_held(Store::S3).await;
 }
 
@@ -186,7 +186,9 @@ async fn cleanup_scheduled_once_held(store: Store) {
         // The VFS read it out of the bucket: its LISTs and ranged GETs are in the server's log.
         let requests = bucket.requests();
         assert!(
-            requests.iter().any(|r| r.starts_with("GET /backup?list-type=2")),
+            requests
+                .iter()
+                .any(|r| r.starts_with("GET /backup?list-type=2")),
             "{requests:?}"
         );
     }
