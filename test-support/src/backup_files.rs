@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::s3::{S3Bucket, S3Server};
-use crate::stock_litestream::{Litestream, Replication};
+use crate::stock_litestream::{copy_dir, file_replica_dir, replace_dir, Litestream, Replication};
 
 /// Where a backup's replica is kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,6 +18,14 @@ pub enum Store {
     File,
     /// A bucket of a local S3 server of its own ([`crate::s3`]).
     S3,
+}
+
+/// A copy of what a backup's replica held at some moment ([`BackupFiles::save`]).
+pub enum Saved {
+    /// A copy of the `file://` folder.
+    Folder(PathBuf),
+    /// The bucket's objects.
+    Objects(Vec<(String, Vec<u8>)>),
 }
 
 /// The files of one backup under `dir`.
@@ -155,6 +163,27 @@ impl BackupFiles {
             .restore(&self.url(), &out)
             .expect("litestream restore");
         out
+    }
+
+    /// A copy of what the replica holds now, `name` naming the copy's folder for `file://`.
+    pub fn save(&self, name: &str) -> Saved {
+        match &self.s3 {
+            Some((_, bucket)) => Saved::Objects(bucket.snapshot()),
+            None => {
+                let copy = self.dir.join(name);
+                copy_dir(&file_replica_dir(&self.url()), &copy);
+                Saved::Folder(copy)
+            }
+        }
+    }
+
+    /// Makes the replica hold what `saved` held (rolled back, or put back as it was).
+    pub fn put_back(&self, saved: &Saved) {
+        match (&self.s3, saved) {
+            (Some((_, bucket)), Saved::Objects(objects)) => bucket.put_back(objects),
+            (None, Saved::Folder(copy)) => replace_dir(&file_replica_dir(&self.url()), copy),
+            _ => panic!("a copy of another kind of replica"),
+        }
     }
 
     /// Waits (up to `limit`) until litestream has written a first snapshot of this backup.
