@@ -83,7 +83,9 @@ async fn run(name: &'static str, seconds: u64) -> serde_json::Value {
     replication
         .wait_for_socket(&files.socket(), Duration::from_secs(60))
         .await;
-    files.wait_for_backup(&replication, Duration::from_secs(60)).await;
+    files
+        .wait_for_backup(&replication, Duration::from_secs(60))
+        .await;
     // The window starts here: litestream's first snapshot and the service's start are left out.
     let before = bucket.request_count();
     let started = Instant::now();
@@ -103,7 +105,10 @@ async fn run(name: &'static str, seconds: u64) -> serde_json::Value {
         .and_then(|w| w.to_u64())
         .map_or(0, |c| c.saturating_sub(100));
     let count = |m: &str| requests.iter().filter(|r| r.starts_with(m)).count();
-    let lists = requests.iter().filter(|r| r.contains("list-type=2")).count();
+    let lists = requests
+        .iter()
+        .filter(|r| r.contains("list-type=2"))
+        .count();
     let per_hour = requests.len() as f64 * 3600.0 / elapsed;
     drop(replication);
     drop(replica);

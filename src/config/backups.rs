@@ -17,6 +17,10 @@ use serde::Deserialize;
 use super::values::{parse_control_url, parse_http_url, parse_non_empty};
 use super::Config;
 
+pub use s3::S3Settings;
+
+mod s3;
+
 /// `--litestream-metrics-url`'s default, and a `[[backup]]`'s `metrics_url`'s.
 pub const DEFAULT_METRICS_URL: &str = "http://localhost:4850/metrics";
 
@@ -38,6 +42,8 @@ pub struct BackupSpec {
     /// The backup URL (the first backup's is sent to restoring replicas).
     pub url: String,
     pub source: SourceSpec,
+    /// Its `s3_` settings (PROTOCOL.md §8.4, "On S3"), for the service's own reads.
+    pub s3: S3Settings,
 }
 
 /// A backup's source and its settings (PROTOCOL.md §8.1, §8.1b, §8.1c).
@@ -103,6 +109,10 @@ struct Table {
     control_url: Option<String>,
     db_path: Option<String>,
     audit_interval_ms: Option<u64>,
+    s3_endpoint: Option<String>,
+    s3_region: Option<String>,
+    s3_path_style: Option<bool>,
+    s3_credentials_file: Option<PathBuf>,
 }
 
 /// clap's value parser of `--backups`: reads the file and checks it.
@@ -268,7 +278,19 @@ impl Table {
                 ))
             }
         };
-        Ok(BackupSpec { name, url, source })
+        let s3 = S3Settings {
+            endpoint: self.s3_endpoint,
+            region: self.s3_region,
+            path_style: self.s3_path_style.unwrap_or(false),
+            credentials_file: self.s3_credentials_file,
+        };
+        s3.check(&url)?;
+        Ok(BackupSpec {
+            name,
+            url,
+            source,
+            s3,
+        })
     }
 }
 
@@ -306,6 +328,7 @@ impl Config {
             name: SINGLE_BACKUP.into(),
             url: url.clone(),
             source,
+            s3: S3Settings::default(),
         }]
     }
 

@@ -89,7 +89,14 @@ impl OwnerStart<'_> {
         extension: &std::path::Path,
         query: &str,
     ) -> Result<(VfsSource, VfsReader), StartError> {
-        let checked = check_vfs(extension, spec.url.clone(), query.to_string()).await;
+        // PROTOCOL.md §8.4 "On S3": the reader reads with the backup's s3_ settings.
+        let checked = check_vfs_with(
+            extension,
+            spec.s3.reader_url(&spec.url),
+            query.to_string(),
+            spec.s3.reader_env(),
+        )
+        .await;
         match (checked, &self.config.backups) {
             (Ok(loaded), _) => Ok(loaded),
             (Err(StartError::LitestreamVfs(source)), Some(file)) => Err(StartError::BackupVfs {
@@ -279,6 +286,17 @@ pub(super) async fn check_vfs(
     backup_url: String,
     query: String,
 ) -> Result<(VfsSource, VfsReader), StartError> {
+    check_vfs_with(extension, backup_url, query, Vec::new()).await
+}
+
+/// [`check_vfs`] with the reader's environment `env` (PROTOCOL.md §8.4, "On S3"); an
+/// environment that would break litestream's S3 client is a start error too.
+async fn check_vfs_with(
+    extension: &std::path::Path,
+    backup_url: String,
+    query: String,
+    env: Vec<(String, Option<String>)>,
+) -> Result<(VfsSource, VfsReader), StartError> {
     let helper = HelperCommand::for_service().map_err(|e| {
         StartError::LitestreamVfs(VfsError::Spawn {
             program: "change-streamer".into(),
@@ -290,6 +308,7 @@ pub(super) async fn check_vfs(
         extension: extension.to_path_buf(),
         backup_url,
         query,
+        env,
     };
     let mut reader = VfsReader::new(source.clone());
     reader
