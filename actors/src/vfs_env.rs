@@ -1,7 +1,10 @@
 //! What the VFS reader's environment and an `s3://` backup's answers mean (PROTOCOL.md §8.4,
 //! "On S3" and "The environment"): a variable that breaks litestream 0.5.17's S3 client, found
-//! before a reader starts, and a read the object store refused, said so in front of
-//! litestream's own text, so that `lastError` tells what to do.
+//! before a reader starts, and a read of an `s3://` backup that failed, said for what it is in
+//! front of litestream's own text, so that `lastError` tells what to do. litestream 0.5.17's VFS
+//! reduces every failure to open an `s3://` backup (a 403 for a wrong secret, a missing bucket,
+//! an unreachable endpoint) to SQLite's `SQL logic error`; its CLI (`litestream ltx URL`) shows
+//! the object store's own answer.
 
 /// Variables that make litestream 0.5.17's S3 client refuse to start, each with what to do.
 pub const BREAKING_VARIABLES: [(&str, &str); 1] = [(
@@ -41,6 +44,15 @@ pub fn explain(backup_url: &str, text: String) -> String {
         return format!(
             "backup {backup_url}: the object store refused the credentials (403): check the \
              backup's s3_credentials_file or AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY: {text}"
+        );
+    }
+    if backup_url.starts_with("s3://") && text.contains("SQL logic error") {
+        return format!(
+            "backup {backup_url}: litestream's VFS gives no reason when it cannot open an s3:// \
+             backup: refused credentials (403: check the backup's s3_credentials_file or \
+             AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), a missing bucket or an unreachable \
+             endpoint all read as this; `litestream ltx '{backup_url}'` with the same environment \
+             shows which: {text}"
         );
     }
     if text.contains("custom RootCAs") {
@@ -83,5 +95,12 @@ mod tests {
         );
         assert!(said.ends_with(&text), "{said}");
         assert_eq!(explain("s3://b/p", "no such table".into()), "no such table");
+        let opaque = explain("s3://b/p", "cannot open the backup: SQL logic error".into());
+        assert!(
+            opaque.contains("403") && opaque.contains("litestream ltx 's3://b/p'"),
+            "{opaque}"
+        );
+        let local = "cannot open the backup: SQL logic error".to_string();
+        assert_eq!(explain("file:///b", local.clone()), local);
     }
 }

@@ -50,14 +50,25 @@ impl BackupFiles {
     /// bucket `backup` of an S3 server of its own, started here (and the credentials exported
     /// to this process, for the service's VFS reader: [`crate::s3::export_credentials`]).
     pub fn new(dir: &Path, store: Store) -> BackupFiles {
-        let mut files = BackupFiles::in_dir(dir);
-        if store == Store::S3 {
-            let server = S3Server::start(dir);
-            let bucket = server.bucket("backup");
-            crate::s3::export_credentials();
-            files.s3 = Some((server, bucket));
+        match store {
+            Store::S3 => {
+                crate::s3::export_credentials();
+                BackupFiles::on_own_s3(dir)
+            }
+            Store::File => BackupFiles::in_dir(dir),
         }
-        files
+    }
+
+    /// A backup whose files live in `dir`, replicated to bucket `backup` of an S3 server of its
+    /// own, started here; this process's environment is left as it is (litestream gets the
+    /// credentials from [`BackupFiles::litestream`], the service must find its own).
+    pub fn on_own_s3(dir: &Path) -> BackupFiles {
+        let server = S3Server::start(dir);
+        let bucket = server.bucket("backup");
+        BackupFiles {
+            s3: Some((server, bucket)),
+            ..BackupFiles::in_dir(dir)
+        }
     }
 
     /// The bucket of an S3 backup.
