@@ -60,6 +60,7 @@ impl OwnerStart<'_> {
                         }
                         None => None,
                     };
+                    warn_breaking_environment(&spec);
                     let source = BackupSource::Control(ControlSource {
                         url: url.clone(),
                         db_path: db_path.clone(),
@@ -317,6 +318,19 @@ async fn check_vfs_with(
         .map_err(StartError::LitestreamVfs)?;
     info!("loaded litestream's VFS extension {}", extension.display());
     Ok((source, reader))
+}
+
+/// PROTOCOL.md §8.4 "The environment": a control backup on `s3://` cannot see litestream's
+/// environment, only the service's; a variable there that would break litestream's S3 client is
+/// said at start, since a litestream started with the same environment fails to start.
+fn warn_breaking_environment(spec: &BackupSpec) {
+    let get = |n: &str| std::env::var(n).ok();
+    if let Some(why) = change_streamer_actors::vfs_env::breaking_variable(&spec.url, get) {
+        warn!(
+            "backup {}: {why}; a litestream replicate started with this environment does not start, and the control source then says `cannot connect`",
+            spec.name
+        );
+    }
 }
 
 /// How long loading the VFS extension at start may take (it takes ~0.3 s).
