@@ -199,19 +199,9 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 impl Table {
-    /// The backup this table describes, each setting checked as its flag would be.
-    fn into_spec(self, name: String) -> Result<BackupSpec, String> {
-        fn key(k: &'static str) -> impl Fn(String) -> String {
-            move |e| format!("key `{k}`: {e}")
-        }
-        let url = parse_non_empty(self.url.as_deref().ok_or("key `url` is missing")?)
-            .map_err(key("url"))?;
-        let source = match self.source.as_deref() {
-            Some(s) => s.to_string(),
-            None if self.control_url.is_some() => "control".into(),
-            None if self.vfs.is_some() => "vfs".into(),
-            None => "metrics".into(),
-        };
+    /// A key of another source than `source`'s is refused, as a likely mistake; so is
+    /// `audit_interval_ms` without `vfs`.
+    fn check_keys_of(&self, source: &str) -> Result<(), String> {
         // With source "control", `vfs` and `watermark_query` are its audit's (PROTOCOL.md §8.1d).
         let audited = source == "control";
         let settings: [(&str, bool, &str); 6] = [
@@ -240,6 +230,23 @@ impl Table {
                 "key `audit_interval_ms`: the audit reads the backup through the VFS: key `vfs` is missing".into(),
             );
         }
+        Ok(())
+    }
+
+    /// The backup this table describes, each setting checked as its flag would be.
+    fn into_spec(self, name: String) -> Result<BackupSpec, String> {
+        fn key(k: &'static str) -> impl Fn(String) -> String {
+            move |e| format!("key `{k}`: {e}")
+        }
+        let url = parse_non_empty(self.url.as_deref().ok_or("key `url` is missing")?)
+            .map_err(key("url"))?;
+        let source = match self.source.as_deref() {
+            Some(s) => s.to_string(),
+            None if self.control_url.is_some() => "control".into(),
+            None if self.vfs.is_some() => "vfs".into(),
+            None => "metrics".into(),
+        };
+        self.check_keys_of(&source)?;
         let query = parse_non_empty(
             self.watermark_query
                 .as_deref()
