@@ -92,7 +92,18 @@ impl S3Server {
     pub fn start(dir: &Path) -> S3Server {
         let moto = install();
         std::fs::create_dir_all(dir).expect("the S3 server's folder");
-        let port = crate::process::free_port();
+        // The port is free when asked, and may be taken before moto binds it: then moto exits,
+        // and another port is tried.
+        for _ in 0..3 {
+            if let Some(server) = Self::start_on(&moto, dir, crate::process::free_port()) {
+                return server;
+            }
+        }
+        panic!("moto_server exited three times before answering (ports taken?)");
+    }
+
+    /// moto on `port`, once it answers; `None` when it exited first.
+    fn start_on(moto: &Moto, dir: &Path, port: u16) -> Option<S3Server> {
         let log = dir.join(format!("moto-{port}.log"));
         let child = Command::new(&moto.bin)
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
@@ -101,13 +112,17 @@ impl S3Server {
             .stderr(std::fs::File::create(&log).expect("create moto's log"))
             .spawn()
             .expect("start moto_server");
-        let server = S3Server {
+        let mut server = S3Server {
             child: Some(child),
             addr: format!("127.0.0.1:{port}"),
             log,
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while http(&server.addr, "GET", "/", "").is_err() {
+            let exited = server.child.as_mut().map(|c| c.try_wait());
+            if matches!(exited, Some(Ok(Some(_)))) {
+                return None;
+            }
             assert!(
                 Instant::now() < deadline,
                 "moto_server did not answer on {} within 60 s; its log: {}",
@@ -116,7 +131,7 @@ impl S3Server {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        server
+        Some(server)
     }
 
     /// Creates bucket `name` and returns it.
