@@ -49,6 +49,12 @@ pub struct Config {
     #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_CA_FILE")]
     pub upstream_ca_file: Option<PathBuf>,
 
+    /// The change source's liveness: ping period in ms; nothing heard from it for two periods
+    /// ends the connection (1001 "no pong for N ms"), and a connect must complete within two.
+    #[arg(help_heading = "Upstream", long, env = "ZERO_UPSTREAM_PING_INTERVAL_MS", default_value_t = 30_000, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_ping_interval_ms: u64,
+
     /// Litestream backup URL: enables the backup monitor and is sent to restoring replicas.
     /// Without it nothing is polled or purged and snapshot reservations are refused.
     #[arg(help_heading = "Backup", long, env = "ZERO_LITESTREAM_BACKUP_URL", value_parser = parse_non_empty)]
@@ -306,7 +312,9 @@ pub struct Config {
     #[arg(help_heading = "Access", long, env = "ZERO_CHANGE_STREAMER_TLS_KEY")]
     pub tls_key: Option<PathBuf>,
 
-    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db.
+    /// How often, in ms (≥ 1), a standby tries to become the owner of --change-db. Ten of
+    /// them, at least 5 s, are the change DB lease: a change DB silent for longer is out of
+    /// reach, and its owner steps down (PROTOCOL.md §14.2).
     #[arg(help_heading = "Instances", long, env = "ZERO_TAKEOVER_INTERVAL_MS", default_value_t = 1_000, allow_negative_numbers = true,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub takeover_interval_ms: u64,
@@ -338,6 +346,9 @@ impl Config {
     }
     pub fn ping_interval(&self) -> Duration {
         Duration::from_millis(self.ping_interval_ms)
+    }
+    pub fn upstream_ping_interval(&self) -> Duration {
+        Duration::from_millis(self.upstream_ping_interval_ms)
     }
     pub fn takeover_interval(&self) -> Duration {
         Duration::from_millis(self.takeover_interval_ms)

@@ -39,7 +39,8 @@ use actix_web::dev::ServerHandle;
 use actix_web::rt::net::TcpSocket;
 use actix_web::{web, App, HttpServer};
 use change_streamer_actors::changelog::{
-    ChangeDb, ChangeLog, ChangeLogError, PgOptions, SEGMENT_ROWS,
+    change_db_lease_for, set_change_db_lease, ChangeDb, ChangeLog, ChangeLogError, PgOptions,
+    SEGMENT_ROWS,
 };
 use change_streamer_actors::clock::Clock;
 use change_streamer_actors::instance::recorder::{self, InstanceRecorder};
@@ -120,6 +121,11 @@ impl Instance {
                 )
             }
             ChangeDb::Postgres { url } => {
+                // Every connection to the change DB answers within the lease's bounds
+                // (PROTOCOL.md §14.2, a silent change DB), set before the first is made.
+                let lease = change_db_lease_for(config.takeover_interval());
+                set_change_db_lease(lease);
+                info!("change DB lease {lease:?}: a change DB silent for longer is out of reach");
                 // One id and one record for the whole run, whatever the phase (PROTOCOL.md
                 // §14.1).
                 let recorder = InstanceRecorder::new(instance.clone(), url.clone()).start();

@@ -267,6 +267,7 @@ impl OwnerStart<'_> {
             UpstreamConfig {
                 secret: self.edge.upstream_secret.clone(),
                 tls: self.edge.upstream_tls.clone(),
+                ping_interval: self.config.upstream_ping_interval(),
                 ..UpstreamConfig::new(url.clone())
             },
             self.log.clone(),

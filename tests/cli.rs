@@ -71,6 +71,10 @@ fn help_lists_every_flag_with_its_environment_variable() {
         ("--tls-key", "ZERO_CHANGE_STREAMER_TLS_KEY"),
         ("--upstream-secret-file", "ZERO_UPSTREAM_SECRET_FILE"),
         ("--upstream-ca-file", "ZERO_UPSTREAM_CA_FILE"),
+        (
+            "--upstream-ping-interval-ms",
+            "ZERO_UPSTREAM_PING_INTERVAL_MS",
+        ),
         ("--change-db", "ZERO_CHANGE_DB"),
         ("--takeover-interval-ms", "ZERO_TAKEOVER_INTERVAL_MS"),
     ] {
@@ -152,6 +156,16 @@ fn bad_values_exit_non_zero_naming_the_flag() {
             &[][..],
             &[("ZERO_CHANGE_DB", "not a url")][..],
             "--change-db",
+        ),
+        (
+            &["--upstream-ping-interval-ms", "0"][..],
+            &[][..],
+            "--upstream-ping-interval-ms",
+        ),
+        (
+            &[][..],
+            &[("ZERO_UPSTREAM_PING_INTERVAL_MS", "-1")][..],
+            "--upstream-ping-interval-ms",
         ),
         (
             &["--takeover-interval-ms", "0"][..],

@@ -174,6 +174,7 @@ fn observation() -> Observation {
         },
         streamer: StreamerState {
             upstream_connected: true,
+            upstream_down: None,
             reset_required: None,
             subscribers: vec![subscriber()],
             releases_all: 3,

@@ -2,7 +2,8 @@
 //! fake change source over a real websocket: `reset-required` (shown in `/status` and `/readyz`
 //! until a new transaction, the connection kept), a `status` inside a transaction or below the
 //! last commit, the third element of a frame rebuilt, an `--upstream` URL with its own query, and
-//! no pings to the source (its own answered).
+//! pings to the source every `--upstream-ping-interval-ms`, apart from the subscribers'
+//! `--ping-interval-ms` (its own answered). Silence itself: `tests/silent_source.rs`.
 
 mod changes_support;
 
@@ -202,22 +203,39 @@ async fn an_upstream_url_keeps_its_own_query_and_gets_the_resume_parameters_afte
 }
 
 #[actix_rt::test]
-async fn the_service_sends_the_source_no_pings_and_answers_its_pings() {
-    let (svc, up) = service_with_upstream(&["--ping-interval-ms", "20"]).await;
+async fn the_service_pings_the_source_on_its_own_interval_and_answers_its_pings() {
+    // Subscribers pinged every 50 ms, the source every 500 ms (PROTOCOL.md §4, §5).
+    let (svc, up) = service_with_upstream(&[
+        "--ping-interval-ms",
+        "50",
+        "--upstream-ping-interval-ms",
+        "500",
+    ])
+    .await;
     up.send(txn(100, 1));
     svc.wait_status("stored", |s| s["replicaVersion"] == json!(w(100)))
         .await;
-    // A subscriber is pinged every 20 ms; over the same time the source is pinged never.
     let mut c = WsClient::connect(&changes_url(&svc, "r1", 100, "")).await;
-    while c.pings_answered < 3 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while c.pings_answered < 12 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "subscriber pings stopped"
+        );
         let _ = c.next(Duration::from_millis(20)).await;
     }
-    assert_eq!(up.pings_and_pongs().0, 0);
+    // 12 subscriber pings take at least 600 ms: the source got at least one ping of its own,
+    // and fewer than the subscriber (an interval ten times as long).
+    let source_pings = up.pings_and_pongs().0;
+    assert!(
+        (1..=c.pings_answered as usize / 3).contains(&source_pings),
+        "source pinged {source_pings} times while the subscriber was pinged {}",
+        c.pings_answered
+    );
     up.ping();
     wait_until("the service's pong", Duration::from_secs(10), || {
         up.pings_and_pongs().1 == 1
     })
     .await;
-    assert_eq!(up.pings_and_pongs(), (0, 1));
     svc.stop().await;
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use log::{debug, error, info, warn};
 use tokio::time::Instant;
 
-use crate::changelog::ChangeLogError;
+use crate::changelog::types::ChangeLogError;
 
 /// How often a failure that goes on is said again.
 pub const SAY_AGAIN_EVERY: Duration = Duration::from_secs(60);

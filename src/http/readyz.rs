@@ -3,15 +3,16 @@
 //! `/healthz`: it says nothing about the data.
 //!
 //! The owner is ready once its change log is initialised (a replicaVersion stored), it still
-//! owns it, its change source has not said `reset-required` since its last new transaction
-//! (PROTOCOL.md §4), and after a restart the backup covers the watermark recorded before it
+//! owns it, its change source is not silent (its last connection did not end by a silence nor
+//! its last connect time out, with none since) and has not said `reset-required` since its last
+//! new transaction (PROTOCOL.md §4), and after a restart the backup covers the watermark recorded before it
 //! (PROTOCOL.md §13.1, as the cleanup actor judges). A standby's readiness is in
 //! [`super::standby`].
 
 use actix_web::HttpResponse;
 use change_streamer_actors::changelog::ChangeLogError;
 use change_streamer_actors::cleanup::GetRestartCatchUp;
-use change_streamer_actors::streamer::IsResetRequired;
+use change_streamer_actors::streamer::{IsResetRequired, IsUpstreamSilent};
 
 use super::AppState;
 
@@ -32,6 +33,9 @@ pub enum NotReady {
     CannotWrite(String),
     /// The change source said `reset-required` and has sent no new transaction since.
     ResetRequired,
+    /// The last connection to the change source ended by a silence, or the last connect timed
+    /// out, and none has succeeded since (PROTOCOL.md §4).
+    UpstreamSilent,
 }
 
 impl NotReady {
@@ -45,6 +49,7 @@ impl NotReady {
             NotReady::Stopping => "stopping".into(),
             NotReady::CannotWrite(why) => format!("change log cannot write: {why}"),
             NotReady::ResetRequired => "reset required".into(),
+            NotReady::UpstreamSilent => "upstream silent".into(),
         }
     }
 }
@@ -82,6 +87,11 @@ async fn owner_readiness(state: &AppState) -> Result<(), NotReady> {
         Err(ChangeLogError::NotOwner) => return Err(NotReady::Standby),
         Err(ChangeLogError::Closed) => return Err(NotReady::Stopping),
         Err(_) => return Err(NotReady::ChangeDbUnreachable),
+    }
+    match state.streamer.send(IsUpstreamSilent).await {
+        Ok(true) => return Err(NotReady::UpstreamSilent),
+        Ok(false) => {}
+        Err(_) => return Err(NotReady::Stopping),
     }
     match state.streamer.send(IsResetRequired).await {
         Ok(true) => Err(NotReady::ResetRequired),

@@ -113,6 +113,31 @@ impl TestDb {
     pub async fn connect(&self) -> Client {
         connect(&self.url).await
     }
+
+    /// The server's TCP address (`host:port` of the URL), for a proxy to stand in front of.
+    pub fn server_addr(&self) -> SocketAddr {
+        let (_, host_port) = self.authority();
+        host_port
+            .parse()
+            .unwrap_or_else(|e| panic!("the test server's address {host_port:?}: {e}"))
+    }
+
+    /// The test database's URL with `addr` in place of the server's address: the same
+    /// database reached through, say, a [`crate::freeze::FreezeProxy`].
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        let (user, _) = self.authority();
+        format!("postgres://{user}@{addr}/{}", self.name)
+    }
+
+    /// The URL's user and `host:port`.
+    fn authority(&self) -> (&str, &str) {
+        let rest = self
+            .server
+            .strip_prefix("postgres://")
+            .unwrap_or(&self.server);
+        let rest = rest.split('/').next().unwrap_or(rest);
+        rest.split_once('@').unwrap_or(("postgres", rest))
+    }
 }
 
 impl Drop for TestDb {

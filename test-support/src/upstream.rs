@@ -22,6 +22,8 @@ struct State {
     /// The close frames the service sent: code and reason.
     closes: Vec<(u16, String)>,
     conn: Option<Addr<Conn>>,
+    /// Every connection still open, oldest first (a connection ends when its actor stops).
+    open: Vec<Addr<Conn>>,
     options: UpstreamOptions,
     /// Pings the service sent, and pongs it answered to ours (PROTOCOL.md §4).
     pings: usize,
@@ -66,6 +68,11 @@ struct Conn {
 
 impl Actor for Conn {
     type Context = ws::WebsocketContext<Self>;
+
+    fn stopped(&mut self, ctx: &mut Self::Context) {
+        let me = ctx.address();
+        self.state.lock().unwrap().open.retain(|c| *c != me);
+    }
 }
 
 #[derive(Message)]
@@ -146,6 +153,7 @@ async fn connect(
     .start_with_addr()?;
     let mut s = state.lock().unwrap();
     s.queries.push(req.query_string().to_string());
+    s.open.push(addr.clone());
     s.conn = Some(addr);
     Ok(resp)
 }
@@ -239,6 +247,20 @@ impl FakeUpstream {
     pub fn send(&self, frames: Vec<String>) {
         let conn = self.state.lock().unwrap().conn.clone();
         conn.expect("no connection").do_send(Command::Send(frames));
+    }
+
+    /// How many connections are open now (handshakes accepted, not yet ended).
+    pub fn open_connections(&self) -> usize {
+        self.state.lock().unwrap().open.len()
+    }
+
+    /// Sends frames on the newest connection still open (unlike [`FakeUpstream::send`], which
+    /// takes the newest made): a test whose proxy lets stale handshakes through after the
+    /// service gave up on them (they end at once) sends on the one the service holds. Whether
+    /// one was open.
+    pub fn send_open(&self, frames: Vec<String>) -> bool {
+        let conn = self.state.lock().unwrap().open.last().cloned();
+        conn.map(|c| c.do_send(Command::Send(frames))).is_some()
     }
 
     /// Pings the service on the current connection.

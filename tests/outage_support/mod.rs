@@ -87,14 +87,22 @@ pub struct Replica {
 
 impl Replica {
     pub fn follow(addr: &str, id: &'static str) -> Replica {
+        Self::follow_any(&[addr], id)
+    }
+
+    /// [`Replica::follow`], going after each close to the first of `addrs` whose `/readyz`
+    /// says ready (a replica behind a load balancer that follows `/readyz`).
+    pub fn follow_any(addrs: &[&str], id: &'static str) -> Replica {
         let seen = Rc::new(RefCell::new(Applied::default()));
-        let (addr, s) = (addr.to_string(), seen.clone());
+        let addrs: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        let s = seen.clone();
         let task = actix_rt::spawn(async move {
             loop {
-                if !ready_within(&addr, PATIENCE).await {
-                    s.borrow_mut().broken = Some(format!("{addr} not ready within {PATIENCE:?}"));
+                let Some(addr) = first_ready(&addrs, PATIENCE).await else {
+                    s.borrow_mut().broken =
+                        Some(format!("{addrs:?} not ready within {PATIENCE:?}"));
                     return;
-                }
+                };
                 let from = s.borrow().commits.last().copied().unwrap_or(100);
                 let mut c = WsClient::connect(&sub_url(&addr, id, from, "")).await;
                 if let Err(why) = apply(&mut c, &s).await {
@@ -158,6 +166,20 @@ async fn apply(c: &mut WsClient, s: &RefCell<Applied>) -> Result<(), String> {
         }
         c.ack(id).await;
     }
+}
+
+/// The first of `addrs` whose `/readyz` answers 200, within `limit`.
+pub async fn first_ready(addrs: &[String], limit: Duration) -> Option<String> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        for addr in addrs {
+            if get(addr, "/readyz").await.0 == 200 {
+                return Some(addr.clone());
+            }
+        }
+        actix_rt::time::sleep(POLL).await;
+    }
+    None
 }
 
 /// Whether `/readyz` at `addr` answers 200 within `limit`.

@@ -36,11 +36,17 @@ impl Instance {
 
     /// With its own takeover interval and more flags.
     pub fn start_with(db: &TestDb, upstream: &str, interval_ms: u64, args: &[&str]) -> Instance {
+        Self::start_on(&db.url, upstream, interval_ms, args)
+    }
+
+    /// [`Instance::start_with`] on the change DB at `url` (the test database reached through a
+    /// proxy, say).
+    pub fn start_on(url: &str, upstream: &str, interval_ms: u64, args: &[&str]) -> Instance {
         let dir = tempfile::tempdir().unwrap();
         let interval = interval_ms.to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_change-streamer"))
             .args(["--host", "127.0.0.1", "--port", "0", "--upstream", upstream])
-            .args(["--change-db", &db.url, "--takeover-interval-ms", &interval])
+            .args(["--change-db", url, "--takeover-interval-ms", &interval])
             .args(args)
             .arg("--data-dir")
             .arg(dir.path())

@@ -24,7 +24,7 @@ mod safety;
 mod shared;
 mod sqlite;
 mod txn_value;
-mod types;
+pub(crate) mod types;
 
 use std::path::Path;
 use std::sync::mpsc;
@@ -34,7 +34,10 @@ use tokio::sync::{oneshot, watch};
 
 use self::commands::{Ends, RangeQuery, ReadCommand, WriteCommand, Writes};
 pub use self::engine::ChangeDb;
-pub use self::postgres::PgOptions;
+pub use self::postgres::{
+    lease_for as change_db_lease_for, set_lease as set_change_db_lease, PgOptions,
+    MIN_LEASE as MIN_CHANGE_DB_LEASE,
+};
 pub use self::safety::{
     ChangeDbView, RecordedWatermark, SafetyState, StateChange, StoredReservation,
 };

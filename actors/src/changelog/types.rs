@@ -52,13 +52,18 @@ pub enum ChangeLogError {
     /// be there any more (PROTOCOL.md §14.1).
     #[error("the change log was purged past watermark={after} (its oldest row is now {oldest}); what follows it may be incomplete")]
     PurgedPast { after: Watermark, oldest: Watermark },
+    /// A call the change DB did not answer within its bound (PROTOCOL.md §14.2, a silent
+    /// change DB): the connection it was made on is given up.
+    #[error("no answer from the change DB within {0:?}")]
+    Silent(std::time::Duration),
 }
 
 impl ChangeLogError {
     /// Whether this failure is the change DB out of reach, rather than a failure of what was
     /// asked of it (PROTOCOL.md §14.2, "An outage is one event in the log"): the connection
     /// refused, reset or ended ([`tokio_postgres::Error::is_closed`], or an I/O error under
-    /// it), or the server saying it cannot serve the session: SQLSTATE class 08 (connection
+    /// it), a call it did not answer in time ([`ChangeLogError::Silent`]), or the server
+    /// saying it cannot serve the session: SQLSTATE class 08 (connection
     /// exception), 57P (operator intervention: `pg_terminate_backend`, a shutdown, a crash,
     /// "cannot connect now") or 53300 (too many connections). An outage is said once and ends
     /// with one line when the change DB answers again; anything else (a query the server
@@ -68,6 +73,7 @@ impl ChangeLogError {
         match self {
             ChangeLogError::Postgres(e) => postgres_unreachable(e),
             ChangeLogError::Write(cause) => cause.is_unreachable(),
+            ChangeLogError::Silent(_) => true,
             _ => false,
         }
     }

@@ -115,37 +115,7 @@ impl Handler<Subscribe> for Streamer {
         sub.joined = self.joins;
         sub.share_total(&self.held);
         self.subscribers.insert(session_id, sub);
-        // The owner checks against its own writes (queued now, they see every write queued
-        // before); a standby first records the subscriber, then reads what the owner stored
-        // (see `follow`).
-        let checks: LocalBoxFuture<'static, Result<(LogStats, bool), SubscribeError>> =
-            match self.follows.clone() {
-                None => {
-                    let stats = self.log.stats();
-                    let has_commit = self.log.has_commit(watermark.clone());
-                    Box::pin(async move { Ok((stats.await?, has_commit.await?)) })
-                }
-                Some(record) => {
-                    let log = self.log.clone();
-                    let w = watermark.clone();
-                    Box::pin(async move {
-                        match record.send(RecordSubscribers).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => {
-                                return Err(SubscribeError::Unavailable(format!(
-                                    "recording the subscriber in the change DB failed: {e}"
-                                )))
-                            }
-                            Err(_) => {
-                                return Err(SubscribeError::Unavailable(
-                                    "this instance's record is no longer kept (stopping)".into(),
-                                ))
-                            }
-                        }
-                        Ok((log.stats().await?, log.has_commit(w).await?))
-                    })
-                }
-            };
+        let checks = self.join_checks(watermark.clone());
         Box::pin(checks.into_actor(self).map(move |checked, act, ctx| {
             let checked = checked.and_then(|(stats, has_commit)| {
                 let ours = act
@@ -177,6 +147,46 @@ impl Handler<Subscribe> for Streamer {
             }
             Ok(())
         }))
+    }
+}
+
+impl Streamer {
+    /// What a joiner is checked against: the change log's stats and whether it holds the
+    /// joiner's watermark as a commit.
+    fn join_checks(
+        &self,
+        watermark: Watermark,
+    ) -> LocalBoxFuture<'static, Result<(LogStats, bool), SubscribeError>> {
+        // The owner checks against its own writes (queued now, they see every write queued
+        // before); a standby first records the subscriber, then reads what the owner stored
+        // (see `follow`).
+        match self.follows.clone() {
+            None => {
+                let stats = self.log.stats();
+                let has_commit = self.log.has_commit(watermark.clone());
+                Box::pin(async move { Ok((stats.await?, has_commit.await?)) })
+            }
+            Some(record) => {
+                let log = self.log.clone();
+                let w = watermark.clone();
+                Box::pin(async move {
+                    match record.send(RecordSubscribers).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => {
+                            return Err(SubscribeError::Unavailable(format!(
+                                "recording the subscriber in the change DB failed: {e}"
+                            )))
+                        }
+                        Err(_) => {
+                            return Err(SubscribeError::Unavailable(
+                                "this instance's record is no longer kept (stopping)".into(),
+                            ))
+                        }
+                    }
+                    Ok((log.stats().await?, log.has_commit(w).await?))
+                })
+            }
+        }
     }
 }
 

@@ -55,6 +55,7 @@ mod required;
 mod session_messages;
 mod shared;
 mod subscriber;
+mod upstream_link;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -84,9 +85,10 @@ pub use ingest::{
 };
 pub use join::{Subscribe, SubscribeError};
 pub use purge::{PurgeAnswer, PurgeError, PurgeIfSafe};
-pub use readiness::IsResetRequired;
+pub use readiness::{IsResetRequired, IsUpstreamSilent};
 pub use session_messages::{SessionGone, SessionProgress};
 pub use subscriber::{Bounds, Mode, Phase, SubscriberInfo};
+pub use upstream_link::{UpstreamDown, UpstreamLink};
 
 /// Tunables of the streamer.
 #[derive(Debug, Clone)]
@@ -164,6 +166,8 @@ pub struct GetStreamerState;
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamerState {
     pub upstream_connected: bool,
+    /// While not connected, why ([`UpstreamLink`]).
+    pub upstream_down: Option<UpstreamDown>,
     pub reset_required: Option<String>,
     pub subscribers: Vec<SubscriberInfo>,
     pub releases_all: u64,
@@ -199,6 +203,8 @@ pub struct Streamer {
     /// run on the runtime's clock (tokio time), so a test that pauses it moves them together.
     origin: Instant,
     upstream_connected: bool,
+    /// Why not connected, as the upstream client last said ([`UpstreamLink`]).
+    upstream_down: Option<UpstreamDown>,
     reset_required: Option<String>,
     subscribers_evicted: u64,
     /// A serving standby's: what records its subscribers ([`follow`]); `None` on the owner.
@@ -235,6 +241,7 @@ impl Streamer {
             joins: 0,
             origin: Instant::now(),
             upstream_connected: false,
+            upstream_down: None,
             reset_required: None,
             subscribers_evicted: 0,
             follows: None,
@@ -375,6 +382,7 @@ impl Handler<GetStreamerState> for Streamer {
     fn handle(&mut self, _: GetStreamerState, _: &mut Context<Self>) -> Self::Result {
         MessageResult(StreamerState {
             upstream_connected: self.upstream_connected,
+            upstream_down: self.upstream_down.clone(),
             reset_required: self.reset_required.clone(),
             subscribers: self
                 .subscribers

@@ -1,5 +1,5 @@
-//! [`IsResetRequired`]: the streamer's part of `/readyz` (PROTOCOL.md §11), a question as cheap
-//! as the probe is frequent.
+//! [`IsResetRequired`] and [`IsUpstreamSilent`]: the streamer's part of `/readyz` (PROTOCOL.md
+//! §11), questions as cheap as the probe is frequent.
 //!
 //! ### Why not `GetStreamerState`
 //! `/readyz` only needs to know whether the change source said `reset-required` since its last
@@ -20,5 +20,18 @@ impl Handler<IsResetRequired> for Streamer {
     type Result = bool;
     fn handle(&mut self, _: IsResetRequired, _: &mut Context<Self>) -> bool {
         self.reset_required.is_some()
+    }
+}
+
+/// Asks whether the last connection to the change source ended by a silence, or the last
+/// connect timed out, with no connection since (PROTOCOL.md §4, [`super::UpstreamLink`]).
+#[derive(Message, Debug, Clone, Copy)]
+#[rtype(result = "bool")]
+pub struct IsUpstreamSilent;
+
+impl Handler<IsUpstreamSilent> for Streamer {
+    type Result = bool;
+    fn handle(&mut self, _: IsUpstreamSilent, _: &mut Context<Self>) -> bool {
+        self.upstream_down.as_ref().is_some_and(|d| d.silent)
     }
 }

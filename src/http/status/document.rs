@@ -70,6 +70,8 @@ pub struct ChangeLogStatus {
 pub struct Upstream {
     pub url: Option<String>,
     pub connected: bool,
+    /// While not connected, why (PROTOCOL.md §4, §11); `null` while connected.
+    pub disconnect_reason: Option<String>,
     pub reset_required: bool,
     pub reset_message: Option<String>,
 }
@@ -242,6 +244,11 @@ impl Upstream {
         Upstream {
             url: cfg.upstream.clone(),
             connected: s.upstream_connected,
+            disconnect_reason: s
+                .upstream_down
+                .as_ref()
+                .filter(|_| !s.upstream_connected)
+                .map(|d| d.reason.clone()),
             reset_required: s.reset_required.is_some(),
             reset_message: s.reset_required.clone(),
         }

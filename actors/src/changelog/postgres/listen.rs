@@ -12,7 +12,7 @@ use log::{debug, warn};
 use tokio::sync::watch;
 use tokio_postgres::{AsyncMessage, Client, Config, NoTls};
 
-use super::connection::{named, with_causes};
+use super::connection::{named, settle, with_causes, within, Bounds, Session};
 use super::types::ChangeLogError;
 use super::COMMITS_CHANNEL;
 use crate::watermark::Watermark;
@@ -31,7 +31,8 @@ impl CommitNotices {
     /// the current runtime.
     pub async fn listen(url: &str) -> Result<CommitNotices, ChangeLogError> {
         let config = named(&url.parse::<Config>()?, "listen");
-        let (client, mut connection) = config.connect(NoTls).await?;
+        let bounds = Bounds::current();
+        let (client, mut connection) = within(bounds.statement(), config.connect(NoTls)).await?;
         let (tx, newest) = watch::channel(None);
         tokio::spawn(async move {
             let mut messages = futures_util::stream::poll_fn(|cx| connection.poll_message(cx));
@@ -63,9 +64,10 @@ impl CommitNotices {
                 }
             }
         });
-        client
-            .batch_execute(&format!("LISTEN {COMMITS_CHANNEL}"))
-            .await?;
+        // The server's side of the bounds too (PROTOCOL.md §14.2, a silent change DB).
+        settle(&client, Session::Other).await?;
+        let listen = format!("LISTEN {COMMITS_CHANNEL}");
+        within(bounds.call(), client.batch_execute(&listen)).await?;
         Ok(CommitNotices {
             newest,
             _client: client,

@@ -22,6 +22,7 @@
 mod connection;
 mod group_statements;
 mod listen;
+mod liveness;
 mod read_cache;
 mod reader;
 mod records;
@@ -30,11 +31,12 @@ mod standby;
 mod state;
 mod writer;
 
+use std::rc::Rc;
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use log::{error, info, warn};
+use log::{error, info};
 use tokio::sync::{oneshot, watch};
 use tokio_postgres::{Client, Config};
 
@@ -42,8 +44,10 @@ use tokio_postgres::{Client, Config};
 use super::{catalogue, commands, safety, txn_value, types};
 
 use self::commands::{Ends, ReadCommand, Work, WriteCommand, WriteQueue, Writes};
-use self::connection::{connect, named, redacted, runtime, with_causes};
+use self::connection::{connect, named, redacted, runtime, with_causes, within, Bounds, Session};
+pub use self::connection::{lease_for, set_lease, MIN_LEASE};
 pub(super) use self::listen::CommitNotices;
+use self::liveness::Probe;
 pub(super) use self::records::InstanceDb;
 use self::types::{ChangeLogError, SEGMENT_ROWS};
 use self::writer::PgWriter;
@@ -133,76 +137,112 @@ fn run(engine: Engine) {
     let Engine {
         config,
         options,
-        mut queue,
+        queue,
         reads,
         ready,
         owner,
     } = engine;
+    let interval = options.takeover_interval;
+    let Some((rt, writer)) = own(&config, options, reads, ready, owner) else {
+        return;
+    };
+    serve(&rt, writer, queue, interval, &config);
+}
+
+/// Claims the change DB, loads its state and starts the reader thread; answers `ready` either
+/// way. `None`: nobody waits for this instance to own the change DB any more, or it failed.
+fn own(
+    config: &Config,
+    options: PgOptions,
+    reads: mpsc::Receiver<ReadCommand>,
+    ready: oneshot::Sender<Result<(), ChangeLogError>>,
+    owner: watch::Sender<bool>,
+) -> Option<(tokio::runtime::Runtime, PgWriter)> {
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             let _ = ready.send(Err(ChangeLogError::Start(e)));
-            return;
+            return None;
         }
     };
     let interval = options.takeover_interval;
-    let Some(client) = rt.block_on(claim(&named(&config, "writer"), interval, &ready)) else {
-        return; // nobody waits for this instance to own the change DB any more
+    // None: nobody waits for this instance to own the change DB any more.
+    let client = rt.block_on(claim(&named(config, "writer"), interval, &ready))?;
+    let probe = match rt.block_on(Probe::of(config, &client)) {
+        Ok(p) => Rc::new(p),
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return None;
+        }
     };
     let loaded = PgWriter::load(
         client,
+        probe.clone(),
         options.segment_rows,
         options.clock,
         owner,
         options.instance,
     );
-    let mut writer = match rt.block_on(loaded) {
+    let writer = match rt.block_on(probe.heard(loaded)) {
         Ok(w) => w,
         Err(e) => {
             let _ = ready.send(Err(e));
-            return;
+            return None;
         }
     };
     let reader = runtime().and_then(|reader_rt| {
-        let config = named(&config, "reader");
+        let config = named(config, "reader");
         thread::Builder::new()
             .name("change-log-pg-reader".into())
             .spawn(move || reader::run(reader_rt, config, reads, reader::PurgeCheck::Owner))
     });
     if let Err(e) = reader {
         let _ = ready.send(Err(ChangeLogError::Start(e)));
-        return;
+        return None;
     }
     info!(
         "change DB {} owned: replicaVersion={:?} watermarks {:?}..{:?}, {} rows",
-        redacted(&config),
+        redacted(config),
         writer.stats.replica_version,
         writer.stats.min_watermark,
         writer.stats.max_watermark,
         writer.stats.rows
     );
     writer.crown();
-    if ready.send(Ok(())).is_err() {
-        return;
-    }
+    ready.send(Ok(())).ok()?;
+    Some((rt, writer))
+}
+
+/// Serves the queue as owner until deposed (then refuses what is left) or every handle is gone.
+fn serve(
+    rt: &tokio::runtime::Runtime,
+    mut writer: PgWriter,
+    mut queue: WriteQueue,
+    interval: Duration,
+    config: &Config,
+) {
+    // When the writer's session last spoke with the server: the server ends one it does not
+    // hear from for the change DB lease (PROTOCOL.md §14.2), so an owner busy only with
+    // commands answered from memory (stats, barriers) still checks every takeover interval.
+    let mut heard = std::time::Instant::now();
     while let Some(work) = queue.next(Some(interval)) {
         let served = match work {
-            Work::Appends(group, _) => rt.block_on(writer.append_group(group)),
-            Work::Other(cmd) => rt.block_on(writer.serve(cmd)),
-            Work::Idle => {
-                if rt.block_on(writer.still_owner()) {
-                    Ok(())
-                } else {
-                    error!("change DB: this instance no longer holds the ownership lock");
-                    Err(())
-                }
+            Work::Appends(group, _) => {
+                heard = std::time::Instant::now();
+                rt.block_on(writer.append_group(group))
             }
+            Work::Other(cmd) => rt.block_on(writer.serve(cmd)),
+            Work::Idle => Ok(()),
         };
+        let served = served.and_then(|()| {
+            if heard.elapsed() < interval {
+                return Ok(());
+            }
+            heard = std::time::Instant::now();
+            idle_check(rt, &writer)
+        });
         if served.is_err() {
-            error!(
-                "deposed: stopped writing to change DB {}",
-                redacted(&config)
-            );
+            error!("deposed: stopped writing to change DB {}", redacted(config));
             writer.depose();
             drop(writer); // ends the session, and any lock it may still hold
             refuse_all(queue);
@@ -212,6 +252,23 @@ fn run(engine: Engine) {
         }
     }
     info!("change log writer stopped");
+}
+
+/// The idle check: `Err(())` once this writer cannot tell it still holds the ownership lock
+/// (a silent change DB included).
+fn idle_check(rt: &tokio::runtime::Runtime, writer: &PgWriter) -> Result<(), ()> {
+    match rt.block_on(writer.still_owner()) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            error!("change DB: this instance no longer holds the ownership lock");
+            Err(())
+        }
+        Err(e) => {
+            error!("change DB: the idle check failed ({e}): this instance cannot tell it still owns the change DB");
+            writer.depose();
+            Err(())
+        }
+    }
 }
 
 /// Answers every command still to come with [`ChangeLogError::NotOwner`].
@@ -260,10 +317,11 @@ async fn claim(
     // An outage is said once, not at every attempt (PROTOCOL.md §14.2).
     let mut unreachable = Unreachable::new("standby: owning the change DB");
     loop {
-        match connect(config).await {
+        match connect(config, Session::Writer).await {
             Ok(client) => loop {
                 unreachable.answered();
-                match ownership::try_acquire(&client).await {
+                let bound = Bounds::current().call();
+                match within(bound, ownership::try_acquire(&client)).await {
                     Ok(true) => return Some(client),
                     Ok(false) if !said_standby => {
                         info!(
@@ -274,7 +332,8 @@ async fn claim(
                     }
                     Ok(false) => {}
                     Err(e) => {
-                        warn!("standby: trying to own the change DB failed: {e}");
+                        let why = format!("trying to own it failed ({e})");
+                        unreachable.failed(&why, &format!("connecting anew every {interval:?}"));
                         break;
                     }
                 }

@@ -43,7 +43,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, Statement};
 
 use super::commands::{RangeQuery, ReadCommand, ReadRows};
-use super::connection::connect;
+use super::connection::{connect, within, Bounds, Session};
 use super::read_cache::ReadCache;
 use super::schema::{parse_watermark, Layout};
 use super::txn_value::{append_row, unpack, TxnRow};
@@ -62,7 +62,9 @@ pub(super) enum PurgeCheck {
 /// How many times a read is made again after a partition it was to read was dropped.
 const DROPPED_RETRIES: usize = 3;
 
-/// Serves `rx` on its own connection to the change DB until every handle is gone.
+/// Serves `rx` on its own connection to the change DB until every handle is gone. A read the
+/// change DB does not answer within the bound (PROTOCOL.md §14.2, a silent change DB) fails
+/// with [`ChangeLogError::Silent`], and its connection is given up.
 pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, check: PurgeCheck) {
     let mut conn: Option<Conn> = None;
     let mut cache = ReadCache::default();
@@ -72,35 +74,43 @@ pub(super) fn run(rt: Runtime, config: Config, rx: mpsc::Receiver<ReadCommand>, 
         // A lost connection is made anew at the next read: reads need no ownership.
         let mut c = match conn.take().filter(|c| !c.client.is_closed()) {
             Some(c) => c,
-            None => match rt.block_on(Conn::open(&config)) {
+            None => match rt.block_on(within(Bounds::current().call(), Conn::open(&config))) {
                 Ok(c) => c,
                 Err(e) => {
-                    match cmd {
+                    let _ = match cmd {
                         ReadCommand::Range(_, reply) => answer(reply, Err(e), &mut unreachable),
                         ReadCommand::Size(reply) => answer(reply, Err(e), &mut unreachable),
-                    }
+                    };
                     continue;
                 }
             },
         };
-        match cmd {
-            ReadCommand::Range(query, reply) => answer(
-                reply,
-                rt.block_on(c.read(&mut cache, &query, check)),
-                &mut unreachable,
-            ),
-            ReadCommand::Size(reply) => {
-                answer(reply, rt.block_on(disk_bytes(&c.client)), &mut unreachable)
+        let bound = Bounds::current().call();
+        let silent = match cmd {
+            ReadCommand::Range(query, reply) => {
+                let read = rt.block_on(within(bound, c.read(&mut cache, &query, check)));
+                answer(reply, read, &mut unreachable)
             }
+            ReadCommand::Size(reply) => {
+                let size = rt.block_on(within(bound, disk_bytes(&c.client)));
+                answer(reply, size, &mut unreachable)
+            }
+        };
+        if !silent {
+            conn = Some(c);
         }
-        conn = Some(c);
     }
 }
 
 /// Sends `result`, saying in the log why it failed if it did: a failure to reach the change DB
 /// once per outage (`unreachable`), a read past a purge each time as a WARN, any other fault
-/// each time as an ERROR (PROTOCOL.md §14.2).
-fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {
+/// each time as an ERROR (PROTOCOL.md §14.2). `true` if the change DB did not answer in time.
+fn answer<T>(
+    reply: Reply<T>,
+    result: Result<T, ChangeLogError>,
+    unreachable: &mut Unreachable,
+) -> bool {
+    let silent = matches!(result, Err(ChangeLogError::Silent(_)));
     match &result {
         Err(e @ ChangeLogError::PurgedPast { .. }) => warn!("change log read failed: {e}"),
         Err(e) => {
@@ -111,6 +121,7 @@ fn answer<T>(reply: Reply<T>, result: Result<T, ChangeLogError>, unreachable: &m
         }
     }
     let _ = reply.send(result);
+    silent
 }
 
 /// The bytes of every table of the change DB's schema, with its indexes and TOAST: the change
@@ -181,7 +192,7 @@ struct Conn {
 
 impl Conn {
     async fn open(config: &Config) -> Result<Conn, ChangeLogError> {
-        let client = connect(config).await?;
+        let client = connect(config, Session::Other).await?;
         let oldest = client
             .prepare("SELECT MIN(min_watermark), MIN(id) FROM change_streamer.segments")
             .await?;

@@ -24,11 +24,12 @@
 //! Ages are the change DB's clock (`now()` at the refresh, `clock_timestamp()` at the read),
 //! so instances on machines whose clocks disagree still agree on which record is 10 s old.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio_postgres::{Client, Config, GenericClient};
 
-use super::connection::{connect, named, redacted};
+use super::connection::{connect, named, redacted, within, Bounds, Session};
 use super::safety::ChangeDbView;
 use super::schema::{self, parse_watermark, INSTANCES_SCHEMA};
 use super::state;
@@ -49,6 +50,9 @@ pub(super) const PURGE_GATE_KEY: i64 = 0x6373_0003;
 pub struct InstanceDb {
     client: Arc<Client>,
     location: String,
+    /// Set once a call went unanswered (PROTOCOL.md §14.2, a silent change DB): the connection
+    /// counts as ended, and the next refresh makes a new one.
+    given_up: Arc<AtomicBool>,
 }
 
 /// A record is live while this holds (`$1`: [`GONE_AFTER`] in ms): younger than 10 s, and
@@ -101,12 +105,29 @@ impl InstanceDb {
     /// tables if they are missing.
     pub async fn connect(url: &str) -> Result<InstanceDb, ChangeLogError> {
         let config: Config = url.parse()?;
-        let client = connect(&named(&config, "records")).await?;
-        schema::create_missing(&client, INSTANCES_SCHEMA).await?;
+        let client = connect(&named(&config, "records"), Session::Other).await?;
+        within(
+            Bounds::current().call(),
+            schema::create_missing(&client, INSTANCES_SCHEMA),
+        )
+        .await?;
         Ok(InstanceDb {
             client: Arc::new(client),
             location: redacted(&config),
+            given_up: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// `f` within the bound of a call; given up, the connection counts as ended.
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, ChangeLogError>>,
+    ) -> Result<T, ChangeLogError> {
+        let r = within(Bounds::current().call(), f).await;
+        if matches!(r, Err(ChangeLogError::Silent(_))) {
+            self.given_up.store(true, Ordering::Relaxed);
+        }
+        r
     }
 
     /// The change DB's URL without its password.
@@ -114,9 +135,9 @@ impl InstanceDb {
         &self.location
     }
 
-    /// Whether the connection ended (a new one is needed).
+    /// Whether the connection ended, or was given up (a new one is needed).
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.client.is_closed() || self.given_up.load(Ordering::Relaxed)
     }
 
     /// Writes `record` (the record, and its subscriber rows anew) and says whether the record
@@ -131,111 +152,125 @@ impl InstanceDb {
         record: &InstanceRecord,
         held: Option<&[HeldReservation]>,
     ) -> Result<Refreshed, ChangeLogError> {
-        let write_held = held.is_some();
-        let held = held.unwrap_or_default();
-        let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
-        let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
-        let names: Vec<&str> = record.subscribers.iter().map(|s| s.0.as_str()).collect();
-        let acked: Vec<&str> = record.subscribers.iter().map(|s| s.1.as_str()).collect();
-        let row = self
-            .client
-            .query_one(
-                &format!(
-                    "WITH prev AS (SELECT 1 FROM change_streamer.instances i WHERE i.id = $2 AND {LIVE}),
-                     up AS (
-                         INSERT INTO change_streamer.instances
-                             (id, role, backend_pid, refreshed_at, reservations)
-                         VALUES ($2, $3, pg_backend_pid(), now(), $4)
-                         ON CONFLICT (id) DO UPDATE SET role = excluded.role,
-                             backend_pid = excluded.backend_pid,
-                             refreshed_at = excluded.refreshed_at,
-                             reservations = excluded.reservations
-                         RETURNING id),
-                     old AS (DELETE FROM change_streamer.instance_subscribers WHERE instance = $2),
-                     gate AS (SELECT pg_advisory_xact_lock_shared($7)),
-                     new AS (
-                         INSERT INTO change_streamer.instance_subscribers (instance, subscriber, acked)
-                         SELECT $2, s.name, s.acked
-                         FROM gate, unnest($5::text[], $6::text[]) AS s(name, acked)),
-                     old_held AS (DELETE FROM change_streamer.instance_reservations
-                         WHERE instance = $2 AND $10),
-                     new_held AS (
-                         INSERT INTO change_streamer.instance_reservations (instance, task_id, started_ms)
-                         SELECT $2, r.task, r.started
-                         FROM unnest($8::text[], $9::int8[]) AS r(task, started) WHERE $10)
-                     SELECT EXISTS (SELECT 1 FROM prev)"
-                ),
-                &[
-                    &gone_after_ms(),
-                    &record.id.as_str(),
-                    &record.role.as_str(),
-                    &(record.reservations as i32),
-                    &names,
-                    &acked,
-                    &PURGE_GATE_KEY,
-                    &tasks,
-                    &starts,
-                    &write_held,
-                ],
-            )
-            .await?;
-        Ok(if row.get::<_, bool>(0) {
-            Refreshed::Continuous
-        } else {
-            Refreshed::New
+        self.bounded(async {
+            let write_held = held.is_some();
+            let held = held.unwrap_or_default();
+            let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
+            let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
+            let names: Vec<&str> = record.subscribers.iter().map(|s| s.0.as_str()).collect();
+            let acked: Vec<&str> = record.subscribers.iter().map(|s| s.1.as_str()).collect();
+            let row = self
+                .client
+                .query_one(
+                    &format!(
+                        "WITH prev AS (SELECT 1 FROM change_streamer.instances i WHERE i.id = $2 AND {LIVE}),
+                         up AS (
+                             INSERT INTO change_streamer.instances
+                                 (id, role, backend_pid, refreshed_at, reservations)
+                             VALUES ($2, $3, pg_backend_pid(), now(), $4)
+                             ON CONFLICT (id) DO UPDATE SET role = excluded.role,
+                                 backend_pid = excluded.backend_pid,
+                                 refreshed_at = excluded.refreshed_at,
+                                 reservations = excluded.reservations
+                             RETURNING id),
+                         old AS (DELETE FROM change_streamer.instance_subscribers WHERE instance = $2),
+                         gate AS (SELECT pg_advisory_xact_lock_shared($7)),
+                         new AS (
+                             INSERT INTO change_streamer.instance_subscribers (instance, subscriber, acked)
+                             SELECT $2, s.name, s.acked
+                             FROM gate, unnest($5::text[], $6::text[]) AS s(name, acked)),
+                         old_held AS (DELETE FROM change_streamer.instance_reservations
+                             WHERE instance = $2 AND $10),
+                         new_held AS (
+                             INSERT INTO change_streamer.instance_reservations (instance, task_id, started_ms)
+                             SELECT $2, r.task, r.started
+                             FROM unnest($8::text[], $9::int8[]) AS r(task, started) WHERE $10)
+                         SELECT EXISTS (SELECT 1 FROM prev)"
+                    ),
+                    &[
+                        &gone_after_ms(),
+                        &record.id.as_str(),
+                        &record.role.as_str(),
+                        &(record.reservations as i32),
+                        &names,
+                        &acked,
+                        &PURGE_GATE_KEY,
+                        &tasks,
+                        &starts,
+                        &write_held,
+                    ],
+                )
+                .await?;
+            Ok(if row.get::<_, bool>(0) {
+                Refreshed::Continuous
+            } else {
+                Refreshed::New
+            })
         })
+        .await
     }
 
     /// Deletes every record that is gone (with its subscriber rows); answers their ids.
     pub async fn sweep_gone(&self) -> Result<Vec<String>, ChangeLogError> {
-        let rows = self
-            .client
-            .query(
-                &format!("DELETE FROM change_streamer.instances i WHERE NOT ({LIVE}) RETURNING id"),
-                &[&gone_after_ms()],
-            )
-            .await?;
-        Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        self.bounded(async {
+            let rows = self
+                .client
+                .query(
+                    &format!(
+                        "DELETE FROM change_streamer.instances i WHERE NOT ({LIVE}) RETURNING id"
+                    ),
+                    &[&gone_after_ms()],
+                )
+                .await?;
+            Ok(rows.into_iter().map(|r| r.get(0)).collect())
+        })
+        .await
     }
 
     /// Deletes this instance's own record (a graceful stop: it is gone at once).
     pub async fn remove(&self, id: &InstanceId) -> Result<(), ChangeLogError> {
-        self.client
-            .execute(
-                "DELETE FROM change_streamer.instances WHERE id = $1",
-                &[&id.as_str()],
-            )
-            .await?;
-        Ok(())
+        self.bounded(async {
+            self.client
+                .execute(
+                    "DELETE FROM change_streamer.instances WHERE id = $1",
+                    &[&id.as_str()],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Every instance that is not gone, by id.
     pub async fn instances(&self) -> Result<Vec<InstanceSeen>, ChangeLogError> {
-        let rows = self
-            .client
-            .query(
-                &format!(
-                    "SELECT i.id, i.role,
-                         (SELECT count(*) FROM change_streamer.instance_subscribers s
-                          WHERE s.instance = i.id)::int8,
-                         i.reservations::int8,
-                         GREATEST(0, (extract(epoch FROM clock_timestamp() - i.refreshed_at)
-                                      * 1000))::int8
-                     FROM change_streamer.instances i WHERE {LIVE} ORDER BY i.id"
-                ),
-                &[&gone_after_ms()],
-            )
-            .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| InstanceSeen {
-                id: r.get(0),
-                role: r.get(1),
-                subscribers: r.get::<_, i64>(2).max(0) as u32,
-                reservations: r.get::<_, i64>(3).max(0) as u32,
-                last_seen_ms: r.get::<_, i64>(4).max(0) as u64,
-            })
-            .collect())
+        self.bounded(async {
+            let rows = self
+                .client
+                .query(
+                    &format!(
+                        "SELECT i.id, i.role,
+                             (SELECT count(*) FROM change_streamer.instance_subscribers s
+                              WHERE s.instance = i.id)::int8,
+                             i.reservations::int8,
+                             GREATEST(0, (extract(epoch FROM clock_timestamp() - i.refreshed_at)
+                                          * 1000))::int8
+                         FROM change_streamer.instances i WHERE {LIVE} ORDER BY i.id"
+                    ),
+                    &[&gone_after_ms()],
+                )
+                .await?;
+            Ok(rows
+                .into_iter()
+                .map(|r| InstanceSeen {
+                    id: r.get(0),
+                    role: r.get(1),
+                    subscribers: r.get::<_, i64>(2).max(0) as u32,
+                    reservations: r.get::<_, i64>(3).max(0) as u32,
+                    last_seen_ms: r.get::<_, i64>(4).max(0) as u64,
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Every recorded held reservation, live or not (`own`, the reading owner's id, counts as
@@ -244,67 +279,76 @@ impl InstanceDb {
         &self,
         own: &str,
     ) -> Result<ReservationRecords, ChangeLogError> {
-        let c = &*self.client;
-        let held = c
-            .query(
-                &format!(
-                    "SELECT r.instance, r.task_id, r.started_ms,
-                         COALESCE((SELECT {LIVE} FROM change_streamer.instances i
-                                   WHERE i.id = r.instance), false) AND r.instance <> $2
-                     FROM change_streamer.instance_reservations r
-                     ORDER BY r.instance, r.task_id"
-                ),
-                &[&gone_after_ms(), &own],
-            )
-            .await?
-            .into_iter()
-            .map(|r| RecordedReservation {
-                instance: r.get(0),
-                task_id: r.get(1),
-                started_ms: r.get(2),
-                live: r.get(3),
-            })
-            .collect();
-        let ends = c
-            .query(
-                "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
-                 ORDER BY ended_ms, task_id",
-                &[],
-            )
-            .await?
-            .into_iter()
-            .map(end_row)
-            .collect();
-        Ok(ReservationRecords { held, ends })
+        self.bounded(async {
+            let c = &*self.client;
+            let held = c
+                .query(
+                    &format!(
+                        "SELECT r.instance, r.task_id, r.started_ms,
+                             COALESCE((SELECT {LIVE} FROM change_streamer.instances i
+                                       WHERE i.id = r.instance), false) AND r.instance <> $2
+                         FROM change_streamer.instance_reservations r
+                         ORDER BY r.instance, r.task_id"
+                    ),
+                    &[&gone_after_ms(), &own],
+                )
+                .await?
+                .into_iter()
+                .map(|r| RecordedReservation {
+                    instance: r.get(0),
+                    task_id: r.get(1),
+                    started_ms: r.get(2),
+                    live: r.get(3),
+                })
+                .collect();
+            let ends = c
+                .query(
+                    "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
+                     ORDER BY ended_ms, task_id",
+                    &[],
+                )
+                .await?
+                .into_iter()
+                .map(end_row)
+                .collect();
+            Ok(ReservationRecords { held, ends })
+        })
+        .await
     }
 
     /// The ends recorded for any of `tasks` (a holder's refresh: what it must close).
     pub async fn ends_for(&self, tasks: &[&str]) -> Result<Vec<RecordedEnd>, ChangeLogError> {
-        Ok(self
-            .client
-            .query(
-                "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
-                 WHERE task_id = ANY($1) ORDER BY ended_ms",
-                &[&tasks],
-            )
-            .await?
-            .into_iter()
-            .map(end_row)
-            .collect())
+        self.bounded(async {
+            Ok(self
+                .client
+                .query(
+                    "SELECT task_id, ended_ms, started_ms FROM change_streamer.reservation_ends
+                     WHERE task_id = ANY($1) ORDER BY ended_ms",
+                    &[&tasks],
+                )
+                .await?
+                .into_iter()
+                .map(end_row)
+                .collect())
+        })
+        .await
     }
 
     /// Records an end by subscription (a second one of the same task and time is the same).
     pub async fn record_end(&self, end: &RecordedEnd) -> Result<(), ChangeLogError> {
-        self.client
-            .execute(
-                "INSERT INTO change_streamer.reservation_ends (task_id, ended_ms, started_ms)
-                 VALUES ($1, $2, $3)
-                 ON CONFLICT (task_id, ended_ms) DO UPDATE
-                     SET started_ms = COALESCE(reservation_ends.started_ms, excluded.started_ms)",
-                &[&end.task_id, &end.ended_ms, &end.started_ms],
-            )
-            .await?;
-        Ok(())
+        self.bounded(async {
+            self.client
+                .execute(
+                    "INSERT INTO change_streamer.reservation_ends (task_id, ended_ms, started_ms)
+                     VALUES ($1, $2, $3)
+                     ON CONFLICT (task_id, ended_ms) DO UPDATE
+                         SET started_ms = COALESCE(reservation_ends.started_ms, excluded.started_ms)",
+                    &[&end.task_id, &end.ended_ms, &end.started_ms],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Forgets held reservations the owner wrote down as its orphans (each as read: a row
@@ -314,44 +358,50 @@ impl InstanceDb {
         held: &[RecordedReservation],
         ends: &[RecordedEnd],
     ) -> Result<(), ChangeLogError> {
-        let instances: Vec<&str> = held.iter().map(|r| r.instance.as_str()).collect();
-        let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
-        let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
-        let end_tasks: Vec<&str> = ends.iter().map(|e| e.task_id.as_str()).collect();
-        let end_times: Vec<i64> = ends.iter().map(|e| e.ended_ms).collect();
-        self.client
-            .execute(
-                "WITH h AS (
-                     DELETE FROM change_streamer.instance_reservations r
-                     USING unnest($1::text[], $2::text[], $3::int8[]) AS f(instance, task, started)
-                     WHERE r.instance = f.instance AND r.task_id = f.task
-                       AND r.started_ms = f.started)
-                 DELETE FROM change_streamer.reservation_ends e
-                 USING unnest($4::text[], $5::int8[]) AS f(task, ended)
-                 WHERE e.task_id = f.task AND e.ended_ms = f.ended",
-                &[&instances, &tasks, &starts, &end_tasks, &end_times],
-            )
-            .await?;
-        Ok(())
+        self.bounded(async {
+            let instances: Vec<&str> = held.iter().map(|r| r.instance.as_str()).collect();
+            let tasks: Vec<&str> = held.iter().map(|r| r.task_id.as_str()).collect();
+            let starts: Vec<i64> = held.iter().map(|r| r.started_ms).collect();
+            let end_tasks: Vec<&str> = ends.iter().map(|e| e.task_id.as_str()).collect();
+            let end_times: Vec<i64> = ends.iter().map(|e| e.ended_ms).collect();
+            self.client
+                .execute(
+                    "WITH h AS (
+                         DELETE FROM change_streamer.instance_reservations r
+                         USING unnest($1::text[], $2::text[], $3::int8[]) AS f(instance, task, started)
+                         WHERE r.instance = f.instance AND r.task_id = f.task
+                           AND r.started_ms = f.started)
+                     DELETE FROM change_streamer.reservation_ends e
+                     USING unnest($4::text[], $5::int8[]) AS f(task, ended)
+                     WHERE e.task_id = f.task AND e.ended_ms = f.ended",
+                    &[&instances, &tasks, &starts, &end_tasks, &end_times],
+                )
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The change log's range and the safety state as stored; empty while no owner has
     /// created the change log's tables yet.
     pub async fn view(&self) -> Result<ChangeDbView, ChangeLogError> {
-        let c = &*self.client;
-        let created: bool = c
-            .query_one(
-                "SELECT to_regclass('change_streamer.reservations') IS NOT NULL",
-                &[],
-            )
-            .await?
-            .get(0);
-        if !created {
-            return Ok(ChangeDbView::default());
-        }
-        let ((log, _), safety) =
-            futures_util::future::try_join(schema::read_stats(c), state::load(c)).await?;
-        Ok(ChangeDbView { log, safety })
+        self.bounded(async {
+            let c = &*self.client;
+            let created: bool = c
+                .query_one(
+                    "SELECT to_regclass('change_streamer.reservations') IS NOT NULL",
+                    &[],
+                )
+                .await?
+                .get(0);
+            if !created {
+                return Ok(ChangeDbView::default());
+            }
+            let ((log, _), safety) =
+                futures_util::future::try_join(schema::read_stats(c), state::load(c)).await?;
+            Ok(ChangeDbView { log, safety })
+        })
+        .await
     }
 }
 

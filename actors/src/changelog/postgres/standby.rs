@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio_postgres::{Client, Config};
 
 use super::commands::{Ends, WriteCommand, Writes};
-use super::connection::{connect, named, redacted, runtime};
+use super::connection::{connect, named, redacted, runtime, within, Bounds, Session};
 use super::reader::{self, PurgeCheck};
 use super::safety::SafetyState;
 use super::schema;
@@ -91,7 +91,8 @@ fn answer_questions(rt: Runtime, config: Config, rx: mpsc::Receiver<WriteCommand
 }
 
 /// Runs `ask` on the connection (made anew if there is none or it ended), keeping it for the
-/// next question if the answer came.
+/// next question if the answer came: within the bound (PROTOCOL.md §14.2, a silent change DB),
+/// else the connection is given up.
 fn with_client<T, F>(
     rt: &Runtime,
     config: &Config,
@@ -101,15 +102,16 @@ fn with_client<T, F>(
 where
     F: std::future::Future<Output = Result<(Client, T), ChangeLogError>>,
 {
-    rt.block_on(async {
+    let asked = async {
         let c = match client.take().filter(|c| !c.is_closed()) {
             Some(c) => c,
-            None => connect(config).await?,
+            None => connect(config, Session::Other).await?,
         };
         let (c, answer) = ask(c).await?;
         *client = Some(c);
-        Ok(answer)
-    })
+        Ok::<T, ChangeLogError>(answer)
+    };
+    rt.block_on(within(Bounds::current().call(), asked))
 }
 
 fn send<T>(reply: Reply<T>, answer: Result<T, ChangeLogError>, unreachable: &mut Unreachable) {

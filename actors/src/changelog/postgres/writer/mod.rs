@@ -11,6 +11,7 @@
 mod purge;
 
 use std::collections::HashSet;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use log::error;
@@ -21,6 +22,7 @@ use tokio_postgres::{Client, IsolationLevel, Transaction as PgTransaction};
 use super::catalogue::{self, Segment};
 use super::commands::WriteCommand;
 use super::group_statements::GroupStatements;
+use super::liveness::Probe;
 use super::safety::StateChange;
 use super::schema::{self, create_partition_sql, Layout, CURRENT};
 use super::state;
@@ -48,6 +50,9 @@ pub(super) struct PgWriter {
     /// check, not the records'.
     instance: Option<String>,
     statements: GroupStatements,
+    /// Hears each call out while the server works on it, and finds a silent change DB
+    /// (PROTOCOL.md §14.2).
+    probe: Rc<Probe>,
 }
 
 /// The rows of one group commit, as the columns of its insert: a row per transaction of
@@ -84,6 +89,7 @@ impl PgWriter {
     /// session holds the ownership lock, so two instances never create tables at once.
     pub(super) async fn load(
         client: Client,
+        probe: Rc<Probe>,
         segment_rows: u64,
         clock: Clock,
         owner: watch::Sender<bool>,
@@ -112,12 +118,17 @@ impl PgWriter {
             owner,
             instance,
             statements,
+            probe,
         })
     }
 
     /// Serves one command; `Err(())` once this writer found it no longer owns the change DB
     /// (it answered the command with [`ChangeLogError::NotOwner`]).
+    ///
+    /// Each call the change DB is found silent on ([`Probe::heard`], PROTOCOL.md §14.2) is
+    /// answered as if the connection had ended: deposed.
     pub(super) async fn serve(&mut self, cmd: WriteCommand) -> Result<(), ()> {
+        let probe = self.probe.clone();
         match cmd {
             WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]).await,
             WriteCommand::Purge {
@@ -126,7 +137,7 @@ impl PgWriter {
                 gate,
                 reply,
             } => {
-                let r = self.purge(&before, stored_by_ms, gate).await;
+                let r = probe.heard(self.purge(&before, stored_by_ms, gate)).await;
                 self.answer(reply, r)
             }
             WriteCommand::Stats(reply) => {
@@ -134,7 +145,7 @@ impl PgWriter {
                 Ok(())
             }
             WriteCommand::HasCommit(w, reply) => {
-                let r = self.has_commit(&w).await;
+                let r = probe.heard(self.has_commit(&w)).await;
                 self.answer(reply, r)
             }
             WriteCommand::Barrier(reply) => {
@@ -142,21 +153,26 @@ impl PgWriter {
                 Ok(())
             }
             WriteCommand::State(change, reply) => {
-                let r = self.save_state(&change).await;
+                let r = probe.heard(self.save_state(&change)).await;
                 self.answer(reply, r)
             }
             WriteCommand::LoadState(reply) => {
-                let r = state::load(&self.client).await;
+                let r = probe.heard(state::load(&self.client)).await;
                 self.answer(reply, r)
             }
         }
     }
 
-    /// Whether `e` means this writer lost the change DB: the fence refused, or the session
-    /// (and with it the lock) is gone. If so, the handles learn it at once, before any caller
-    /// is answered.
+    /// Whether `e` means this writer lost the change DB: the fence refused, the session
+    /// (and with it the lock) is gone, or the change DB did not answer in time (a silent
+    /// change DB, PROTOCOL.md §14.2: the server ends the session it no longer hears from). If
+    /// so, the handles learn it at once, before any caller is answered.
     fn deposed_by(&self, e: &ChangeLogError) -> bool {
-        let deposed = matches!(e, ChangeLogError::NotOwner) || self.client.is_closed();
+        let silent = matches!(e, ChangeLogError::Silent(_));
+        if silent {
+            error!("change DB silent: {e}; stepping down as its owner");
+        }
+        let deposed = silent || matches!(e, ChangeLogError::NotOwner) || self.client.is_closed();
         if deposed {
             self.depose();
         }
@@ -187,9 +203,14 @@ impl PgWriter {
         }
     }
 
-    /// The idle check: whether this session still holds the ownership lock.
-    pub(super) async fn still_owner(&self) -> bool {
-        matches!(ownership::holds_lock(&self.client).await, Ok(true))
+    /// The idle check: whether this session still holds the ownership lock (an error, a
+    /// silent change DB's included, if it cannot tell).
+    pub(super) async fn still_owner(&self) -> Result<bool, ChangeLogError> {
+        let r = self.probe.heard(ownership::holds_lock(&self.client)).await;
+        if let Err(e @ ChangeLogError::Silent(_)) = &r {
+            error!("change DB silent: {e}; stepping down as its owner");
+        }
+        r
     }
 
     async fn save_state(&mut self, change: &StateChange) -> Result<(), ChangeLogError> {
@@ -205,7 +226,10 @@ impl PgWriter {
     ) -> Result<(), ()> {
         let (stats_before, segments_before) = (self.stats.clone(), self.segments.clone());
         let stored_ms = self.clock.now_ms().max(self.last_stored_ms);
-        let result = self.store(&group, stored_ms).await;
+        // Given up, the store is dropped where it was (no rollback sent on a silent
+        // connection): the connection goes with the deposed writer.
+        let probe = self.probe.clone();
+        let result = probe.heard(self.store(&group, stored_ms)).await;
         match result {
             Ok(()) => {
                 self.last_stored_ms = stored_ms;

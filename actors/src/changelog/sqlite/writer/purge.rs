@@ -4,7 +4,7 @@
 
 use rusqlite::{params, OptionalExtension};
 
-use super::super::catalogue;
+use super::super::catalogue::{self, Segment};
 use super::super::safety::StateChange;
 use super::super::segments::{segment_table, watermark_col};
 use super::super::state;
@@ -64,40 +64,8 @@ impl Writer {
             }
             // Then the rows below it in the segment it cuts through.
             if let Some(seg) = self.segments.first_mut().filter(|s| s.min < bound) {
-                let table = segment_table(seg.id);
-                // Counted in changes, in either layout.
-                let n = if self.row_per_change.contains(&seg.id) {
-                    tx.execute(
-                        &format!("DELETE FROM {table} WHERE watermark < ?1"),
-                        params![bound.as_str()],
-                    )? as u64
-                } else {
-                    let n: i64 = tx.query_row(
-                        &format!(
-                            "SELECT COALESCE(SUM(changes), 0) FROM {table} WHERE watermark < ?1"
-                        ),
-                        params![bound.as_str()],
-                        |r| r.get(0),
-                    )?;
-                    tx.execute(
-                        &format!("DELETE FROM {table} WHERE watermark < ?1"),
-                        params![bound.as_str()],
-                    )?;
-                    n as u64
-                };
-                let min: Option<String> =
-                    tx.query_row(&format!("SELECT MIN(watermark) FROM {table}"), [], |r| {
-                        r.get(0)
-                    })?;
-                if let Some(min) = watermark_col(min)? {
-                    seg.min = min;
-                }
-                seg.rows -= n;
-                tx.execute(
-                    "UPDATE segments SET min_watermark = ?2, rows = ?3 WHERE id = ?1",
-                    params![seg.id, seg.min.as_str(), seg.rows as i64],
-                )?;
-                purged += n;
+                let per_change = self.row_per_change.contains(&seg.id);
+                purged += cut_segment(&tx, seg, per_change, &bound)?;
             }
             if !held_by_retention {
                 state::apply(&tx, &StateChange::Purged(before.clone()))?;
@@ -124,4 +92,46 @@ impl Writer {
             }
         }
     }
+}
+
+/// Deletes the rows below `bound` in `seg`, the segment it cuts through, and records the
+/// segment's new low end; returns how many changes went (counted in changes, in either layout:
+/// a row per change, or a row per transaction with its `changes`).
+fn cut_segment(
+    tx: &rusqlite::Transaction<'_>,
+    seg: &mut Segment,
+    row_per_change: bool,
+    bound: &Watermark,
+) -> Result<u64, ChangeLogError> {
+    let table = segment_table(seg.id);
+    let n = if row_per_change {
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE watermark < ?1"),
+            params![bound.as_str()],
+        )? as u64
+    } else {
+        let n: i64 = tx.query_row(
+            &format!("SELECT COALESCE(SUM(changes), 0) FROM {table} WHERE watermark < ?1"),
+            params![bound.as_str()],
+            |r| r.get(0),
+        )?;
+        tx.execute(
+            &format!("DELETE FROM {table} WHERE watermark < ?1"),
+            params![bound.as_str()],
+        )?;
+        n as u64
+    };
+    let min: Option<String> =
+        tx.query_row(&format!("SELECT MIN(watermark) FROM {table}"), [], |r| {
+            r.get(0)
+        })?;
+    if let Some(min) = watermark_col(min)? {
+        seg.min = min;
+    }
+    seg.rows -= n;
+    tx.execute(
+        "UPDATE segments SET min_watermark = ?2, rows = ?3 WHERE id = ?1",
+        params![seg.id, seg.min.as_str(), seg.rows as i64],
+    )?;
+    Ok(n)
 }
