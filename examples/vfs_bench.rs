@@ -154,6 +154,7 @@ async fn poll_part(a: &Args) {
         extension: litestream.vfs.clone(),
         backup_url: url,
         query: DEFAULT_WATERMARK_QUERY.into(),
+        env: Vec::new(),
     });
     let t = Instant::now();
     reader

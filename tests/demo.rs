@@ -47,6 +47,13 @@ fn demo_shows_the_whole_pipeline_and_ends_cleanly() {
         assert_eq!(num("backupReads"), 0.0, "{s}");
         assert!(stdout.contains("backup via control: confirmed"), "{stdout}");
     }
+    // With moto installed too, the backup is in a bucket of a local S3 server (issue 44).
+    if expected == "control" && change_streamer_test_support::s3::installed().is_some() {
+        assert!(
+            stdout.contains("the backup goes to s3://demo/replica?endpoint=http://127.0.0.1:"),
+            "{stdout}"
+        );
+    }
 }
 
 #[actix_rt::test]

@@ -2,7 +2,9 @@
 //! with `--litestream-vfs`; a backup replica ([`BackupReplica`]) follows it with `mode=backup`
 //! into its own SQLite file, which a real `litestream replicate` backs up to a `file://`
 //! replica; the service reads the backed-up watermark back out of that replica. litestream is
-//! installed on first use by `scripts/install-litestream.sh`; these tests never skip.
+//! installed on first use by `scripts/install-litestream.sh`; these tests never skip. The
+//! `s3_` variants run the same checks with the replica in a bucket of a local S3 server (moto,
+//! installed by `scripts/install-moto.sh`, issue 44).
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -10,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
@@ -45,11 +47,16 @@ struct Backed {
 impl Backed {
     /// Initial sync at watermark 100, then the backup replica subscribes from it.
     async fn start() -> Backed {
+        Self::start_on(Store::File).await
+    }
+
+    /// [`Backed::start`] with the backup replicated to `store`.
+    async fn start_on(store: Store) -> Backed {
         let litestream = stock_litestream::install();
         // The service starts its VFS reader from this binary (this test process is not it).
         std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = BackupFiles::in_dir(dir.path());
+        let files = BackupFiles::new(dir.path(), store);
         let up = FakeUpstream::start().await;
         let (up_url, flags) = (up.url(), files.vfs_flags(&litestream));
         let (poll, delay) = (POLL_MS.to_string(), DELAY_MS.to_string());
@@ -125,7 +132,17 @@ fn row_ids(rows: impl IntoIterator<Item = Value>) -> Vec<u64> {
 
 #[actix_rt::test]
 async fn cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_the_delay_passed() {
-    let mut b = Backed::start().await;
+    cleanup_scheduled_once_held(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_the_delay_passed()
+{
+    cleanup_scheduled_once_held(Store::S3).await;
+}
+
+async fn cleanup_scheduled_once_held(store: Store) {
+    let mut b = Backed::start_on(store).await;
     b.send(101, 103).await;
     // No backup yet: polls fail, nothing is recorded or scheduled.
     let st = b
@@ -165,12 +182,31 @@ async fn cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_and_t
     // What was scheduled is in the backup: a restore holds it.
     let (restored, _) = read_replica(&b.restore("check.db"));
     assert!(restored >= w(103), "restored {restored}");
+    if let Some(bucket) = b.files.bucket() {
+        // The VFS read it out of the bucket: its LISTs and ranged GETs are in the server's log.
+        let requests = bucket.requests();
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.starts_with("GET /backup?list-type=2")),
+            "{requests:?}"
+        );
+    }
     b.svc.stop().await;
 }
 
 #[actix_rt::test]
 async fn a_replica_restores_the_backup_and_follows_from_its_watermark_without_a_gap() {
-    let mut b = Backed::start().await;
+    restores_and_follows(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_a_replica_restores_the_backup_and_follows_from_its_watermark_without_a_gap() {
+    restores_and_follows(Store::S3).await;
+}
+
+async fn restores_and_follows(store: Store) {
+    let mut b = Backed::start_on(store).await;
     b.replicate().await;
     b.send(101, 105).await;
 
@@ -231,7 +267,16 @@ async fn a_replica_restores_the_backup_and_follows_from_its_watermark_without_a_
 
 #[actix_rt::test]
 async fn no_backup_yet_means_no_status_until_there_is_one() {
-    let mut b = Backed::start().await;
+    no_status_until_a_backup(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_no_backup_yet_means_no_status_until_there_is_one() {
+    no_status_until_a_backup(Store::S3).await;
+}
+
+async fn no_status_until_a_backup(store: Store) {
+    let mut b = Backed::start_on(store).await;
     b.send(101, 102).await;
     let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=t1")).await;
     assert_eq!(

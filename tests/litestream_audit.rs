@@ -4,19 +4,18 @@
 //! directory back to a copy taken early: the audit reads less than was confirmed, every purge
 //! stops (`purge.blockedBy: "audit"`, the failures counted per backup), stays stopped while
 //! nothing else holds it back, and resumes only once a read reaches the confirmed watermark
-//! again (the directory put back as it was).
+//! again (the directory put back as it was). The `s3_` variant lies with a bucket of a local S3
+//! server rolled back to its early objects (issue 44).
 
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::backup_files::{
-    flag_refs, BackupFiles, ASKED_AND_PURGED_AT_ONCE,
+    flag_refs, BackupFiles, Store, ASKED_AND_PURGED_AT_ONCE,
 };
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{
-    self, copy_dir, file_replica_dir, replace_dir,
-};
+use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::{json, Value};
 
@@ -42,11 +41,21 @@ fn audit(st: &Value) -> &Value {
 #[actix_rt::test]
 async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_confirmed_watermark(
 ) {
+    audit_blocks_a_rolled_back_backup(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_confirmed_watermark(
+) {
+    audit_blocks_a_rolled_back_backup(Store::S3).await;
+}
+
+async fn audit_blocks_a_rolled_back_backup(store: Store) {
     let litestream = stock_litestream::install();
     // The service starts its VFS readers from this binary (this test process is not it).
     std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::in_dir(dir.path());
+    let files = BackupFiles::new(dir.path(), store);
     let up = FakeUpstream::start().await;
     let up_url = up.url();
     // The control API confirms, the VFS audits.
@@ -95,9 +104,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     })
     .await;
     // The early state of the backup, kept to lie with later.
-    let replica_dir = file_replica_dir(&files.url());
-    let early = dir.path().join("early");
-    copy_dir(&replica_dir, &early);
+    let early = files.save("early");
 
     sent(103, 105);
     applied(105).await;
@@ -113,14 +120,13 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
         .as_u64()
         .unwrap();
     assert!(reads_before >= 2, "the audit's reads are counted: {st}");
-    let late = dir.path().join("late");
-    copy_dir(&replica_dir, &late);
+    let late = files.save("late");
 
     // The lie: the backup rolled back to 102 while 105 was confirmed. litestream is frozen
     // first, so that nothing it does (a sync, a compaction) can mend the lie before an audit
     // reads it.
     replication.signal("-STOP");
-    replace_dir(&replica_dir, &early);
+    files.put_back(&early);
     let st = svc
         .wait_status("the audit catches the rolled-back backup", |s| {
             s["purge"]["blockedBy"] == json!("audit")
@@ -152,7 +158,7 @@ async fn audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_the_
     assert_eq!(st["changeLog"]["minWatermark"], json!(w(102)), "{st}");
 
     // The backup as it was: a read reaches 105 again, and the purge resumes.
-    replace_dir(&replica_dir, &late);
+    files.put_back(&late);
     replication.signal("-CONT");
     let st = svc
         .wait_status("the block lifted and 105 purged", |s| {

@@ -5,14 +5,15 @@
 //! that whatever the backup holds within a test was synced because the service asked. The
 //! service confirms each acked commit through the control socket, reads nothing of the backup,
 //! and purges as it does with the other sources; with litestream unreachable it backs off,
-//! says why, and purges nothing.
+//! says why, and purges nothing. The `s3_` variant runs the same check with the replica in a
+//! bucket of a local S3 server (issue 44).
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::backup_files::{
-    flag_refs, BackupFiles, ASKED_AND_PURGED_AT_ONCE,
+    flag_refs, BackupFiles, Store, ASKED_AND_PURGED_AT_ONCE,
 };
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::service::TestService;
@@ -41,9 +42,14 @@ impl Controlled {
     /// Initial sync at watermark 100, then the backup replica subscribes from it. The
     /// periodic poll is an hour apart: every confirmation comes from an ack.
     async fn start() -> Controlled {
+        Self::start_on(Store::File).await
+    }
+
+    /// [`Controlled::start`] with the backup replicated to `store`.
+    async fn start_on(store: Store) -> Controlled {
         let litestream = stock_litestream::install();
         let dir = tempfile::tempdir().expect("tempdir");
-        let files = BackupFiles::in_dir(dir.path());
+        let files = BackupFiles::new(dir.path(), store);
         let up = FakeUpstream::start().await;
         let (up_url, flags) = (up.url(), files.control_flags());
         let mut flags = flag_refs(&flags, &["--upstream", &up_url]);
@@ -87,8 +93,9 @@ impl Controlled {
     }
 }
 
-/// The processes this test process started other than litestream: a VFS reader would be one.
-fn children_other_than(litestream: &Path) -> Vec<u32> {
+/// The processes this test process started other than litestream and `also` (an S3 server):
+/// a VFS reader would be one.
+fn children_other_than(litestream: &Path, also: Option<u32>) -> Vec<u32> {
     let me = std::process::id().to_string();
     let mut pids = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -103,7 +110,10 @@ fn children_other_than(litestream: &Path) -> Vec<u32> {
         };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
-        if fields.get(1) == Some(&me.as_str()) && fields.first() != Some(&"Z") && exe != litestream
+        if fields.get(1) == Some(&me.as_str())
+            && fields.first() != Some(&"Z")
+            && exe != litestream
+            && Some(pid) != also
         {
             pids.push(pid);
         }
@@ -113,7 +123,16 @@ fn children_other_than(litestream: &Path) -> Vec<u32> {
 
 #[actix_rt::test]
 async fn control_source_confirms_each_acked_commit_and_the_purge_follows_with_no_backup_read() {
-    let mut c = Controlled::start().await;
+    confirms_each_acked_commit(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_control_source_confirms_each_acked_commit_and_the_purge_follows_with_no_backup_read() {
+    confirms_each_acked_commit(Store::S3).await;
+}
+
+async fn confirms_each_acked_commit(store: Store) {
+    let mut c = Controlled::start_on(store).await;
     c.replicate().await;
     c.send(101, 103).await;
     let st = c
@@ -150,10 +169,24 @@ async fn control_source_confirms_each_acked_commit_and_the_purge_follows_with_no
     assert_eq!(st["backup"]["monitor"]["backupReadsTotal"], 0, "{st}");
     let litestream_bin = c.litestream.bin.canonicalize().unwrap();
     assert_eq!(
-        children_other_than(&litestream_bin),
+        children_other_than(
+            &litestream_bin,
+            c.files.s3.as_ref().and_then(|(server, _)| server.pid())
+        ),
         Vec::<u32>::new(),
         "no VFS reader"
     );
+    if let Some(bucket) = c.files.bucket() {
+        // litestream uploaded to the bucket; the service read nothing of it (only litestream's
+        // own requests: its uploads, and the LISTs a sync and its restore start with).
+        let requests = bucket.requests();
+        assert!(
+            requests
+                .iter()
+                .any(|r| r.starts_with("PUT /backup/replica/")),
+            "{requests:?}"
+        );
+    }
     c.svc.stop().await;
 }
 

@@ -4,13 +4,14 @@
 //! service is killed with `kill -9` and started again. Until the backup is seen covering the
 //! watermark recorded before the kill, `/readyz` says why with both watermarks and a snapshot
 //! reservation gets no status; once litestream runs again, the backup replicator's reconnection
-//! is confirmed (without any new commit), and both follow.
+//! is confirmed (without any new commit), and both follow. The `s3_` variant keeps the backup in
+//! a bucket of a local S3 server (issue 44).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
@@ -25,9 +26,19 @@ fn w(n: u64) -> String {
 #[actix_rt::test]
 async fn no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_wait_for_the_backup(
 ) {
+    uploads_pending_hold_readiness(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_statuses_wait_for_the_backup(
+) {
+    uploads_pending_hold_readiness(Store::S3).await;
+}
+
+async fn uploads_pending_hold_readiness(store: Store) {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::in_dir(dir.path());
+    let files = BackupFiles::new(dir.path(), store);
     let data = dir.path().join("data");
     let up = FakeUpstream::start().await;
     let (up_url, control) = (up.url(), files.control_flags());

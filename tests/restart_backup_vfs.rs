@@ -2,19 +2,18 @@
 //! the service reads the backup itself; it is killed with `kill -9` after recording 103, and the
 //! backup it finds at the next start shows less (the `file://` replica rolled back to a copy
 //! taken at 102). `/readyz` names both watermarks and a reservation gets no status until the
-//! backup is read at 103 again.
+//! backup is read at 103 again. The `s3_` variant does it with a bucket of a local S3 server
+//! (issue 44), rolled back to its objects at 102.
 
 use std::path::Path;
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles};
+use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::stock_litestream::{
-    self, copy_dir, file_replica_dir, replace_dir,
-};
+use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::json;
 
@@ -24,9 +23,18 @@ fn w(n: u64) -> String {
 
 #[actix_rt::test]
 async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_and_statuses() {
+    rolled_back_backup_holds_readiness(Store::File).await;
+}
+
+#[actix_rt::test]
+async fn s3_no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_and_statuses() {
+    rolled_back_backup_holds_readiness(Store::S3).await;
+}
+
+async fn rolled_back_backup_holds_readiness(store: Store) {
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::in_dir(dir.path());
+    let files = BackupFiles::new(dir.path(), store);
     let data = dir.path().join("data");
     let up = FakeUpstream::start().await;
     let (up_url, vfs) = (up.url(), files.vfs_flags(&litestream));
@@ -66,9 +74,7 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     };
     send_and_read(101).await;
     send_and_read(102).await;
-    let replica_dir = file_replica_dir(&files.url());
-    let early = dir.path().join("early");
-    copy_dir(&replica_dir, &early);
+    let early = files.save("early");
     send_and_read(103).await;
     // 104 stored means 103's record, queued before it on the same writer, is durable.
     up.send(txn(104, 2));
@@ -80,9 +86,8 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     first.kill9();
     drop(replication);
     drop(replica);
-    let late = dir.path().join("late");
-    copy_dir(&replica_dir, &late);
-    replace_dir(&replica_dir, &early);
+    let late = files.save("late");
+    files.put_back(&early);
 
     up.drop_connection();
     let second = ServiceProcess::spawn(bin, 0, &data, &flags);
@@ -112,7 +117,7 @@ async fn no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_readyz_
     assert!(res.next(Duration::from_millis(1)).await.is_none());
 
     // The backup as it was: read at 103 again, statuses and readiness follow.
-    replace_dir(&replica_dir, &late);
+    files.put_back(&late);
     let (id, status) = res.msg().await;
     assert_eq!(status[0], json!("status"), "{status}");
     res.ack(id).await;

@@ -33,5 +33,6 @@ pub mod streamer;
 pub mod unreachable;
 pub mod upstream;
 pub mod vfs;
+pub mod vfs_env;
 pub mod vfs_reader;
 pub mod watermark;

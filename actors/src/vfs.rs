@@ -73,11 +73,33 @@ pub struct VfsSource {
     pub helper: HelperCommand,
     /// `--litestream-vfs`: the extension's path.
     pub extension: PathBuf,
-    /// `--litestream-backup-url` (`file://`, `s3://`); litestream's own environment variables
-    /// (AWS credentials, region, endpoint) reach the reader through the inherited environment.
+    /// `--litestream-backup-url` (`file://`, `s3://`) as the reader's `LITESTREAM_REPLICA_URL`
+    /// (a backup's `s3_` settings added, PROTOCOL.md §8.4); litestream's own environment
+    /// variables (AWS credentials, region) reach the reader through the inherited environment.
     pub backup_url: String,
     /// `--backup-watermark-query`.
     pub query: String,
+    /// Variables set (`Some`) or removed (`None`) in the reader's environment (a backup's
+    /// `s3_credentials_file`, PROTOCOL.md §8.4).
+    pub env: Vec<(String, Option<String>)>,
+}
+
+impl VfsSource {
+    /// A variable of the reader's environment: [`VfsSource::env`]'s, else the service's.
+    fn var(&self, name: &str) -> Option<String> {
+        match self.env.iter().find(|(k, _)| k == name) {
+            Some((_, v)) => v.clone(),
+            None => std::env::var(name).ok(),
+        }
+    }
+
+    /// PROTOCOL.md §8.4 "The environment": a variable that would break the reader's S3 client.
+    pub fn check_environment(&self) -> Result<(), VfsError> {
+        match crate::vfs_env::breaking_variable(&self.backup_url, |n| self.var(n)) {
+            Some(why) => Err(VfsError::Environment(why)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// Why a poll through the VFS read no watermark.
@@ -100,6 +122,9 @@ pub enum VfsError {
     /// The reader's own error: the extension did not load, or opening or querying failed.
     #[error("{0}")]
     Read(String),
+    /// The reader's environment would break litestream's S3 client (PROTOCOL.md §8.4).
+    #[error("{0}")]
+    Environment(String),
 }
 
 /// What one read of the backup found.
@@ -191,7 +216,15 @@ impl VfsReader {
             None => {}
         }
         let s = &self.source;
-        let mut child = Command::new(&s.helper.program)
+        s.check_environment()?;
+        let mut command = Command::new(&s.helper.program);
+        for (k, v) in &s.env {
+            match v {
+                Some(v) => command.env(k, v),
+                None => command.env_remove(k),
+            };
+        }
+        let mut child = command
             .args(&s.helper.args)
             .env("LITESTREAM_REPLICA_URL", &s.backup_url)
             .env(ENV_EXTENSION, &s.extension)
@@ -234,7 +267,7 @@ impl VfsReader {
             }
             Reply::Error(e) => Err(VfsError::Spawn {
                 program: self.source.helper.program.display().to_string(),
-                reason: e,
+                reason: crate::vfs_env::explain(&self.source.backup_url, e),
             }),
             other => Err(VfsError::Protocol(format!("{other:?}"))),
         }
@@ -251,7 +284,10 @@ impl VfsReader {
             .map_err(|e| VfsError::Io(e.to_string()))?;
         match self.next_reply().await? {
             Reply::Backup { watermark, bytes } => Ok(BackupReading { watermark, bytes }),
-            Reply::Error(e) => Err(VfsError::Read(e)),
+            Reply::Error(e) => Err(VfsError::Read(crate::vfs_env::explain(
+                &self.source.backup_url,
+                e,
+            ))),
             other => Err(VfsError::Protocol(format!("{other:?}"))),
         }
     }

@@ -18,7 +18,8 @@
 //! - a `backup` replica that follows the stream. When stock litestream 0.5 is installed
 //!   (`scripts/install-litestream.sh` puts it in `.tools/litestream`; or `LITESTREAM_BIN` and
 //!   `LITESTREAM_VFS` name it), the replica applies the stream to its own SQLite file, a real
-//!   `litestream replicate` backs that up to a local `file://` replica, the service asks
+//!   `litestream replicate` backs that up to a local `file://` replica (a bucket of a local S3
+//!   server when moto is installed too: `scripts/install-moto.sh`), the service asks
 //!   litestream's control API (its unix socket, `--litestream-control-url`) to sync and wait at
 //!   each commit the backup replica acks, so it learns what is backed up without reading the
 //!   backup (PROTOCOL.md §8.1c), and the restoring replicas below really `litestream restore`.
@@ -42,6 +43,7 @@ use change_streamer_actors::vfs_reader;
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::litestream::{Answer, FakeLitestream};
+use change_streamer_test_support::s3;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream;
 use change_streamer_test_support::upstream::FakeUpstream;
@@ -76,8 +78,11 @@ pub fn demo_secret() -> String {
 struct Backup {
     real: Option<stock_litestream::Litestream>,
     dir: tempfile::TempDir,
-    /// The `file://` replica real litestream writes.
+    /// The replica real litestream writes: a bucket of a local S3 server when moto is installed
+    /// (`scripts/install-moto.sh`), else a `file://` folder.
     file_url: String,
+    /// That S3 server, kept until the end.
+    _s3: Option<s3::S3Server>,
     socket: std::path::PathBuf,
     replica_db: std::path::PathBuf,
 }
@@ -152,9 +157,32 @@ impl Backup {
             ),
         }
         let dir = tempfile::tempdir().expect("tempdir");
+        // With real litestream and moto installed, the backup goes where deployments keep it.
+        let on_s3 = real.as_ref().and(s3::installed()).map(|_| {
+            let server = s3::S3Server::start(dir.path());
+            let bucket = server.bucket("demo");
+            println!(
+                "the backup goes to {} (moto, a local S3 server)",
+                bucket.url()
+            );
+            (server, bucket)
+        });
+        let (real, file_url, s3) = match on_s3 {
+            Some((server, bucket)) => (
+                real.map(|l| l.with_env(s3::S3Bucket::env())),
+                bucket.url(),
+                Some(server),
+            ),
+            None => (
+                real,
+                format!("file://{}", dir.path().join("backup").display()),
+                None,
+            ),
+        };
         Backup {
             real,
-            file_url: format!("file://{}", dir.path().join("backup").display()),
+            file_url,
+            _s3: s3,
             // With real litestream: its control socket, and the backup replica's file as
             // litestream.yml names it (PROTOCOL.md §8.1c).
             socket: dir.path().join("litestream.sock"),

@@ -17,6 +17,10 @@ use serde::Deserialize;
 use super::values::{parse_control_url, parse_http_url, parse_non_empty};
 use super::Config;
 
+pub use s3::S3Settings;
+
+mod s3;
+
 /// `--litestream-metrics-url`'s default, and a `[[backup]]`'s `metrics_url`'s.
 pub const DEFAULT_METRICS_URL: &str = "http://localhost:4850/metrics";
 
@@ -38,6 +42,8 @@ pub struct BackupSpec {
     /// The backup URL (the first backup's is sent to restoring replicas).
     pub url: String,
     pub source: SourceSpec,
+    /// Its `s3_` settings (PROTOCOL.md §8.4, "On S3"), for the service's own reads.
+    pub s3: S3Settings,
 }
 
 /// A backup's source and its settings (PROTOCOL.md §8.1, §8.1b, §8.1c).
@@ -103,6 +109,10 @@ struct Table {
     control_url: Option<String>,
     db_path: Option<String>,
     audit_interval_ms: Option<u64>,
+    s3_endpoint: Option<String>,
+    s3_region: Option<String>,
+    s3_path_style: Option<bool>,
+    s3_credentials_file: Option<PathBuf>,
 }
 
 /// clap's value parser of `--backups`: reads the file and checks it.
@@ -189,19 +199,9 @@ fn check_name(name: &str) -> Result<(), String> {
 }
 
 impl Table {
-    /// The backup this table describes, each setting checked as its flag would be.
-    fn into_spec(self, name: String) -> Result<BackupSpec, String> {
-        fn key(k: &'static str) -> impl Fn(String) -> String {
-            move |e| format!("key `{k}`: {e}")
-        }
-        let url = parse_non_empty(self.url.as_deref().ok_or("key `url` is missing")?)
-            .map_err(key("url"))?;
-        let source = match self.source.as_deref() {
-            Some(s) => s.to_string(),
-            None if self.control_url.is_some() => "control".into(),
-            None if self.vfs.is_some() => "vfs".into(),
-            None => "metrics".into(),
-        };
+    /// A key of another source than `source`'s is refused, as a likely mistake; so is
+    /// `audit_interval_ms` without `vfs`.
+    fn check_keys_of(&self, source: &str) -> Result<(), String> {
         // With source "control", `vfs` and `watermark_query` are its audit's (PROTOCOL.md §8.1d).
         let audited = source == "control";
         let settings: [(&str, bool, &str); 6] = [
@@ -230,6 +230,23 @@ impl Table {
                 "key `audit_interval_ms`: the audit reads the backup through the VFS: key `vfs` is missing".into(),
             );
         }
+        Ok(())
+    }
+
+    /// The backup this table describes, each setting checked as its flag would be.
+    fn into_spec(self, name: String) -> Result<BackupSpec, String> {
+        fn key(k: &'static str) -> impl Fn(String) -> String {
+            move |e| format!("key `{k}`: {e}")
+        }
+        let url = parse_non_empty(self.url.as_deref().ok_or("key `url` is missing")?)
+            .map_err(key("url"))?;
+        let source = match self.source.as_deref() {
+            Some(s) => s.to_string(),
+            None if self.control_url.is_some() => "control".into(),
+            None if self.vfs.is_some() => "vfs".into(),
+            None => "metrics".into(),
+        };
+        self.check_keys_of(&source)?;
         let query = parse_non_empty(
             self.watermark_query
                 .as_deref()
@@ -268,7 +285,19 @@ impl Table {
                 ))
             }
         };
-        Ok(BackupSpec { name, url, source })
+        let s3 = S3Settings {
+            endpoint: self.s3_endpoint,
+            region: self.s3_region,
+            path_style: self.s3_path_style.unwrap_or(false),
+            credentials_file: self.s3_credentials_file,
+        };
+        s3.check(&url)?;
+        Ok(BackupSpec {
+            name,
+            url,
+            source,
+            s3,
+        })
     }
 }
 
@@ -306,6 +335,7 @@ impl Config {
             name: SINGLE_BACKUP.into(),
             url: url.clone(),
             source,
+            s3: S3Settings::default(),
         }]
     }
 

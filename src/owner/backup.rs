@@ -60,6 +60,7 @@ impl OwnerStart<'_> {
                         }
                         None => None,
                     };
+                    warn_breaking_environment(&spec);
                     let source = BackupSource::Control(ControlSource {
                         url: url.clone(),
                         db_path: db_path.clone(),
@@ -89,7 +90,14 @@ impl OwnerStart<'_> {
         extension: &std::path::Path,
         query: &str,
     ) -> Result<(VfsSource, VfsReader), StartError> {
-        let checked = check_vfs(extension, spec.url.clone(), query.to_string()).await;
+        // PROTOCOL.md §8.4 "On S3": the reader reads with the backup's s3_ settings.
+        let checked = check_vfs_with(
+            extension,
+            spec.s3.reader_url(&spec.url),
+            query.to_string(),
+            spec.s3.reader_env(),
+        )
+        .await;
         match (checked, &self.config.backups) {
             (Ok(loaded), _) => Ok(loaded),
             (Err(StartError::LitestreamVfs(source)), Some(file)) => Err(StartError::BackupVfs {
@@ -279,6 +287,17 @@ pub(super) async fn check_vfs(
     backup_url: String,
     query: String,
 ) -> Result<(VfsSource, VfsReader), StartError> {
+    check_vfs_with(extension, backup_url, query, Vec::new()).await
+}
+
+/// [`check_vfs`] with the reader's environment `env` (PROTOCOL.md §8.4, "On S3"); an
+/// environment that would break litestream's S3 client is a start error too.
+async fn check_vfs_with(
+    extension: &std::path::Path,
+    backup_url: String,
+    query: String,
+    env: Vec<(String, Option<String>)>,
+) -> Result<(VfsSource, VfsReader), StartError> {
     let helper = HelperCommand::for_service().map_err(|e| {
         StartError::LitestreamVfs(VfsError::Spawn {
             program: "change-streamer".into(),
@@ -290,6 +309,7 @@ pub(super) async fn check_vfs(
         extension: extension.to_path_buf(),
         backup_url,
         query,
+        env,
     };
     let mut reader = VfsReader::new(source.clone());
     reader
@@ -298,6 +318,19 @@ pub(super) async fn check_vfs(
         .map_err(StartError::LitestreamVfs)?;
     info!("loaded litestream's VFS extension {}", extension.display());
     Ok((source, reader))
+}
+
+/// PROTOCOL.md §8.4 "The environment": a control backup on `s3://` cannot see litestream's
+/// environment, only the service's; a variable there that would break litestream's S3 client is
+/// said at start, since a litestream started with the same environment fails to start.
+fn warn_breaking_environment(spec: &BackupSpec) {
+    let get = |n: &str| std::env::var(n).ok();
+    if let Some(why) = change_streamer_actors::vfs_env::breaking_variable(&spec.url, get) {
+        warn!(
+            "backup {}: {why}; a litestream replicate started with this environment does not start, and the control source then says `cannot connect`",
+            spec.name
+        );
+    }
 }
 
 /// How long loading the VFS extension at start may take (it takes ~0.3 s).

@@ -1,17 +1,39 @@
 //! One stock-litestream backup inside a test's folder, named once: the backup replicator's
-//! SQLite file that litestream backs up, its `file://` replica, litestream's control socket and
-//! config, and the service flags that point at them, for the control source (PROTOCOL.md §8.1c)
-//! or the VFS source (§8.1b). The end-to-end litestream tests each set up the same files and
-//! flags; here they are written once.
+//! SQLite file that litestream backs up, its replica (a `file://` folder, or a bucket of the
+//! local S3 server, [`crate::s3`]), litestream's control socket and config, and the service
+//! flags that point at them, for the control source (PROTOCOL.md §8.1c) or the VFS source
+//! (§8.1b). The end-to-end litestream tests each set up the same files and flags; here they are
+//! written once, for both kinds of replica.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::stock_litestream::{Litestream, Replication};
+use crate::s3::{S3Bucket, S3Server};
+use crate::stock_litestream::{copy_dir, file_replica_dir, replace_dir, Litestream, Replication};
+
+/// Where a backup's replica is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// A `file://` folder beside the backup's files.
+    File,
+    /// A bucket of a local S3 server of its own ([`crate::s3`]).
+    S3,
+}
+
+/// A copy of what a backup's replica held at some moment ([`BackupFiles::save`]).
+pub enum Saved {
+    /// A copy of the `file://` folder.
+    Folder(PathBuf),
+    /// The bucket's objects.
+    Objects(Vec<(String, Vec<u8>)>),
+}
 
 /// The files of one backup under `dir`.
 pub struct BackupFiles {
     pub dir: PathBuf,
+    /// The S3 server and bucket the backup is replicated to; `None`: the `file://` folder
+    /// `dir/backup`.
+    pub s3: Option<(S3Server, S3Bucket)>,
 }
 
 impl BackupFiles {
@@ -20,6 +42,45 @@ impl BackupFiles {
         std::fs::create_dir_all(dir).expect("the backup's folder");
         BackupFiles {
             dir: dir.to_path_buf(),
+            s3: None,
+        }
+    }
+
+    /// A backup whose files live in `dir`, replicated as `store` says: for [`Store::S3`], to
+    /// bucket `backup` of an S3 server of its own, started here (and the credentials exported
+    /// to this process, for the service's VFS reader: [`crate::s3::export_credentials`]).
+    pub fn new(dir: &Path, store: Store) -> BackupFiles {
+        match store {
+            Store::S3 => {
+                crate::s3::export_credentials();
+                BackupFiles::on_own_s3(dir)
+            }
+            Store::File => BackupFiles::in_dir(dir),
+        }
+    }
+
+    /// A backup whose files live in `dir`, replicated to bucket `backup` of an S3 server of its
+    /// own, started here; this process's environment is left as it is (litestream gets the
+    /// credentials from [`BackupFiles::litestream`], the service must find its own).
+    pub fn on_own_s3(dir: &Path) -> BackupFiles {
+        let server = S3Server::start(dir);
+        let bucket = server.bucket("backup");
+        BackupFiles {
+            s3: Some((server, bucket)),
+            ..BackupFiles::in_dir(dir)
+        }
+    }
+
+    /// The bucket of an S3 backup.
+    pub fn bucket(&self) -> Option<&S3Bucket> {
+        self.s3.as_ref().map(|(_, b)| b)
+    }
+
+    /// litestream as this backup runs it: with the bucket's credentials and environment for S3.
+    pub fn litestream(&self, litestream: &Litestream) -> Litestream {
+        match &self.s3 {
+            Some(_) => litestream.with_env(S3Bucket::env()),
+            None => litestream.clone(),
         }
     }
 
@@ -28,9 +89,13 @@ impl BackupFiles {
         self.dir.join("replica.db")
     }
 
-    /// The `file://` replica litestream writes and restores from.
+    /// The replica litestream writes and restores from: the `file://` folder, or the bucket's
+    /// `s3://` URL.
     pub fn url(&self) -> String {
-        format!("file://{}", self.dir.join("backup").display())
+        match &self.s3 {
+            Some((_, bucket)) => bucket.url(),
+            None => format!("file://{}", self.dir.join("backup").display()),
+        }
     }
 
     /// litestream's control socket.
@@ -85,7 +150,7 @@ impl BackupFiles {
     /// interval), with its control socket, returned once the socket accepts connections: what
     /// the backup holds within a test, it holds because the service asked.
     pub async fn replicate_controlled(&self, litestream: &Litestream) -> Replication {
-        litestream
+        self.litestream(litestream)
             .replicate_controlled_ready(
                 &self.db(),
                 &self.url(),
@@ -98,21 +163,57 @@ impl BackupFiles {
 
     /// `litestream replicate` of [`BackupFiles::db`] syncing every 50 ms by itself.
     pub fn replicate(&self, litestream: &Litestream) -> Replication {
-        litestream.replicate(&self.db(), &self.url(), &self.config())
+        self.litestream(litestream)
+            .replicate(&self.db(), &self.url(), &self.config())
     }
 
     /// The latest backup restored into a new file `name` in the backup's folder.
     pub fn restore(&self, litestream: &Litestream, name: &str) -> PathBuf {
         let out = self.dir.join(name);
-        litestream
+        self.litestream(litestream)
             .restore(&self.url(), &out)
             .expect("litestream restore");
         out
     }
 
+    /// A copy of what the replica holds now, `name` naming the copy's folder for `file://`.
+    pub fn save(&self, name: &str) -> Saved {
+        match &self.s3 {
+            Some((_, bucket)) => Saved::Objects(bucket.snapshot()),
+            None => {
+                let copy = self.dir.join(name);
+                copy_dir(&file_replica_dir(&self.url()), &copy);
+                Saved::Folder(copy)
+            }
+        }
+    }
+
+    /// Makes the replica hold what `saved` held (rolled back, or put back as it was).
+    pub fn put_back(&self, saved: &Saved) {
+        match (&self.s3, saved) {
+            (Some((_, bucket)), Saved::Objects(objects)) => bucket.put_back(objects),
+            (None, Saved::Folder(copy)) => replace_dir(&file_replica_dir(&self.url()), copy),
+            _ => panic!("a copy of another kind of replica"),
+        }
+    }
+
     /// Waits (up to `limit`) until litestream has written a first snapshot of this backup.
     pub async fn wait_for_backup(&self, replication: &Replication, limit: Duration) {
-        replication.wait_for_backup(&self.url(), limit).await;
+        match &self.s3 {
+            Some((_, bucket)) => {
+                // A listing every 100 ms: each is a request to a Python server.
+                let deadline = std::time::Instant::now() + limit;
+                while !bucket.holds_a_backup() {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "litestream wrote no backup to {} within {limit:?}",
+                        bucket.url()
+                    );
+                    actix_rt::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            None => replication.wait_for_backup(&self.url(), limit).await,
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
-//! it to replicate, a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
+//! it to replicate (to a `file://` folder or a local S3 server's bucket), a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
 //! (feature `service`), a TCP forward whose connections a test cuts, the vendored fixtures, the peer harness, a PostgreSQL database
 //! of its own for each test, waiting on a condition, and a client's thread of its own.
 
@@ -19,6 +19,7 @@ pub mod peer;
 pub mod pg;
 pub mod pg_cluster;
 pub mod process;
+pub mod s3;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod status;

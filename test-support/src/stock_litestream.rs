@@ -18,10 +18,13 @@ pub struct Litestream {
     pub bin: PathBuf,
     /// `litestream-vfs.so`, for `--litestream-vfs`.
     pub vfs: PathBuf,
+    /// Variables set (`Some`) or removed (`None`) for every litestream command: an S3
+    /// replica's credentials, say ([`Litestream::with_env`], [`crate::s3`]).
+    pub env: Vec<(String, Option<String>)>,
 }
 
 /// The repository's root (this crate lives in `test-support/`).
-fn repo_root() -> PathBuf {
+pub(crate) fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("test-support lives in the repository")
@@ -39,37 +42,44 @@ fn install_dir() -> PathBuf {
 /// says where it is. Panics, with the script's own message, when it cannot be installed.
 pub fn install() -> Litestream {
     static INSTALLED: OnceLock<Litestream> = OnceLock::new();
-    INSTALLED.get_or_init(run_install_script).clone()
+    INSTALLED.get_or_init(run_litestream_install).clone()
 }
 
-fn run_install_script() -> Litestream {
-    let dir = install_dir();
+fn run_litestream_install() -> Litestream {
+    let var = run_install_script("scripts/install-litestream.sh", &install_dir());
+    Litestream {
+        bin: var("LITESTREAM_BIN"),
+        vfs: var("LITESTREAM_VFS"),
+        env: Vec::new(),
+    }
+}
+
+/// Runs the install script `script` (relative to the repository) with `dir` under an exclusive
+/// `flock` on `dir.lock`, and returns a look-up of the `export NAME='value'` lines it printed.
+pub(crate) fn run_install_script(script: &str, dir: &Path) -> impl Fn(&str) -> PathBuf + use<> {
     let parent = dir.parent().expect("install folder has a parent");
     std::fs::create_dir_all(parent).expect("create the install folder's parent");
     let lock = PathBuf::from(format!("{}.lock", dir.display()));
     let out = Command::new("flock")
         .arg(&lock)
         .arg("bash")
-        .arg(repo_root().join("scripts/install-litestream.sh"))
-        .arg(&dir)
+        .arg(repo_root().join(script))
+        .arg(dir)
         .stderr(Stdio::inherit())
         .output()
-        .expect("run `flock` (util-linux) with scripts/install-litestream.sh");
+        .unwrap_or_else(|e| panic!("run `flock` (util-linux) with {script}: {e}"));
     assert!(
         out.status.success(),
-        "scripts/install-litestream.sh failed ({}): it needs python3 with pip and access to PyPI",
+        "{script} failed ({}): it needs python3 with pip and access to PyPI",
         out.status
     );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let var = |name: &str| {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let script = script.to_string();
+    move |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("export {name}=")))
             .map(|v| PathBuf::from(v.trim_matches('\'')))
-            .unwrap_or_else(|| panic!("the install script printed no {name}: {text}"))
-    };
-    Litestream {
-        bin: var("LITESTREAM_BIN"),
-        vfs: var("LITESTREAM_VFS"),
+            .unwrap_or_else(|| panic!("{script} printed no {name}: {text}"))
     }
 }
 
@@ -84,12 +94,14 @@ pub fn installed() -> Option<Litestream> {
         return Some(Litestream {
             bin: bin.into(),
             vfs: vfs.into(),
+            env: Vec::new(),
         });
     }
     let dir = install_dir();
     let found = Litestream {
         bin: dir.join("bin/litestream"),
         vfs: dir.join("litestream_vfs/litestream-vfs.so"),
+        env: Vec::new(),
     };
     // The script's stamp is written last: a folder without it is still being installed.
     let stamped = std::fs::read_dir(&dir).is_ok_and(|entries| {
@@ -106,12 +118,32 @@ pub struct Replication {
 }
 
 impl Litestream {
+    /// This litestream with `env` set (`Some`) or removed (`None`) for each command it runs.
+    pub fn with_env(&self, env: Vec<(String, Option<String>)>) -> Litestream {
+        let mut l = self.clone();
+        l.env.extend(env);
+        l
+    }
+
+    /// `litestream` with [`Litestream::env`] applied.
+    fn command(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        c
+    }
+
     /// Starts `litestream replicate` of `db` to `replica_url`, with its config file written to
     /// `config` and litestream's 50 ms monitor and sync intervals (seconds by default).
     pub fn replicate(&self, db: &Path, replica_url: &str, config: &Path) -> Replication {
         std::fs::write(config, replicate_config(db, replica_url, "50ms"))
             .expect("write litestream.yml");
-        let child = Command::new(&self.bin)
+        let child = self
+            .command()
             .args(["replicate", "-config"])
             .arg(config)
             .stdout(Stdio::null())
@@ -161,7 +193,8 @@ impl Litestream {
         std::fs::write(config, yml).expect("write litestream.yml");
         let log = std::fs::File::create(format!("{}.log", config.display()))
             .expect("create litestream's log file");
-        let child = Command::new(&self.bin)
+        let child = self
+            .command()
             .args(["replicate", "-config"])
             .arg(config)
             .stdout(Stdio::null())
@@ -173,7 +206,8 @@ impl Litestream {
 
     /// `litestream restore -o out replica_url`: the latest backup, into `out`.
     pub fn restore(&self, replica_url: &str, out: &Path) -> Result<(), String> {
-        let res = Command::new(&self.bin)
+        let res = self
+            .command()
             .args(["restore", "-o"])
             .arg(out)
             .arg(replica_url)

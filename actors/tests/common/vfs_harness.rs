@@ -92,6 +92,7 @@ impl Replicated {
             extension: extension(),
             backup_url: self.backup_url(),
             query: query.into(),
+            env: Vec::new(),
         }
     }
 }

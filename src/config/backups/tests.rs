@@ -103,7 +103,8 @@ fn single_backup_flags_mean_a_one_entry_file() {
             url: "s3://b/r".into(),
             source: SourceSpec::Metrics {
                 url: DEFAULT_METRICS_URL.into()
-            }
+            },
+            s3: Default::default(),
         }]
     );
     assert_eq!(c.purge_quorum(), 1);

@@ -1,0 +1,198 @@
+//! End to end, PROTOCOL.md §8.4 "On S3" and "The environment" (issue 44), with REAL stock
+//! litestream 0.5.17 and a local S3 server (moto, `scripts/install-moto.sh`): a `--backups`
+//! file's `s3_` keys are what the service's VFS reader reads the bucket with (the credentials
+//! from a file, nothing in this process's environment); `AWS_CA_BUNDLE` in the environment is a
+//! start error naming it; a 403 from the object store is the backup's `lastError`, said for what
+//! it may be (litestream's VFS gives no reason of its own) and counted.
+//!
+//! The tests change this process's environment (the in-process service's readers inherit it),
+//! so they take [`ENV`] in turn.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use change_streamer_actors::vfs::ENV_READER;
+use change_streamer_actors::watermark::Watermark;
+use change_streamer_test_support::backup_files::BackupFiles;
+use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::litestream::{Answer, FakeLitestream};
+use change_streamer_test_support::s3::{S3Bucket, ACCESS_KEY, SECRET_KEY};
+use change_streamer_test_support::service::TestService;
+use change_streamer_test_support::stock_litestream;
+use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use serde_json::Value;
+
+/// Held by each test while it relies on this process's environment.
+static ENV: Mutex<()> = Mutex::new(());
+
+/// The AWS variables a reader could take credentials or a CA bundle from.
+const AWS_VARS: [&str; 6] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CA_BUNDLE",
+];
+
+fn w(n: u64) -> String {
+    Watermark::from_u64(n).to_string()
+}
+
+/// One `vfs` backup named `east` of `url` with `keys` (TOML lines), written to `dir`.
+fn backups_file(dir: &Path, url: &str, vfs: &Path, keys: &str) -> String {
+    let path = dir.join("backups.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[backup]]\nname = \"east\"\nurl = \"{url}\"\nsource = \"vfs\"\nvfs = \"{}\"\n{keys}",
+            vfs.display()
+        ),
+    )
+    .expect("write the backups file");
+    path.display().to_string()
+}
+
+#[actix_rt::test]
+async fn s3_keys_of_the_backups_file_are_what_the_vfs_reader_reads_the_bucket_with() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    for v in AWS_VARS {
+        std::env::remove_var(v);
+    }
+    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = BackupFiles::on_own_s3(dir.path());
+    let bucket = files.bucket().expect("a bucket").clone();
+    let credentials = dir.path().join("credentials");
+    std::fs::write(
+        &credentials,
+        format!(
+            "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+        ),
+    )
+    .expect("write the credentials file");
+    // The URL as a deployment writes it; where and how to reach the bucket is in the s3_ keys.
+    let plain = format!("s3://{}/{}", bucket.name, S3Bucket::PREFIX);
+    let keys = format!(
+        "s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\ns3_credentials_file = \"{}\"\n",
+        bucket.endpoint(),
+        credentials.display()
+    );
+    let file = backups_file(dir.path(), &plain, &litestream.vfs, &keys);
+    let up = FakeUpstream::start().await;
+    let up_url = up.url();
+    let svc = TestService::start(&[
+        "--upstream",
+        &up_url,
+        "--backups",
+        &file,
+        "--backup-check-interval-ms",
+        "200",
+    ])
+    .await;
+    up.wait_connections(1).await;
+    up.send(txn(100, 1));
+    svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        .await;
+    let rv = w(100);
+    let replica = BackupReplica::start_for_backup(&svc.base(), "east", &rv, &rv, &files.db()).await;
+    let _replication = files.replicate(&litestream);
+    for n in 101..=103 {
+        up.send(txn(n, 2));
+    }
+    replica.wait_applied(&w(103)).await;
+    let st = svc
+        .wait_status("the bucket read at 103 through the s3_ keys", |s| {
+            s["backups"][0]["watermark"] == w(103)
+        })
+        .await;
+    assert_eq!(st["backups"][0]["lastError"], Value::Null, "{st}");
+    // Restoring replicas get the URL as written.
+    assert_eq!(st["backup"]["backupURL"], plain, "{st}");
+    // Nothing of the credentials file is shown.
+    let text = st.to_string() + &svc.get("/metrics").await.1;
+    assert!(!text.contains(SECRET_KEY), "{text}");
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn s3_aws_ca_bundle_in_the_environment_is_a_start_error_naming_the_backup_and_what_to_do() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
+    std::env::set_var("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt");
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = backups_file(
+        dir.path(),
+        "s3://bucket/replica",
+        &litestream.vfs,
+        "s3_endpoint = \"http://127.0.0.1:9\"\n",
+    );
+    let e = TestService::start_error(&["--backups", &file]).await;
+    std::env::remove_var("AWS_CA_BUNDLE");
+    assert!(
+        e.contains("\"east\"")
+            && e.contains("AWS_CA_BUNDLE is set")
+            && e.contains("unset it")
+            && e.contains("SSL_CERT_FILE"),
+        "{e}"
+    );
+    // A file:// backup is not concerned.
+    std::env::set_var("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt");
+    let url = format!("file://{}", dir.path().join("backup").display());
+    let file = backups_file(dir.path(), &url, &litestream.vfs, "");
+    let svc = TestService::start(&["--backups", &file]).await;
+    std::env::remove_var("AWS_CA_BUNDLE");
+    svc.stop().await;
+}
+
+#[actix_rt::test]
+async fn s3_a_403_from_the_object_store_is_the_backups_last_error_naming_refused_credentials() {
+    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    std::env::remove_var("AWS_CA_BUNDLE");
+    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
+    std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "a-wrong-secret");
+    let litestream = stock_litestream::install();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // What S3 answers every request signed with a wrong secret.
+    let store = FakeLitestream::start(Answer {
+        status: 403,
+        body: "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>The request signature we calculated does not match the signature you provided.</Message></Error>".into(),
+        ..Answer::default()
+    })
+    .await;
+    let keys = format!(
+        "s3_endpoint = \"http://{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\n",
+        store.addr
+    );
+    let file = backups_file(dir.path(), "s3://bucket/replica", &litestream.vfs, &keys);
+    let svc = TestService::start(&["--backups", &file, "--backup-check-interval-ms", "200"]).await;
+    let st = svc
+        .wait_status("the refused read shown", |s| {
+            s["backups"][0]["lastError"]
+                .as_str()
+                .is_some_and(|e| e.contains("refused credentials (403"))
+        })
+        .await;
+    let error = st["backups"][0]["lastError"].as_str().unwrap_or_default();
+    assert!(
+        error.starts_with("backup s3://bucket/replica")
+            && error.contains("litestream ltx")
+            && error.contains("SQL logic error"),
+        "{st}"
+    );
+    assert!(!error.contains("a-wrong-secret"), "{st}");
+    assert!(store.requests() > 0, "the reader asked the store");
+    let (_, metrics) = svc.get("/metrics").await;
+    let failed = metrics
+        .lines()
+        .find(|l| l.starts_with("change_streamer_litestream_poll_errors_total"))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(failed >= Some(1.0), "counted: {metrics}");
+    std::env::remove_var("AWS_SECRET_ACCESS_KEY");
+    std::env::remove_var("AWS_ACCESS_KEY_ID");
+    svc.stop().await;
+}
