@@ -211,58 +211,66 @@ impl Purger {
             .map(move |answer, act, ctx| {
                 act.checking = false;
                 act.stall.idle();
-                let answer = answer.unwrap_or_else(|e| PurgeAnswer::Failed(PurgeError::StreamerGone(e)));
-                let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
-                    act.state.waiting = Some(why);
-                    act.state.blocked_by = blocked_by;
-                    act.scheduled.insert(w.clone(), Instant::now() + act.delay);
-                };
-                let delay_ms = act.delay.as_millis();
-                match answer {
-                    PurgeAnswer::Purged(n) => {
-                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}");
-                        act.scheduled.remove(&w);
-                        act.state.rows_purged += n;
-                        act.state.purges += 1;
-                        act.state.last_purged_before = Some(w.clone());
-                        act.state.waiting = None;
-                        act.state.blocked_by = None;
-                        act.check(ctx);
-                        return;
-                    }
-                    PurgeAnswer::HeldByRetention(n) => {
-                        info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
-                        act.state.rows_purged += n;
-                        retry(
-                            act,
-                            format!("rows stored less than {} ms ago", act.retention.as_millis()),
-                            Some(BlockedBy::Retention),
-                        );
-                    }
-                    PurgeAnswer::NoSubscribers => {
-                        info!(watermark:% = w; "purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
-                        retry(
-                            act,
-                            "no subscriber connected".into(),
-                            Some(BlockedBy::NoSubscriber),
-                        );
-                    }
-                    PurgeAnswer::Blocked { subscriber, acked } => {
-                        info!(watermark:% = w, subscriber:% = subscriber; "purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
-                        retry(
-                            act,
-                            format!("subscriber {subscriber} acked {acked}"),
-                            Some(BlockedBy::Subscriber),
-                        );
-                    }
-                    PurgeAnswer::Failed(e) => {
-                        warn!(watermark:% = w; "purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
-                        retry(act, format!("failed: {e}"), None);
-                    }
-                }
-                act.arm(ctx);
+                let answer =
+                    answer.unwrap_or_else(|e| PurgeAnswer::Failed(PurgeError::StreamerGone(e)));
+                act.answered(ctx, w, answer);
             })
             .spawn(ctx);
+    }
+
+    /// The streamer's answer to the purge check of `w`: purged (then the next one, at once),
+    /// or kept scheduled with why, retried after the delay.
+    fn answered(&mut self, ctx: &mut Context<Self>, w: Watermark, answer: PurgeAnswer) {
+        let act = self;
+        let retry = |act: &mut Purger, why: String, blocked_by: Option<BlockedBy>| {
+            act.state.waiting = Some(why);
+            act.state.blocked_by = blocked_by;
+            act.scheduled.insert(w.clone(), Instant::now() + act.delay);
+        };
+        let delay_ms = act.delay.as_millis();
+        match answer {
+            PurgeAnswer::Purged(n) => {
+                info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}");
+                act.scheduled.remove(&w);
+                act.state.rows_purged += n;
+                act.state.purges += 1;
+                act.state.last_purged_before = Some(w.clone());
+                act.state.waiting = None;
+                act.state.blocked_by = None;
+                act.check(ctx);
+                return;
+            }
+            PurgeAnswer::HeldByRetention(n) => {
+                info!(watermark:% = w; "purged {n} change-log row(s) before watermark={w}; younger rows below it are kept for --change-log-retention-ms ({} ms); retrying in {delay_ms} ms", act.retention.as_millis());
+                act.state.rows_purged += n;
+                retry(
+                    act,
+                    format!("rows stored less than {} ms ago", act.retention.as_millis()),
+                    Some(BlockedBy::Retention),
+                );
+            }
+            PurgeAnswer::NoSubscribers => {
+                info!(watermark:% = w; "purge before watermark={w} waits: no subscriber connected; retrying in {delay_ms} ms");
+                retry(
+                    act,
+                    "no subscriber connected".into(),
+                    Some(BlockedBy::NoSubscriber),
+                );
+            }
+            PurgeAnswer::Blocked { subscriber, acked } => {
+                info!(watermark:% = w, subscriber:% = subscriber; "purge before watermark={w} waits: subscriber {subscriber} acked only {acked}; retrying in {delay_ms} ms");
+                retry(
+                    act,
+                    format!("subscriber {subscriber} acked {acked}"),
+                    Some(BlockedBy::Subscriber),
+                );
+            }
+            PurgeAnswer::Failed(e) => {
+                warn!(watermark:% = w; "purge before watermark={w} failed: {e}; retrying in {delay_ms} ms");
+                retry(act, format!("failed: {e}"), None);
+            }
+        }
+        act.arm(ctx);
     }
 }
 

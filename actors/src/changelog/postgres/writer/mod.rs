@@ -136,7 +136,7 @@ impl PgWriter {
         match cmd {
             WriteCommand::Append(txn, reply, _) => self.append_group(vec![(txn, reply)]).await,
             WriteCommand::Pending(chunk, reply) => {
-                let r = self.store_pending(&chunk).await;
+                let r = probe.heard(self.store_pending(&chunk)).await;
                 if let Err(e) = &r {
                     error!(
                         "storing a pending chunk of transaction watermark={} failed: {e}; its commit will be refused",
@@ -146,7 +146,7 @@ impl PgWriter {
                 self.answer(reply, r)
             }
             WriteCommand::DropPending(reply) => {
-                let r = self.drop_pending().await;
+                let r = probe.heard(self.drop_pending()).await;
                 self.answer(reply, r)
             }
             WriteCommand::Purge {
