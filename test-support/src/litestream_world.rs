@@ -70,7 +70,12 @@ pub struct WorldBuilder {
     source: Source,
     names: Vec<String>,
     flags: Vec<String>,
+    export_credentials: bool,
+    table: Option<Table>,
 }
+
+/// A backup's `url` in the `--backups` file and the keys written after its `source`.
+type Table = Box<dyn Fn(&BackupFiles) -> (String, String)>;
 
 /// One backup of the world: its files, its backup replicator and its litestream.
 pub struct Backup {
@@ -146,6 +151,8 @@ impl LitestreamWorld<()> {
             source: Source::Control,
             names: Vec::new(),
             flags: Vec::new(),
+            export_credentials: true,
+            table: None,
         }
     }
 }
@@ -167,6 +174,20 @@ impl WorldBuilder {
     /// flags, named `backup`).
     pub fn backups(mut self, names: &[&str]) -> Self {
         self.names = names.iter().map(|n| n.to_string()).collect();
+        self
+    }
+
+    /// With [`Store::S3`]: this process's environment left as it is (litestream still gets the
+    /// bucket's credentials; the service must find its own: [`BackupFiles::on_own_s3`]).
+    pub fn without_exported_credentials(mut self) -> Self {
+        self.export_credentials = false;
+        self
+    }
+
+    /// Each backup's table in the `--backups` file with the `url` and extra keys (TOML lines)
+    /// that `table` gives for its files, in place of its replica's URL and the source's keys.
+    pub fn table(mut self, table: impl Fn(&BackupFiles) -> (String, String) + 'static) -> Self {
+        self.table = Some(Box::new(table));
         self
     }
 
@@ -193,7 +214,10 @@ impl WorldBuilder {
         let backups: Vec<Backup> = names
             .into_iter()
             .map(|name| Backup {
-                files: BackupFiles::new(&dir.path().join(&name), self.store),
+                files: match (self.store, self.export_credentials) {
+                    (Store::S3, false) => BackupFiles::on_own_s3(&dir.path().join(&name)),
+                    (store, _) => BackupFiles::new(&dir.path().join(&name), store),
+                },
                 name,
                 replica: None,
                 replication: None,
@@ -201,7 +225,8 @@ impl WorldBuilder {
             .collect();
         let up = FakeUpstream::start().await;
         let mut flags = if several {
-            let file = backups_file(dir.path(), &backups, self.source, &litestream);
+            let table = self.table.as_ref();
+            let file = backups_file(dir.path(), &backups, self.source, &litestream, table);
             vec!["--backups".to_string(), file.display().to_string()]
         } else {
             single_backup_flags(&backups[0].files, self.source, &litestream)
@@ -250,36 +275,46 @@ fn single_backup_flags(
     }
 }
 
-/// The `--backups` file of `backups` for `source`, written in `root`.
+/// The `--backups` file of `backups` for `source`, written in `root`: each table with its
+/// replica's URL and the keys of the control socket, or with the URL and keys `table` gives.
 fn backups_file(
     root: &Path,
     backups: &[Backup],
     source: Source,
     litestream: &Litestream,
+    table: Option<&Table>,
 ) -> PathBuf {
     let mut text = String::new();
     for b in backups {
+        let (url, keys) = match table {
+            Some(table) => table(&b.files),
+            None => (b.files.url(), control_keys(&b.files, source)),
+        };
+        let vfs = match source.reads_through_the_vfs() {
+            true => format!("vfs = \"{}\"\n", litestream.vfs.display()),
+            false => String::new(),
+        };
         text += &format!(
-            "[[backup]]\nname = \"{}\"\nurl = \"{}\"\nsource = \"{}\"\n",
+            "[[backup]]\nname = \"{}\"\nurl = \"{url}\"\nsource = \"{}\"\n{vfs}{keys}\n",
             b.name,
-            b.files.url(),
             source.key()
         );
-        if source != Source::Vfs {
-            text += &format!(
-                "control_url = \"{}\"\ndb_path = \"{}\"\n",
-                b.files.control_url(),
-                b.files.db().display()
-            );
-        }
-        if source.reads_through_the_vfs() {
-            text += &format!("vfs = \"{}\"\n", litestream.vfs.display());
-        }
-        text += "\n";
     }
     let path = root.join("backups.toml");
     std::fs::write(&path, text).expect("write the backups file");
     path
+}
+
+/// The `control_url` and `db_path` keys of a backup's table, for the sources that ask.
+fn control_keys(files: &BackupFiles, source: Source) -> String {
+    match source {
+        Source::Vfs => String::new(),
+        Source::Control | Source::ControlAndVfs => format!(
+            "control_url = \"{}\"\ndb_path = \"{}\"\n",
+            files.control_url(),
+            files.db().display()
+        ),
+    }
 }
 
 impl<S> LitestreamWorld<S> {
