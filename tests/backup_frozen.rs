@@ -106,31 +106,6 @@ async fn a_frozen_litestream_never_delays_the_scheduling_step() {
     svc.terminate().await;
 }
 
-/// `/readyz` polled until `cond` holds on its (status, line).
-async fn wait_readyz(svc: &ServiceProcess, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
-    let start = Instant::now();
-    loop {
-        let (code, line) = svc.readyz().await;
-        if cond(code, &line) {
-            return line;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "{what} within {LIMIT:?}: {code} {line}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// `change_streamer_stage_stalled{stage="STAGE"}`'s value on `/metrics`.
-async fn stalled_gauge(svc: &ServiceProcess, stage: &str) -> Option<String> {
-    let (_, page) = svc.get("/metrics").await;
-    let series = format!("change_streamer_stage_stalled{{stage=\"{stage}\"}} ");
-    page.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(str::to_string)
-}
-
 /// PROTOCOL.md §11.1 (issue 41, item 5), end to end: litestream stopped while a commit the
 /// backup replicator acked waits for its confirmation; past `--stall-alarm-ms` the backup's
 /// monitor is named in `/readyz` (503 `stalled: backup:backup for N ms`), its gauge is 1 and an
@@ -138,23 +113,27 @@ async fn stalled_gauge(svc: &ServiceProcess, stage: &str) -> Option<String> {
 #[actix_rt::test]
 async fn a_stalled_backup_monitor_is_named_in_readyz_the_gauge_and_the_log() {
     let c = start(&["--stall-alarm-ms", "1000"]).await;
-    wait_readyz(&c.svc, "ready before the freeze", |code, _| code == 200).await;
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("0"));
+    c.svc
+        .wait_readyz("ready before the freeze", |code, _| code == 200)
+        .await;
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("0"));
 
     c.freeze("backup");
     c.up.send(txn(104, 2));
     c.replica().wait_applied(&w(104)).await;
-    let line = wait_readyz(&c.svc, "stalled in /readyz", |code, line| {
-        code == 503 && line.starts_with("stalled: ")
-    })
-    .await;
+    let line = c
+        .svc
+        .wait_readyz("stalled in /readyz", |code, line| {
+            code == 503 && line.starts_with("stalled: ")
+        })
+        .await;
     let ms: u64 = line
         .strip_prefix("stalled: backup:backup for ")
         .and_then(|rest| rest.strip_suffix(" ms"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("not `stalled: backup:backup for N ms`: {line}"));
     assert!(ms >= 1000, "{line}");
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("1"));
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("1"));
     let stalled = "stage backup:backup stalled: work pending and no progress for";
     let start = Instant::now();
     while c.svc.logged(stalled).is_empty() {
@@ -173,8 +152,10 @@ async fn a_stalled_backup_monitor_is_named_in_readyz_the_gauge_and_the_log() {
             s["backup"]["monitor"]["backupWatermark"] == w(104)
         })
         .await;
-    wait_readyz(&c.svc, "ready again", |code, _| code == 200).await;
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("0"));
+    c.svc
+        .wait_readyz("ready again", |code, _| code == 200)
+        .await;
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("0"));
     assert_eq!(
         c.svc
             .logged("stage backup:backup is no longer stalled")

@@ -114,31 +114,26 @@ pub trait Served {
     ) -> impl Future<Output = Value>;
 }
 
-impl Served for TestService {
-    fn address(&self) -> String {
-        self.base()
-    }
-    fn status_when(
-        &self,
-        what: &str,
-        cond: impl FnMut(&Value) -> bool,
-    ) -> impl Future<Output = Value> {
-        self.wait_status(what, cond)
-    }
+/// [`Served`] for a service type whose `host:port` is `$address`.
+macro_rules! served {
+    ($service:ty, $address:expr) => {
+        impl Served for $service {
+            fn address(&self) -> String {
+                $address(self)
+            }
+            fn status_when(
+                &self,
+                what: &str,
+                cond: impl FnMut(&Value) -> bool,
+            ) -> impl Future<Output = Value> {
+                self.wait_status(what, cond)
+            }
+        }
+    };
 }
 
-impl Served for ServiceProcess {
-    fn address(&self) -> String {
-        self.addr.clone()
-    }
-    fn status_when(
-        &self,
-        what: &str,
-        cond: impl FnMut(&Value) -> bool,
-    ) -> impl Future<Output = Value> {
-        self.wait_status(what, cond)
-    }
-}
+served!(TestService, TestService::base);
+served!(ServiceProcess, |s: &ServiceProcess| s.addr.clone());
 
 impl LitestreamWorld<()> {
     /// A world of one backup on a `file://` folder, asked through litestream's control socket;
