@@ -12,7 +12,7 @@
 //! with the same flags and data: [`LitestreamWorld::into_parts`], [`LitestreamWorld::spawn_service`]).
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -20,6 +20,8 @@ use tempfile::TempDir;
 
 use crate::backup_files::{BackupFiles, Saved, Store};
 use crate::backup_replica::BackupReplica;
+pub use crate::litestream_flags::Source;
+use crate::litestream_flags::{backups_file, single_backup_flags, Table};
 use crate::process::ServiceProcess;
 use crate::service::TestService;
 use crate::stock_litestream::{self, Litestream, Replication};
@@ -37,32 +39,6 @@ fn w(n: u64) -> String {
     change_streamer_actors::watermark::Watermark::from_u64(n).to_string()
 }
 
-/// How the service learns what each backup holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    /// litestream's control socket (PROTOCOL.md §8.1c); litestream syncs only when asked.
-    Control,
-    /// The service reads the backup through litestream's VFS (§8.1b); litestream syncs every
-    /// 50 ms by itself.
-    Vfs,
-    /// The control socket confirms and the VFS audits (§8.1d).
-    ControlAndVfs,
-}
-
-impl Source {
-    fn reads_through_the_vfs(self) -> bool {
-        self != Source::Control
-    }
-
-    /// The `source` key of a `--backups` table.
-    fn key(self) -> &'static str {
-        match self {
-            Source::Vfs => "vfs",
-            Source::Control | Source::ControlAndVfs => "control",
-        }
-    }
-}
-
 /// What a world is made of, before it starts.
 pub struct WorldBuilder {
     bin: PathBuf,
@@ -73,9 +49,6 @@ pub struct WorldBuilder {
     export_credentials: bool,
     table: Option<Table>,
 }
-
-/// A backup's `url` in the `--backups` file and the keys written after its `source`.
-type Table = Box<dyn Fn(&BackupFiles) -> (String, String)>;
 
 /// One backup of the world: its files, its backup replicator and its litestream.
 pub struct Backup {
@@ -221,7 +194,11 @@ impl WorldBuilder {
         let up = FakeUpstream::start().await;
         let mut flags = if several {
             let table = self.table.as_ref();
-            let file = backups_file(dir.path(), &backups, self.source, &litestream, table);
+            let tables: Vec<(&str, &BackupFiles)> = backups
+                .iter()
+                .map(|b| (b.name.as_str(), &b.files))
+                .collect();
+            let file = backups_file(dir.path(), &tables, self.source, &litestream, table);
             vec!["--backups".to_string(), file.display().to_string()]
         } else {
             single_backup_flags(&backups[0].files, self.source, &litestream)
@@ -254,61 +231,6 @@ impl WorldBuilder {
         let world = self.lay_out().await;
         let svc = world.spawn_service();
         world.with(svc).initial_sync().await
-    }
-}
-
-/// The single-backup flags of `files` for `source`.
-fn single_backup_flags(
-    files: &BackupFiles,
-    source: Source,
-    litestream: &Litestream,
-) -> Vec<String> {
-    match source {
-        Source::Control => files.control_flags(),
-        Source::Vfs => files.vfs_flags(litestream),
-        Source::ControlAndVfs => files.control_and_vfs_flags(litestream),
-    }
-}
-
-/// The `--backups` file of `backups` for `source`, written in `root`: each table with its
-/// replica's URL and the keys of the control socket, or with the URL and keys `table` gives.
-fn backups_file(
-    root: &Path,
-    backups: &[Backup],
-    source: Source,
-    litestream: &Litestream,
-    table: Option<&Table>,
-) -> PathBuf {
-    let mut text = String::new();
-    for b in backups {
-        let (url, keys) = match table {
-            Some(table) => table(&b.files),
-            None => (b.files.url(), control_keys(&b.files, source)),
-        };
-        let vfs = match source.reads_through_the_vfs() {
-            true => format!("vfs = \"{}\"\n", litestream.vfs.display()),
-            false => String::new(),
-        };
-        text += &format!(
-            "[[backup]]\nname = \"{}\"\nurl = \"{url}\"\nsource = \"{}\"\n{vfs}{keys}\n",
-            b.name,
-            source.key()
-        );
-    }
-    let path = root.join("backups.toml");
-    std::fs::write(&path, text).expect("write the backups file");
-    path
-}
-
-/// The `control_url` and `db_path` keys of a backup's table, for the sources that ask.
-fn control_keys(files: &BackupFiles, source: Source) -> String {
-    match source {
-        Source::Vfs => String::new(),
-        Source::Control | Source::ControlAndVfs => format!(
-            "control_url = \"{}\"\ndb_path = \"{}\"\n",
-            files.control_url(),
-            files.db().display()
-        ),
     }
 }
 
