@@ -5,15 +5,12 @@
 //! flight still waits for its 10 s timeout (no poll has failed yet when the cleanup is
 //! scheduled); litestream continued, the monitor confirms again.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::BackupFiles;
-use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
 use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::stock_litestream::{self, Replication};
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::upstream::txn;
 use serde_json::Value;
 
 fn w(n: u64) -> String {
@@ -32,80 +29,41 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 /// The binary asking real litestream's control socket, fed by a fake change source, with
 /// the backup replica following it and 101..=103 confirmed.
-struct Controlled {
-    _dir: tempfile::TempDir,
-    up: FakeUpstream,
-    svc: ServiceProcess,
-    replica: BackupReplica,
-    replication: Replication,
-}
+type Controlled = LitestreamWorld<ServiceProcess>;
 
-impl Controlled {
-    async fn start(extra: &[&str]) -> Controlled {
-        let litestream = stock_litestream::install();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let files = BackupFiles::in_dir(&dir.path().join("backup"));
-        let up = FakeUpstream::start().await;
-        let mut flags = files.control_flags();
-        flags.extend(
-            [
-                "--upstream",
-                &up.url(),
-                "--backup-check-interval-ms",
-                "100",
-                "--min-cleanup-delay-ms",
-                DELAY_MS,
-                "--purge-delay-ms",
-                "100",
-                "--change-log-retention-ms",
-                "0",
-            ]
-            .map(String::from),
-        );
-        flags.extend(extra.iter().map(|s| s.to_string()));
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        let svc = ServiceProcess::spawn(
-            Path::new(env!("CARGO_BIN_EXE_change-streamer")),
-            0,
-            &dir.path().join("data"),
-            &flags,
-        );
-        up.wait_connections(1).await;
-        up.send(txn(100, 1));
-        svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
-            .await;
-        let replication = files.replicate_controlled(&litestream).await;
-        let rv = w(100);
-        let replica = BackupReplica::start(&svc.addr, "backup", &rv, &rv, &files.db()).await;
-        for n in 101..=103 {
-            up.send(txn(n, 2));
-        }
-        replica.wait_applied(&w(103)).await;
-        svc.wait_status("103 confirmed through the control socket", |s| {
+async fn start(extra: &[&str]) -> Controlled {
+    let mut c = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .source(Source::Control)
+        .flags(&[
+            "--backup-check-interval-ms",
+            "100",
+            "--min-cleanup-delay-ms",
+            DELAY_MS,
+            "--purge-delay-ms",
+            "100",
+            "--change-log-retention-ms",
+            "0",
+        ])
+        .flags(extra)
+        .spawn()
+        .await;
+    c.replicate().await;
+    c.follow().await;
+    c.send(101, 103).await;
+    c.svc
+        .wait_status("103 confirmed through the control socket", |s| {
             s["backup"]["monitor"]["backupWatermark"] == w(103)
         })
         .await;
-        Controlled {
-            _dir: dir,
-            up,
-            svc,
-            replica,
-            replication,
-        }
-    }
+    c
 }
 
 #[actix_rt::test]
 async fn a_frozen_litestream_never_delays_the_scheduling_step() {
-    let Controlled {
-        _dir,
-        up,
-        svc,
-        replica,
-        replication,
-    } = Controlled::start(&[]).await;
+    let (c, svc) = start(&[]).await.into_parts();
+    let (up, replica) = (&c.up, c.replica());
 
-    replication.signal("-STOP");
+    c.freeze("backup");
     let st = svc.status().await;
     assert_eq!(
         st["backup"]["lastScheduledWatermark"],
@@ -136,7 +94,7 @@ async fn a_frozen_litestream_never_delays_the_scheduling_step() {
     let error = st["backup"]["monitor"]["lastError"].as_str().unwrap_or("");
     assert!(error.contains("no answer"), "{st}");
 
-    replication.signal("-CONT");
+    c.thaw("backup");
     up.send(txn(104, 2));
     replica.wait_applied(&w(104)).await;
     let st = svc
@@ -148,55 +106,34 @@ async fn a_frozen_litestream_never_delays_the_scheduling_step() {
     svc.terminate().await;
 }
 
-/// `/readyz` polled until `cond` holds on its (status, line).
-async fn wait_readyz(svc: &ServiceProcess, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
-    let start = Instant::now();
-    loop {
-        let (code, line) = svc.readyz().await;
-        if cond(code, &line) {
-            return line;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "{what} within {LIMIT:?}: {code} {line}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// `change_streamer_stage_stalled{stage="STAGE"}`'s value on `/metrics`.
-async fn stalled_gauge(svc: &ServiceProcess, stage: &str) -> Option<String> {
-    let (_, page) = svc.get("/metrics").await;
-    let series = format!("change_streamer_stage_stalled{{stage=\"{stage}\"}} ");
-    page.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(str::to_string)
-}
-
 /// PROTOCOL.md §11.1 (issue 41, item 5), end to end: litestream stopped while a commit the
 /// backup replicator acked waits for its confirmation; past `--stall-alarm-ms` the backup's
 /// monitor is named in `/readyz` (503 `stalled: backup:backup for N ms`), its gauge is 1 and an
 /// ERROR line says so; litestream continued, the commit is confirmed and all three clear.
 #[actix_rt::test]
 async fn a_stalled_backup_monitor_is_named_in_readyz_the_gauge_and_the_log() {
-    let c = Controlled::start(&["--stall-alarm-ms", "1000"]).await;
-    wait_readyz(&c.svc, "ready before the freeze", |code, _| code == 200).await;
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("0"));
+    let c = start(&["--stall-alarm-ms", "1000"]).await;
+    c.svc
+        .wait_readyz("ready before the freeze", |code, _| code == 200)
+        .await;
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("0"));
 
-    c.replication.signal("-STOP");
+    c.freeze("backup");
     c.up.send(txn(104, 2));
-    c.replica.wait_applied(&w(104)).await;
-    let line = wait_readyz(&c.svc, "stalled in /readyz", |code, line| {
-        code == 503 && line.starts_with("stalled: ")
-    })
-    .await;
+    c.replica().wait_applied(&w(104)).await;
+    let line = c
+        .svc
+        .wait_readyz("stalled in /readyz", |code, line| {
+            code == 503 && line.starts_with("stalled: ")
+        })
+        .await;
     let ms: u64 = line
         .strip_prefix("stalled: backup:backup for ")
         .and_then(|rest| rest.strip_suffix(" ms"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("not `stalled: backup:backup for N ms`: {line}"));
     assert!(ms >= 1000, "{line}");
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("1"));
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("1"));
     let stalled = "stage backup:backup stalled: work pending and no progress for";
     let start = Instant::now();
     while c.svc.logged(stalled).is_empty() {
@@ -209,14 +146,16 @@ async fn a_stalled_backup_monitor_is_named_in_readyz_the_gauge_and_the_log() {
         "one ERROR line within the minute: {errors:?}"
     );
 
-    c.replication.signal("-CONT");
+    c.thaw("backup");
     c.svc
         .wait_status("104 confirmed once litestream goes on", |s| {
             s["backup"]["monitor"]["backupWatermark"] == w(104)
         })
         .await;
-    wait_readyz(&c.svc, "ready again", |code, _| code == 200).await;
-    assert_eq!(stalled_gauge(&c.svc, STAGE).await.as_deref(), Some("0"));
+    c.svc
+        .wait_readyz("ready again", |code, _| code == 200)
+        .await;
+    assert_eq!(c.svc.stalled_gauge(STAGE).await.as_deref(), Some("0"));
     assert_eq!(
         c.svc
             .logged("stage backup:backup is no longer stalled")

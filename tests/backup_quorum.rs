@@ -11,144 +11,54 @@
 //! S3 server of its own (issue 44), and backup `c` wedges by its server being stopped.
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{BackupFiles, Store, ASKED_AND_PURGED_AT_ONCE};
-use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::backup_files::{Store, ASKED_AND_PURGED_AT_ONCE};
+use change_streamer_test_support::backup_replica::read_replica;
 use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::litestream_world::{Backup, LitestreamWorld, Source, ROWS};
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
-use change_streamer_test_support::wait::wait_until;
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-/// Rows per transaction the fake change source sends.
-const ROWS: u64 = 2;
 const NAMES: [&str; 3] = ["a", "b", "c"];
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
 }
 
-/// One backup: its files, its replicator and its litestream.
-struct Backup {
-    files: BackupFiles,
-    replica: BackupReplica,
-    replication: Option<Replication>,
-}
-
-/// `--backups` with one `control` table per backup of `files` (named [`NAMES`]), in `root`.
-fn backups_file(root: &Path, files: &[BackupFiles]) -> PathBuf {
-    let mut text = String::new();
-    for (name, files) in NAMES.iter().zip(files) {
-        text += &format!(
-            "[[backup]]\nname = \"{name}\"\nurl = \"{}\"\nsource = \"control\"\ncontrol_url = \"{}\"\ndb_path = \"{}\"\n\n",
-            files.url(),
-            files.control_url(),
-            files.db().display()
-        );
-    }
-    let path = root.join("backups.toml");
-    std::fs::write(&path, text).expect("write the backups file");
-    path
-}
-
 /// The service with three backups and a quorum of two, fed by a fake change source.
-struct Quorum {
-    _root: TempDir,
-    litestream: Litestream,
-    up: FakeUpstream,
-    svc: TestService,
-    backups: Vec<Backup>,
+type Quorum = LitestreamWorld<TestService>;
+
+/// Each backup in its own folder under the test's, replicated to `store`.
+async fn start(store: Store) -> Quorum {
+    let mut q = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::Control)
+        .backups(&NAMES)
+        .flags(&["--purge-quorum", "2"])
+        .flags(&ASKED_AND_PURGED_AT_ONCE)
+        .start()
+        .await;
+    assert_eq!(q.initial["backup"]["purgeQuorum"], 2, "{}", q.initial);
+    q.follow().await;
+    q.replicate().await;
+    q
 }
 
-impl Quorum {
-    /// Each backup in its own folder under the test's, replicated to `store`.
-    async fn start(store: Store) -> Quorum {
-        let litestream = stock_litestream::install();
-        let root = tempfile::tempdir().expect("tempdir");
-        let mut all_files: Vec<BackupFiles> = NAMES
-            .iter()
-            .map(|name| BackupFiles::new(&root.path().join(name), store))
-            .collect();
-        let file = backups_file(root.path(), &all_files);
-        let up = FakeUpstream::start().await;
-        let up_url = up.url();
-        let file_arg = file.display().to_string();
-        let mut flags = vec![
-            "--upstream",
-            &up_url,
-            "--backups",
-            &file_arg,
-            "--purge-quorum",
-            "2",
-        ];
-        flags.extend(ASKED_AND_PURGED_AT_ONCE);
-        let svc = TestService::start(&flags).await;
-        up.wait_connections(1).await;
-        up.send(txn(100, 1));
-        let st = svc
-            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
-            .await;
-        assert_eq!(st["backup"]["purgeQuorum"], 2, "{st}");
-        let rv = w(100);
-        let mut backups = Vec::new();
-        for name in NAMES {
-            let files = all_files.remove(0);
-            let replica =
-                BackupReplica::start_for_backup(&svc.base(), name, &rv, &rv, &files.db()).await;
-            let replication = Some(files.replicate_controlled(&litestream).await);
-            backups.push(Backup {
-                files,
-                replica,
-                replication,
-            });
-        }
-        Quorum {
-            _root: root,
-            litestream,
-            up,
-            svc,
-            backups,
-        }
-    }
-
-    /// Sends transactions `from..=to` and waits until every backup replicator applied them.
-    async fn send(&self, from: u64, to: u64) {
-        for n in from..=to {
-            self.up.send(txn(n, ROWS));
-        }
-        let last = w(to);
-        wait_until(
-            "every backup replicator applies what was sent",
-            Duration::from_secs(20),
-            || {
-                self.backups
-                    .iter()
-                    .all(|b| b.replica.applied().as_deref() == Some(last.as_str()))
-            },
-        )
-        .await;
-    }
-
-    /// Waits until each backup named in `at` holds its watermark, as `/status` says.
-    async fn wait_backups(&self, at: &[(&str, u64)]) -> Value {
-        let want: Vec<(String, String)> = at.iter().map(|(n, x)| (n.to_string(), w(*x))).collect();
-        self.svc
-            .wait_status("the backups' watermarks", |s| {
-                want.iter().all(|(name, wm)| {
-                    s["backups"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .any(|b| b["name"] == name.as_str() && b["watermark"] == wm.as_str())
-                })
+/// Waits until each backup named in `at` holds its watermark, as `/status` says.
+async fn wait_backups(q: &Quorum, at: &[(&str, u64)]) -> Value {
+    let want: Vec<(String, String)> = at.iter().map(|(n, x)| (n.to_string(), w(*x))).collect();
+    q.svc
+        .wait_status("the backups' watermarks", |s| {
+            want.iter().all(|(name, wm)| {
+                s["backups"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|b| b["name"] == name.as_str() && b["watermark"] == wm.as_str())
             })
-            .await
-    }
+        })
+        .await
 }
 
 /// A replica restored from `backup` subscribes from its watermark, transactions `next` and
@@ -212,9 +122,9 @@ async fn s3_quorum_of_two_of_three_purges_past_a_wedged_backup_and_either_health
 }
 
 async fn purges_past_a_wedged_backup(store: Store) {
-    let mut q = Quorum::start(store).await;
+    let mut q = start(store).await;
     q.send(101, 103).await;
-    let st = q.wait_backups(&[("a", 103), ("b", 103), ("c", 103)]).await;
+    let st = wait_backups(&q, &[("a", 103), ("b", 103), ("c", 103)]).await;
     assert_eq!(st["backup"]["quorumWatermark"], w(103), "{st}");
     q.svc
         .wait_status("a purge below 103", |s| {
@@ -235,12 +145,9 @@ async fn purges_past_a_wedged_backup(store: Store) {
     );
 
     // Backup c wedges: its litestream stops (file://), or its bucket's server does (S3).
-    match q.backups[2].files.s3.as_mut() {
-        Some((server, _)) => server.kill(),
-        None => q.backups[2].replication = None,
-    }
+    q.kill_store("c");
     q.send(104, 106).await;
-    let st = q.wait_backups(&[("a", 106), ("b", 106)]).await;
+    let st = wait_backups(&q, &[("a", 106), ("b", 106)]).await;
     let c = &st["backups"][2];
     assert_eq!(
         (c["name"].clone(), c["watermark"].clone()),

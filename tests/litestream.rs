@@ -7,22 +7,16 @@
 //! installed by `scripts/install-moto.sh`, issue 44).
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
-use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::backup_files::Store;
+use change_streamer_test_support::backup_replica::read_replica;
 use change_streamer_test_support::client::WsClient;
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source, ROWS};
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
-/// Rows per transaction the fake change source sends.
-const ROWS: u64 = 2;
 /// The backup monitor's poll period in these tests.
 const POLL_MS: u64 = 200;
 /// The cleanup delay floor in these tests.
@@ -33,95 +27,33 @@ fn w(n: u64) -> String {
 }
 
 /// The service reading its backup through the VFS, fed by a fake change source, with the
-/// backup replica following it; litestream is started by [`Backed::replicate`].
-struct Backed {
-    _dir: TempDir,
-    files: BackupFiles,
-    litestream: Litestream,
-    up: FakeUpstream,
-    svc: TestService,
-    replica: BackupReplica,
-    replication: Option<Replication>,
+/// backup replica following it; litestream is started by [`LitestreamWorld::replicate`].
+type Backed = LitestreamWorld<TestService>;
+
+/// Initial sync at watermark 100, then the backup replica subscribes from it.
+async fn start() -> Backed {
+    start_on(Store::File).await
 }
 
-impl Backed {
-    /// Initial sync at watermark 100, then the backup replica subscribes from it.
-    async fn start() -> Backed {
-        Self::start_on(Store::File).await
-    }
-
-    /// [`Backed::start`] with the backup replicated to `store`.
-    async fn start_on(store: Store) -> Backed {
-        let litestream = stock_litestream::install();
-        // The service starts its VFS reader from this binary (this test process is not it).
-        std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
-        let dir = tempfile::tempdir().expect("tempdir");
-        let files = BackupFiles::new(dir.path(), store);
-        let up = FakeUpstream::start().await;
-        let (up_url, flags) = (up.url(), files.vfs_flags(&litestream));
-        let (poll, delay) = (POLL_MS.to_string(), DELAY_MS.to_string());
-        let svc = TestService::start(&flag_refs(
-            &flags,
-            &[
-                "--upstream",
-                &up_url,
-                "--backup-check-interval-ms",
-                &poll,
-                "--min-cleanup-delay-ms",
-                &delay,
-                "--purge-delay-ms",
-                "100",
-            ],
-        ))
+/// [`start`] with the backup replicated to `store`.
+async fn start_on(store: Store) -> Backed {
+    let (poll, delay) = (POLL_MS.to_string(), DELAY_MS.to_string());
+    let mut b = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::Vfs)
+        .flags(&[
+            "--backup-check-interval-ms",
+            &poll,
+            "--min-cleanup-delay-ms",
+            &delay,
+            "--purge-delay-ms",
+            "100",
+        ])
+        .start()
         .await;
-        up.wait_connections(1).await;
-        up.send(txn(100, 1));
-        let st = svc
-            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
-            .await;
-        assert_eq!(st["backup"]["source"], "vfs", "{st}");
-        let rv = w(100);
-        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
-        Backed {
-            _dir: dir,
-            files,
-            litestream,
-            up,
-            svc,
-            replica,
-            replication: None,
-        }
-    }
-
-    fn backup_url(&self) -> String {
-        self.files.url()
-    }
-
-    /// Starts `litestream replicate` of the backup replica's file.
-    fn start_replicating(&mut self) {
-        self.replication = Some(self.files.replicate(&self.litestream));
-    }
-
-    /// Starts `litestream replicate` and waits for its first snapshot.
-    async fn replicate(&mut self) {
-        self.start_replicating();
-        if let Some(r) = &self.replication {
-            self.files.wait_for_backup(r, Duration::from_secs(20)).await;
-        }
-    }
-
-    /// Sends transactions `from..=to` and waits until the backup replica has applied them.
-    async fn send(&self, from: u64, to: u64) {
-        for n in from..=to {
-            self.up.send(txn(n, ROWS));
-        }
-        self.replica.wait_applied(&w(to)).await;
-    }
-
-    /// Restores the latest backup into a new file and returns its path.
-    fn restore(&self, name: &str) -> PathBuf {
-        self.files.restore(&self.litestream, name)
-    }
+    assert_eq!(b.initial["backup"]["source"], "vfs", "{}", b.initial);
+    b.follow().await;
+    b
 }
 
 fn row_ids(rows: impl IntoIterator<Item = Value>) -> Vec<u64> {
@@ -142,7 +74,7 @@ async fn s3_cleanup_is_scheduled_to_a_watermark_only_once_the_backup_holds_it_an
 }
 
 async fn cleanup_scheduled_once_held(store: Store) {
-    let mut b = Backed::start_on(store).await;
+    let mut b = start_on(store).await;
     b.send(101, 103).await;
     // No backup yet: polls fail, nothing is recorded or scheduled.
     let st = b
@@ -155,7 +87,7 @@ async fn cleanup_scheduled_once_held(store: Store) {
     assert_eq!(st["backup"]["pendingWatermarks"], json!([]), "{st}");
 
     // Watched from the start: the VFS may read litestream's first files before its snapshot.
-    b.start_replicating();
+    b.replicate().await;
     let st = b
         .svc
         .wait_status("the backup read back at 103", |s| {
@@ -180,9 +112,9 @@ async fn cleanup_scheduled_once_held(store: Store) {
         seen.elapsed()
     );
     // What was scheduled is in the backup: a restore holds it.
-    let (restored, _) = read_replica(&b.restore("check.db"));
+    let (restored, _) = read_replica(&b.restore("backup", "check.db"));
     assert!(restored >= w(103), "restored {restored}");
-    if let Some(bucket) = b.files.bucket() {
+    if let Some(bucket) = b.files().bucket() {
         // The VFS read it out of the bucket: its LISTs and ranged GETs are in the server's log.
         let requests = bucket.requests();
         assert!(
@@ -206,21 +138,21 @@ async fn s3_a_replica_restores_the_backup_and_follows_from_its_watermark_without
 }
 
 async fn restores_and_follows(store: Store) {
-    let mut b = Backed::start_on(store).await;
-    b.replicate().await;
+    let mut b = start_on(store).await;
+    b.replicate_and_wait().await;
     b.send(101, 105).await;
 
     let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=r1")).await;
     let (id, status) = res.msg().await;
     res.ack(id).await;
     assert_eq!(status[0], "status", "{status}");
-    assert_eq!(status[1]["backupURL"], b.backup_url());
+    assert_eq!(status[1]["backupURL"], b.files().url());
     let st = b.svc.status().await;
     assert_eq!(st["reservations"][0]["verified"], true, "{st}");
 
     // Changes keep coming while the replica restores.
     b.send(106, 108).await;
-    let (restored, rows) = read_replica(&b.restore("restored.db"));
+    let (restored, rows) = read_replica(&b.restore("backup", "restored.db"));
     let restored_n = Watermark::parse(&restored)
         .ok()
         .and_then(|w| w.to_u64())
@@ -276,7 +208,7 @@ async fn s3_no_backup_yet_means_no_status_until_there_is_one() {
 }
 
 async fn no_status_until_a_backup(store: Store) {
-    let mut b = Backed::start_on(store).await;
+    let mut b = start_on(store).await;
     b.send(101, 102).await;
     let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=t1")).await;
     assert_eq!(
@@ -292,7 +224,7 @@ async fn no_status_until_a_backup(store: Store) {
     );
     assert_eq!(st["backup"]["paused"], true, "{st}");
 
-    b.replicate().await;
+    b.replicate_and_wait().await;
     let (id, status) = res.msg().await;
     res.ack(id).await;
     // The VFS read the backup's size too (PROTOCOL.md §6.3); its value is checked below.
@@ -300,7 +232,7 @@ async fn no_status_until_a_backup(store: Store) {
     assert!(size.as_u64().is_some_and(|s| s > 0), "{status}");
     assert_eq!(
         status,
-        json!(["status", {"tag": "status", "backupURL": b.backup_url(), "replicaVersion": w(100), "minWatermark": w(100), "replicaSize": size}])
+        json!(["status", {"tag": "status", "backupURL": b.files().url(), "replicaVersion": w(100), "minWatermark": w(100), "replicaSize": size}])
     );
     let st = b.svc.status().await;
     assert_eq!(st["reservations"][0]["verified"], true, "{st}");
@@ -321,8 +253,8 @@ async fn a_later_poll(svc: &TestService) {
 
 #[actix_rt::test]
 async fn the_status_carries_the_size_of_the_database_the_backup_restores_to() {
-    let mut b = Backed::start().await;
-    b.replicate().await;
+    let mut b = start().await;
+    b.replicate_and_wait().await;
     b.send(101, 140).await;
     b.svc
         .wait_status("the backup read back at 140", |s| {
@@ -334,7 +266,7 @@ async fn the_status_carries_the_size_of_the_database_the_backup_restores_to() {
     let (id, status) = res.msg().await;
     res.ack(id).await;
     // What `litestream restore` writes from the same backup: page count × page size.
-    let restored = b.restore("sized.db");
+    let restored = b.restore("backup", "sized.db");
     let file_bytes = std::fs::metadata(&restored)
         .expect("the restored file")
         .len();
@@ -374,7 +306,7 @@ async fn the_status_carries_the_size_of_the_database_the_backup_restores_to() {
 
 #[actix_rt::test]
 async fn progress_before_the_status_message_closes_with_1002() {
-    let b = Backed::start().await;
+    let b = start().await;
     // No backup yet: the status waits (PROTOCOL.md §6.7), so a progress message is early.
     let mut res = WsClient::connect(&b.svc.ws("/replication/v6/snapshot?taskID=early")).await;
     b.svc

@@ -7,16 +7,11 @@
 //! again (the directory put back as it was). The `s3_` variant lies with a bucket of a local S3
 //! server rolled back to its early objects (issue 44).
 
-use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{
-    flag_refs, BackupFiles, Store, ASKED_AND_PURGED_AT_ONCE,
-};
-use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::backup_files::{Store, ASKED_AND_PURGED_AT_ONCE};
 use change_streamer_test_support::client::WsClient;
-use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
+use change_streamer_test_support::upstream::txn;
 use serde_json::{json, Value};
 
 fn w(n: u64) -> String {
@@ -51,34 +46,26 @@ async fn s3_audit_a_rolled_back_backup_blocks_every_purge_until_a_read_reaches_t
 }
 
 async fn audit_blocks_a_rolled_back_backup(store: Store) {
-    let litestream = stock_litestream::install();
-    // The service starts its VFS readers from this binary (this test process is not it).
-    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::new(dir.path(), store);
-    let up = FakeUpstream::start().await;
-    let up_url = up.url();
     // The control API confirms, the VFS audits.
-    let flags = files.control_and_vfs_flags(&litestream);
-    let more = ["--upstream", &up_url, "--backup-audit-interval-ms", "300"];
-    let mut flags = flag_refs(&flags, &more);
-    flags.extend(ASKED_AND_PURGED_AT_ONCE);
-    let svc = TestService::start(&flags).await;
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    let st = svc
-        .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+    let mut world = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::ControlAndVfs)
+        .flags(&["--backup-audit-interval-ms", "300"])
+        .flags(&ASKED_AND_PURGED_AT_ONCE)
+        .start()
         .await;
+    let st = &world.initial;
     assert_eq!(st["backup"]["source"], "control", "{st}");
     assert_eq!(
-        audit(&st)["backup"],
+        audit(st)["backup"],
         "backup",
         "the VFS audits, the control API confirms: {st}"
     );
-    assert_eq!(audit(&st)["intervalMs"], 300, "{st}");
+    assert_eq!(audit(st)["intervalMs"], 300, "{st}");
     let rv = w(100);
-    let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
-    let replication = files.replicate_controlled(&litestream).await;
+    world.follow().await;
+    world.replicate().await;
+    let (svc, up, replica) = (&world.svc, &world.up, world.replica());
     // A serving subscriber that acks only what the test says: it holds the purge back first.
     let mut sub = WsClient::connect(&svc.ws(&format!(
         "/replication/v6/changes?id=r&replicaVersion={rv}&watermark={rv}"
@@ -90,7 +77,7 @@ async fn audit_blocks_a_rolled_back_backup(store: Store) {
         }
     };
     let applied = |n: u64| {
-        let (want, replica) = (w(n), &replica);
+        let want = w(n);
         async move { replica.wait_applied(&want).await }
     };
 
@@ -104,7 +91,7 @@ async fn audit_blocks_a_rolled_back_backup(store: Store) {
     })
     .await;
     // The early state of the backup, kept to lie with later.
-    let early = files.save("early");
+    let early = world.save("backup", "early");
 
     sent(103, 105);
     applied(105).await;
@@ -120,13 +107,13 @@ async fn audit_blocks_a_rolled_back_backup(store: Store) {
         .as_u64()
         .unwrap();
     assert!(reads_before >= 2, "the audit's reads are counted: {st}");
-    let late = files.save("late");
+    let late = world.save("backup", "late");
 
     // The lie: the backup rolled back to 102 while 105 was confirmed. litestream is frozen
     // first, so that nothing it does (a sync, a compaction) can mend the lie before an audit
     // reads it.
-    replication.signal("-STOP");
-    files.put_back(&early);
+    world.freeze("backup");
+    world.roll_back("backup", &early);
     let st = svc
         .wait_status("the audit catches the rolled-back backup", |s| {
             s["purge"]["blockedBy"] == json!("audit")
@@ -158,8 +145,8 @@ async fn audit_blocks_a_rolled_back_backup(store: Store) {
     assert_eq!(st["changeLog"]["minWatermark"], json!(w(102)), "{st}");
 
     // The backup as it was: a read reaches 105 again, and the purge resumes.
-    files.put_back(&late);
-    replication.signal("-CONT");
+    world.roll_back("backup", &late);
+    world.thaw("backup");
     let st = svc
         .wait_status("the block lifted and 105 purged", |s| {
             s["purge"]["lastPurgedBefore"] == json!(w(105))
@@ -168,6 +155,5 @@ async fn audit_blocks_a_rolled_back_backup(store: Store) {
     assert_eq!(audit(&st)["blockedBelow"], Value::Null, "{st}");
     assert_eq!(audit(&st)["lastRead"], json!(w(105)), "{st}");
     assert_ne!(st["purge"]["blockedBy"], json!("audit"), "{st}");
-    drop(replication);
-    svc.stop().await;
+    world.svc.stop().await;
 }

@@ -8,89 +8,41 @@
 //! says why, and purges nothing. The `s3_` variant runs the same check with the replica in a
 //! bucket of a local S3 server (issue 44).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{
-    flag_refs, BackupFiles, Store, ASKED_AND_PURGED_AT_ONCE,
-};
-use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
+use change_streamer_test_support::backup_files::{Store, ASKED_AND_PURGED_AT_ONCE};
+use change_streamer_test_support::backup_replica::read_replica;
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
 use change_streamer_test_support::service::TestService;
-use change_streamer_test_support::stock_litestream::{self, Litestream, Replication};
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::{json, Value};
-use tempfile::TempDir;
 
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
 }
 
 /// The service asking litestream's control socket, fed by a fake change source, with the
-/// backup replica following it; litestream is started by [`Controlled::replicate`].
-struct Controlled {
-    _dir: TempDir,
-    files: BackupFiles,
-    litestream: Litestream,
-    up: FakeUpstream,
-    svc: TestService,
-    replica: BackupReplica,
-    replication: Option<Replication>,
+/// backup replica following it; litestream is started by [`LitestreamWorld::replicate`].
+type Controlled = LitestreamWorld<TestService>;
+
+/// Initial sync at watermark 100, then the backup replica subscribes from it. The
+/// periodic poll is an hour apart: every confirmation comes from an ack.
+async fn start() -> Controlled {
+    start_on(Store::File).await
 }
 
-impl Controlled {
-    /// Initial sync at watermark 100, then the backup replica subscribes from it. The
-    /// periodic poll is an hour apart: every confirmation comes from an ack.
-    async fn start() -> Controlled {
-        Self::start_on(Store::File).await
-    }
-
-    /// [`Controlled::start`] with the backup replicated to `store`.
-    async fn start_on(store: Store) -> Controlled {
-        let litestream = stock_litestream::install();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let files = BackupFiles::new(dir.path(), store);
-        let up = FakeUpstream::start().await;
-        let (up_url, flags) = (up.url(), files.control_flags());
-        let mut flags = flag_refs(&flags, &["--upstream", &up_url]);
-        flags.extend(ASKED_AND_PURGED_AT_ONCE);
-        let svc = TestService::start(&flags).await;
-        up.wait_connections(1).await;
-        up.send(txn(100, 1));
-        let st = svc
-            .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
-            .await;
-        assert_eq!(st["backup"]["source"], "control", "{st}");
-        let rv = w(100);
-        let replica = BackupReplica::start(&svc.base(), "backup", &rv, &rv, &files.db()).await;
-        Controlled {
-            _dir: dir,
-            files,
-            litestream,
-            up,
-            svc,
-            replica,
-            replication: None,
-        }
-    }
-
-    /// Starts `litestream replicate` of the backup replica's file, with its control socket.
-    async fn replicate(&mut self) {
-        self.replication = Some(self.files.replicate_controlled(&self.litestream).await);
-    }
-
-    /// Sends transactions `from..=to` and waits until the backup replica has applied them.
-    async fn send(&self, from: u64, to: u64) {
-        for n in from..=to {
-            self.up.send(txn(n, 2));
-        }
-        self.replica.wait_applied(&w(to)).await;
-    }
-
-    /// Restores the latest backup into a new file and returns its path.
-    fn restore(&self, name: &str) -> PathBuf {
-        self.files.restore(&self.litestream, name)
-    }
+/// [`start`] with the backup replicated to `store`.
+async fn start_on(store: Store) -> Controlled {
+    let mut c = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::Control)
+        .flags(&ASKED_AND_PURGED_AT_ONCE)
+        .start()
+        .await;
+    assert_eq!(c.initial["backup"]["source"], "control", "{}", c.initial);
+    c.follow().await;
+    c
 }
 
 /// The processes this test process started other than litestream and `also` (an S3 server):
@@ -132,7 +84,7 @@ async fn s3_control_source_confirms_each_acked_commit_and_the_purge_follows_with
 }
 
 async fn confirms_each_acked_commit(store: Store) {
-    let mut c = Controlled::start_on(store).await;
+    let mut c = start_on(store).await;
     c.replicate().await;
     c.send(101, 103).await;
     let st = c
@@ -147,7 +99,7 @@ async fn confirms_each_acked_commit(store: Store) {
     // (PROTOCOL.md §8.1c): from here on, no request fails.
     let errors = st["backup"]["monitor"]["pollErrorsTotal"].clone();
     // litestream syncs hourly by itself: the backup holds 103 because the service asked.
-    let (restored, _) = read_replica(&c.restore("check.db"));
+    let (restored, _) = read_replica(&c.restore("backup", "check.db"));
     assert!(restored >= w(103), "restored {restored}");
 
     // The purge rules are those of every source: scheduled, then purged below 103.
@@ -171,12 +123,12 @@ async fn confirms_each_acked_commit(store: Store) {
     assert_eq!(
         children_other_than(
             &litestream_bin,
-            c.files.s3.as_ref().and_then(|(server, _)| server.pid())
+            c.files().s3.as_ref().and_then(|(server, _)| server.pid())
         ),
         Vec::<u32>::new(),
         "no VFS reader"
     );
-    if let Some(bucket) = c.files.bucket() {
+    if let Some(bucket) = c.files().bucket() {
         // litestream uploaded to the bucket; the service read nothing of it (only litestream's
         // own requests: its uploads, and the LISTs a sync and its restore start with).
         let requests = bucket.requests();
@@ -192,7 +144,7 @@ async fn confirms_each_acked_commit(store: Store) {
 
 #[actix_rt::test]
 async fn control_source_unreachable_backs_off_with_a_clear_last_error_and_purges_nothing() {
-    let mut c = Controlled::start().await;
+    let mut c = start().await;
     let started = Instant::now();
     c.send(101, 103).await;
     let st = c

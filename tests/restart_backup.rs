@@ -7,16 +7,14 @@
 //! is confirmed (without any new commit), and both follow. The `s3_` variant keeps the backup in
 //! a bucket of a local S3 server (issue 44).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
+use change_streamer_test_support::backup_files::Store;
 use change_streamer_test_support::backup_replica::{read_replica, BackupReplica};
 use change_streamer_test_support::client::WsClient;
-use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::stock_litestream;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
+use change_streamer_test_support::upstream::txn;
 use serde_json::json;
 
 fn w(n: u64) -> String {
@@ -36,76 +34,71 @@ async fn s3_no_backward_walk_after_kill_9_with_uploads_pending_readyz_and_status
 }
 
 async fn uploads_pending_hold_readiness(store: Store) {
-    let litestream = stock_litestream::install();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::new(dir.path(), store);
-    let data = dir.path().join("data");
-    let up = FakeUpstream::start().await;
-    let (up_url, control) = (up.url(), files.control_flags());
     // The periodic poll is an hour apart: every confirmation comes from an ack or a join.
-    let flags = flag_refs(
-        &control,
-        &[
-            "--upstream",
-            &up_url,
+    let mut world = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::Control)
+        .flags(&[
             "--backup-check-interval-ms",
             "3600000",
             "--min-cleanup-delay-ms",
             "3600000",
-        ],
-    );
-    let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
-    let first = ServiceProcess::spawn(bin, 0, &data, &flags);
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    first
-        .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        ])
+        .spawn()
         .await;
-    assert_eq!(first.readyz().await, (200, "ready".into()), "a first start");
+    assert_eq!(
+        world.svc.readyz().await,
+        (200, "ready".into()),
+        "a first start"
+    );
     let rv = w(100);
-    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &files.db()).await;
+    world.follow().await;
     // litestream syncs hourly by itself: what the backup holds, it holds because it was asked.
-    let replication = files.replicate_controlled(&litestream).await;
+    world.replicate().await;
     for n in 101..=103 {
-        up.send(txn(n, 2));
+        world.up.send(txn(n, 2));
     }
-    first
+    world
+        .svc
         .wait_status("103 confirmed", |s| {
             s["backup"]["monitor"]["backupWatermark"] == json!(w(103))
         })
         .await;
 
     // litestream frozen: what the replica applies from now on is an upload pending.
-    replication.signal("-STOP");
+    world.freeze("backup");
     for n in 104..=105 {
-        up.send(txn(n, 2));
+        world.up.send(txn(n, 2));
     }
     let applied = w(105);
-    replica.wait_applied(&applied).await;
+    world.replica().wait_applied(&applied).await;
     // The change log's writer keeps call order: 105 stored means 103's record is durable too.
-    first
+    world
+        .svc
         .wait_status("105 stored", |s| {
             s["changeLog"]["maxWatermark"] == json!(w(105))
         })
         .await;
+    let (mut world, first) = world.into_parts();
     first.kill9();
-    drop(replica);
-    let restored = files.restore(&litestream, "pending.db");
+    drop(world.take_replicas());
+    let restored = world.restore("backup", "pending.db");
     assert_eq!(
         read_replica(&restored).0,
         w(103),
         "104 and 105 are uploads pending"
     );
 
-    up.drop_connection();
-    let second = ServiceProcess::spawn(bin, 0, &data, &flags);
+    world.up.drop_connection();
+    let second = world.spawn_service();
     let behind = format!(
         "backup behind its recorded watermark (recorded {}, backup shows none)",
         w(103)
     );
     assert_eq!(second.readyz().await, (503, behind.clone()));
     // The backup replicator comes back from what its file holds; litestream cannot answer.
-    let replica = BackupReplica::start(&second.addr, "backup", &rv, &applied, &files.db()).await;
+    let replica =
+        BackupReplica::start(&second.addr, "backup", &rv, &applied, &world.files().db()).await;
     let mut res = WsClient::connect(&second.ws("/replication/v6/snapshot?taskID=t1")).await;
     let st = second
         .wait_status("the reservation is open, unverified", |s| {
@@ -131,7 +124,7 @@ async fn uploads_pending_hold_readiness(store: Store) {
     );
 
     let thawed = Instant::now();
-    replication.signal("-CONT");
+    world.thaw("backup");
     let (id, status) = res.msg().await;
     assert_eq!(status[0], json!("status"), "{status}");
     assert_eq!(status[1]["minWatermark"], json!(w(100)), "{status}");
@@ -145,7 +138,7 @@ async fn uploads_pending_hold_readiness(store: Store) {
         "the replicator's starting point, confirmed without a new commit: {st}"
     );
     assert_eq!(st["reservations"][0]["verified"], json!(true), "{st}");
-    let restored = files.restore(&litestream, "caught-up.db");
+    let restored = world.restore("backup", "caught-up.db");
     assert_eq!(read_replica(&restored).0, w(105));
     eprintln!(
         "covered {} ms after litestream was thawed",

@@ -5,16 +5,13 @@
 //! backup is read at 103 again. The `s3_` variant does it with a bucket of a local S3 server
 //! (issue 44), rolled back to its objects at 102.
 
-use std::path::Path;
 use std::time::Duration;
 
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::{flag_refs, BackupFiles, Store};
-use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::backup_files::Store;
 use change_streamer_test_support::client::WsClient;
-use change_streamer_test_support::process::ServiceProcess;
-use change_streamer_test_support::stock_litestream;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
+use change_streamer_test_support::upstream::txn;
 use serde_json::json;
 
 fn w(n: u64) -> String {
@@ -32,37 +29,23 @@ async fn s3_no_backward_walk_with_the_vfs_source_a_rolled_back_backup_holds_read
 }
 
 async fn rolled_back_backup_holds_readiness(store: Store) {
-    let litestream = stock_litestream::install();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::new(dir.path(), store);
-    let data = dir.path().join("data");
-    let up = FakeUpstream::start().await;
-    let (up_url, vfs) = (up.url(), files.vfs_flags(&litestream));
-    let flags = flag_refs(
-        &vfs,
-        &[
-            "--upstream",
-            &up_url,
+    let mut world = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(store)
+        .source(Source::Vfs)
+        .flags(&[
             "--backup-check-interval-ms",
             "200",
             "--min-cleanup-delay-ms",
             "3600000",
-        ],
-    );
-    let bin = Path::new(env!("CARGO_BIN_EXE_change-streamer"));
-    let first = ServiceProcess::spawn(bin, 0, &data, &flags);
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    first
-        .wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+        ])
+        .spawn()
         .await;
-    let rv = w(100);
-    let replica = BackupReplica::start(&first.addr, "backup", &rv, &rv, &files.db()).await;
-    let replication = files.replicate(&litestream);
+    world.follow().await;
+    world.replicate().await;
     let send_and_read = |n: u64| {
-        up.send(txn(n, 2));
+        world.up.send(txn(n, 2));
         let want = w(n);
-        let (first, replica) = (&first, &replica);
+        let (first, replica) = (&world.svc, world.replica());
         async move {
             replica.wait_applied(&want).await;
             first
@@ -74,23 +57,25 @@ async fn rolled_back_backup_holds_readiness(store: Store) {
     };
     send_and_read(101).await;
     send_and_read(102).await;
-    let early = files.save("early");
+    let early = world.save("backup", "early");
     send_and_read(103).await;
     // 104 stored means 103's record, queued before it on the same writer, is durable.
-    up.send(txn(104, 2));
-    first
+    world.up.send(txn(104, 2));
+    world
+        .svc
         .wait_status("104 stored", |s| {
             s["changeLog"]["maxWatermark"] == json!(w(104))
         })
         .await;
+    let (mut world, first) = world.into_parts();
     first.kill9();
-    drop(replication);
-    drop(replica);
-    let late = files.save("late");
-    files.put_back(&early);
+    world.kill("backup");
+    drop(world.take_replicas());
+    let late = world.save("backup", "late");
+    world.roll_back("backup", &early);
 
-    up.drop_connection();
-    let second = ServiceProcess::spawn(bin, 0, &data, &flags);
+    world.up.drop_connection();
+    let second = world.spawn_service();
     let mut res = WsClient::connect(&second.ws("/replication/v6/snapshot?taskID=t1")).await;
     let st = second
         .wait_status("the rolled-back backup read", |s| {
@@ -117,7 +102,7 @@ async fn rolled_back_backup_holds_readiness(store: Store) {
     assert!(res.next(Duration::from_millis(1)).await.is_none());
 
     // The backup as it was: read at 103 again, statuses and readiness follow.
-    files.put_back(&late);
+    world.roll_back("backup", &late);
     let (id, status) = res.msg().await;
     assert_eq!(status[0], json!("status"), "{status}");
     res.ack(id).await;

@@ -13,13 +13,12 @@ use std::sync::Mutex;
 
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
-use change_streamer_test_support::backup_files::BackupFiles;
-use change_streamer_test_support::backup_replica::BackupReplica;
+use change_streamer_test_support::backup_files::Store;
 use change_streamer_test_support::litestream::{Answer, FakeLitestream};
+use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
 use change_streamer_test_support::s3::{S3Bucket, ACCESS_KEY, SECRET_KEY};
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream;
-use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use serde_json::Value;
 
 /// Held by each test while it relies on this process's environment.
@@ -53,55 +52,49 @@ fn backups_file(dir: &Path, url: &str, vfs: &Path, keys: &str) -> String {
     path.display().to_string()
 }
 
+/// A bucket's URL as a deployment writes it, without the local server's endpoint.
+fn plain_url(bucket: &S3Bucket) -> String {
+    format!("s3://{}/{}", bucket.name, S3Bucket::PREFIX)
+}
+
 #[actix_rt::test]
 async fn s3_keys_of_the_backups_file_are_what_the_vfs_reader_reads_the_bucket_with() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
     for v in AWS_VARS {
         std::env::remove_var(v);
     }
-    std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
-    let litestream = stock_litestream::install();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let files = BackupFiles::on_own_s3(dir.path());
-    let bucket = files.bucket().expect("a bucket").clone();
-    let credentials = dir.path().join("credentials");
-    std::fs::write(
-        &credentials,
-        format!(
-            "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
-        ),
-    )
-    .expect("write the credentials file");
-    // The URL as a deployment writes it; where and how to reach the bucket is in the s3_ keys.
-    let plain = format!("s3://{}/{}", bucket.name, S3Bucket::PREFIX);
-    let keys = format!(
-        "s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\ns3_credentials_file = \"{}\"\n",
-        bucket.endpoint(),
-        credentials.display()
-    );
-    let file = backups_file(dir.path(), &plain, &litestream.vfs, &keys);
-    let up = FakeUpstream::start().await;
-    let up_url = up.url();
-    let svc = TestService::start(&[
-        "--upstream",
-        &up_url,
-        "--backups",
-        &file,
-        "--backup-check-interval-ms",
-        "200",
-    ])
-    .await;
-    up.wait_connections(1).await;
-    up.send(txn(100, 1));
-    svc.wait_status("the initial sync", |s| s["replicaVersion"].is_string())
+    let mut world = LitestreamWorld::builder(env!("CARGO_BIN_EXE_change-streamer"))
+        .store(Store::S3)
+        .without_exported_credentials()
+        .source(Source::Vfs)
+        .backups(&["east"])
+        .table(|files| {
+            let bucket = files.bucket().expect("a bucket");
+            let credentials = files.dir.join("credentials");
+            std::fs::write(
+                &credentials,
+                format!(
+                    "[default]\naws_access_key_id = {ACCESS_KEY}\naws_secret_access_key = {SECRET_KEY}\n"
+                ),
+            )
+            .expect("write the credentials file");
+            // The URL as a deployment writes it; where and how to reach the bucket is in the
+            // s3_ keys.
+            let keys = format!(
+                "s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\ns3_credentials_file = \"{}\"\n",
+                bucket.endpoint(),
+                credentials.display()
+            );
+            (plain_url(bucket), keys)
+        })
+        .flags(&["--backup-check-interval-ms", "200"])
+        .start()
         .await;
-    let rv = w(100);
-    let replica = BackupReplica::start_for_backup(&svc.base(), "east", &rv, &rv, &files.db()).await;
-    let _replication = files.replicate(&litestream);
-    for n in 101..=103 {
-        up.send(txn(n, 2));
-    }
-    replica.wait_applied(&w(103)).await;
+    let plain = plain_url(world.files().bucket().expect("a bucket"));
+    world.follow().await;
+    world.replicate().await;
+    world.send(101, 103).await;
+    let svc = &world.svc;
     let st = svc
         .wait_status("the bucket read at 103 through the s3_ keys", |s| {
             s["backups"][0]["watermark"] == w(103)
@@ -113,7 +106,7 @@ async fn s3_keys_of_the_backups_file_are_what_the_vfs_reader_reads_the_bucket_wi
     // Nothing of the credentials file is shown.
     let text = st.to_string() + &svc.get("/metrics").await.1;
     assert!(!text.contains(SECRET_KEY), "{text}");
-    svc.stop().await;
+    world.svc.stop().await;
 }
 
 #[actix_rt::test]

@@ -5,56 +5,14 @@
 //! says so; once the subscriber acks, all three clear.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::process::ServiceProcess;
 use change_streamer_test_support::upstream::{txn, FakeUpstream};
 
-/// A safety net against a test that would hang, not what the test waits for.
-const LIMIT: Duration = Duration::from_secs(60);
-
 fn w(n: u64) -> String {
     Watermark::from_u64(n).to_string()
-}
-
-async fn wait_readyz(svc: &ServiceProcess, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
-    let start = Instant::now();
-    loop {
-        let (code, line) = svc.readyz().await;
-        if cond(code, &line) {
-            return line;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "{what} within {LIMIT:?}: {code} {line}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-async fn gauge(svc: &ServiceProcess, stage: &str) -> Option<String> {
-    let (_, page) = svc.get("/metrics").await;
-    let series = format!("change_streamer_stage_stalled{{stage=\"{stage}\"}} ");
-    page.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .map(str::to_string)
-}
-
-async fn wait_logged(svc: &ServiceProcess, needle: &str) -> Vec<String> {
-    let start = Instant::now();
-    loop {
-        let lines = svc.logged(needle);
-        if !lines.is_empty() {
-            return lines;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "no line {needle:?} within {LIMIT:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[actix_rt::test]
@@ -91,8 +49,8 @@ async fn an_upstream_reader_held_by_an_unacked_tracked_send_is_a_stalled_stage()
         s["subscribers"][0]["phase"] == "live"
     })
     .await;
-    wait_readyz(&svc, "ready", |code, _| code == 200).await;
-    assert_eq!(gauge(&svc, "upstream").await.as_deref(), Some("0"));
+    svc.wait_readyz("ready", |code, _| code == 200).await;
+    assert_eq!(svc.stalled_gauge("upstream").await.as_deref(), Some("0"));
 
     // More than one flow-control budget (64 KiB) in one transaction: its commit is tracked.
     up.send(txn(101, 2000));
@@ -102,30 +60,30 @@ async fn an_upstream_reader_held_by_an_unacked_tracked_send_is_a_stalled_stage()
             break id;
         }
     };
-    let line = wait_readyz(&svc, "stalled in /readyz", |code, line| {
-        code == 503 && line.starts_with("stalled: ")
-    })
-    .await;
+    let line = svc
+        .wait_readyz("stalled in /readyz", |code, line| {
+            code == 503 && line.starts_with("stalled: ")
+        })
+        .await;
     let ms: u64 = line
         .strip_prefix("stalled: upstream for ")
         .and_then(|rest| rest.strip_suffix(" ms"))
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("not `stalled: upstream for N ms`: {line}"));
     assert!(ms >= 1000, "{line}");
-    assert_eq!(gauge(&svc, "upstream").await.as_deref(), Some("1"));
-    let errors = wait_logged(
-        &svc,
-        "stage upstream stalled: work pending and no progress for",
-    )
-    .await;
+    assert_eq!(svc.stalled_gauge("upstream").await.as_deref(), Some("1"));
+    let errors = svc
+        .wait_logged("stage upstream stalled: work pending and no progress for")
+        .await;
     assert!(
         errors.len() == 1 && errors[0].contains("ERROR"),
         "{errors:?}"
     );
 
     sub.ack(commit).await;
-    wait_readyz(&svc, "ready again once acked", |code, _| code == 200).await;
-    assert_eq!(gauge(&svc, "upstream").await.as_deref(), Some("0"));
-    wait_logged(&svc, "stage upstream is no longer stalled").await;
+    svc.wait_readyz("ready again once acked", |code, _| code == 200)
+        .await;
+    assert_eq!(svc.stalled_gauge("upstream").await.as_deref(), Some("0"));
+    svc.wait_logged("stage upstream is no longer stalled").await;
     svc.terminate().await;
 }

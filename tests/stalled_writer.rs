@@ -48,21 +48,6 @@ async fn wait_readyz(svc: &ServiceProcess, what: &str, cond: impl Fn(u16, &str) 
     }
 }
 
-async fn wait_logged(svc: &ServiceProcess, needle: &str) -> Vec<String> {
-    let start = Instant::now();
-    loop {
-        let lines = svc.logged(needle);
-        if !lines.is_empty() {
-            return lines;
-        }
-        assert!(
-            start.elapsed() < LIMIT,
-            "no line {needle:?} within {LIMIT:?}"
-        );
-        actix_rt::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// `db`'s URL with its server's address replaced by `via`.
 fn through(db: &TestDb, via: SocketAddr) -> (SocketAddr, String) {
     let (head, rest) = db.url.split_once('@').expect("a URL with a user");
@@ -117,11 +102,9 @@ async fn a_writer_behind_a_frozen_change_db_is_a_stalled_stage() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("not `stalled: writer for N ms`: {line}"));
     assert!(ms >= 1000, "{line}");
-    let errors = wait_logged(
-        &svc,
-        "stage writer stalled: work pending and no progress for",
-    )
-    .await;
+    let errors = svc
+        .wait_logged("stage writer stalled: work pending and no progress for")
+        .await;
     assert!(
         errors.len() == 1 && errors[0].contains("ERROR"),
         "{errors:?}"
@@ -129,7 +112,7 @@ async fn a_writer_behind_a_frozen_change_db_is_a_stalled_stage() {
 
     proxy.thaw();
     wait_readyz(&svc, "ready again once thawed", |code, _| code == 200).await;
-    wait_logged(&svc, "stage writer is no longer stalled").await;
+    svc.wait_logged("stage writer is no longer stalled").await;
     svc.wait_status("101 stored", |s| {
         s["changeLog"]["maxWatermark"]
             == change_streamer_actors::watermark::Watermark::from_u64(101).to_string()

@@ -40,6 +40,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use change_streamer_actors::vfs_reader;
+use change_streamer_test_support::backup_files::BackupFiles;
 use change_streamer_test_support::backup_replica::BackupReplica;
 use change_streamer_test_support::client::WsClient;
 use change_streamer_test_support::litestream::{Answer, FakeLitestream};
@@ -77,14 +78,11 @@ pub fn demo_secret() -> String {
 /// control socket (PROTOCOL.md §8.1c), or the stand-in `/metrics` page.
 struct Backup {
     real: Option<stock_litestream::Litestream>,
-    dir: tempfile::TempDir,
-    /// The replica real litestream writes: a bucket of a local S3 server when moto is installed
-    /// (`scripts/install-moto.sh`), else a `file://` folder.
-    file_url: String,
-    /// That S3 server, kept until the end.
-    _s3: Option<s3::S3Server>,
-    socket: std::path::PathBuf,
-    replica_db: std::path::PathBuf,
+    /// The backup replica's file, litestream's socket and config, and the replica real
+    /// litestream writes: a bucket of a local S3 server of its own when moto is installed
+    /// (`scripts/install-moto.sh`, kept until the end), else a `file://` folder.
+    files: BackupFiles,
+    _dir: tempfile::TempDir,
 }
 
 /// `/status` read into its one client type (a key the service renamed stops the demo, naming it).
@@ -158,51 +156,30 @@ impl Backup {
         }
         let dir = tempfile::tempdir().expect("tempdir");
         // With real litestream and moto installed, the backup goes where deployments keep it.
-        let on_s3 = real.as_ref().and(s3::installed()).map(|_| {
-            let server = s3::S3Server::start(dir.path());
-            let bucket = server.bucket("demo");
-            println!(
-                "the backup goes to {} (moto, a local S3 server)",
-                bucket.url()
-            );
-            (server, bucket)
-        });
-        let (real, file_url, s3) = match on_s3 {
-            Some((server, bucket)) => (
-                real.map(|l| l.with_env(s3::S3Bucket::env())),
-                bucket.url(),
-                Some(server),
-            ),
-            None => (
-                real,
-                format!("file://{}", dir.path().join("backup").display()),
-                None,
-            ),
+        let files = match real.as_ref().and(s3::installed()) {
+            Some(_) => {
+                let files = BackupFiles::on_own_s3_bucket(dir.path(), "demo");
+                println!(
+                    "the backup goes to {} (moto, a local S3 server)",
+                    files.url()
+                );
+                files
+            }
+            None => BackupFiles::in_dir(dir.path()),
         };
         Backup {
             real,
-            file_url,
-            _s3: s3,
-            // With real litestream: its control socket, and the backup replica's file as
-            // litestream.yml names it (PROTOCOL.md §8.1c).
-            socket: dir.path().join("litestream.sock"),
-            replica_db: dir.path().join("replica.db"),
-            dir,
+            files,
+            _dir: dir,
         }
     }
 
     /// The service's `--litestream-backup-url`, and the flags of its backup source.
     fn flags(&self, lite: &FakeLitestream) -> (String, Vec<String>) {
         match &self.real {
-            Some(_) => (
-                self.file_url.clone(),
-                vec![
-                    "--litestream-control-url".to_string(),
-                    format!("unix:{}", self.socket.display()),
-                    "--litestream-db-path".to_string(),
-                    self.replica_db.display().to_string(),
-                ],
-            ),
+            // With real litestream: its control socket, and the backup replica's file as
+            // litestream.yml names it (PROTOCOL.md §8.1c).
+            Some(_) => (self.files.url(), self.files.control_flags()[2..].to_vec()),
             None => (
                 "s3://demo-bucket/replica".to_string(),
                 vec!["--litestream-metrics-url".to_string(), lite.url()],
@@ -222,29 +199,22 @@ impl Backup {
         let base = svc.base();
         match &self.real {
             Some(l) => {
-                let replica = BackupReplica::start_with(
+                let _replica = BackupReplica::start_with(
                     &svc.credentials,
                     &base,
                     "backup",
                     rv,
                     rv,
-                    &self.replica_db,
+                    &self.files.db(),
                 )
                 .await;
-                let replication = l.replicate_controlled(
-                    &replica.db,
-                    &self.file_url,
-                    &self.dir.path().join("litestream.yml"),
-                    &self.socket,
-                    "1s",
-                );
-                replication
-                    .wait_for_socket(&self.socket, Duration::from_secs(30))
-                    .await;
+                // litestream syncs every second by itself too, and the service asks it on
+                // each ack; returned once its control socket accepts connections.
+                let replication = self.files.replicate_controlled_every(l, "1s").await;
                 let restore = Restore::Real {
-                    litestream: l.clone(),
-                    url: self.file_url.clone(),
-                    dir: self.dir.path().to_path_buf(),
+                    litestream: self.files.litestream(l),
+                    url: self.files.url(),
+                    dir: self.files.dir.clone(),
                 };
                 (restore, Some(replication))
             }

@@ -63,8 +63,13 @@ impl BackupFiles {
     /// own, started here; this process's environment is left as it is (litestream gets the
     /// credentials from [`BackupFiles::litestream`], the service must find its own).
     pub fn on_own_s3(dir: &Path) -> BackupFiles {
+        BackupFiles::on_own_s3_bucket(dir, "backup")
+    }
+
+    /// [`BackupFiles::on_own_s3`] with the bucket named `name`.
+    pub fn on_own_s3_bucket(dir: &Path, name: &str) -> BackupFiles {
         let server = S3Server::start(dir);
-        let bucket = server.bucket("backup");
+        let bucket = server.bucket(name);
         BackupFiles {
             s3: Some((server, bucket)),
             ..BackupFiles::in_dir(dir)
@@ -150,13 +155,22 @@ impl BackupFiles {
     /// interval), with its control socket, returned once the socket accepts connections: what
     /// the backup holds within a test, it holds because the service asked.
     pub async fn replicate_controlled(&self, litestream: &Litestream) -> Replication {
+        self.replicate_controlled_every(litestream, "1h").await
+    }
+
+    /// [`BackupFiles::replicate_controlled`] syncing by itself every `sync_interval` too.
+    pub async fn replicate_controlled_every(
+        &self,
+        litestream: &Litestream,
+        sync_interval: &str,
+    ) -> Replication {
         self.litestream(litestream)
             .replicate_controlled_ready(
                 &self.db(),
                 &self.url(),
                 &self.config(),
                 &self.socket(),
-                "1h",
+                sync_interval,
             )
             .await
     }

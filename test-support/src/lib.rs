@@ -1,6 +1,7 @@
 //! What the tests, examples and benchmarks of change-streamer share: the fake outside world
 //! (litestream's `/metrics`, the change source), real stock litestream with a backup replica for
-//! it to replicate (to a `file://` folder or a local S3 server's bucket), a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
+//! it to replicate (to a `file://` folder or a local S3 server's bucket) and one harness that starts
+//! it with the service ([`litestream_world`], feature `service`), a websocket client (with a secret and TLS when asked, [`access`]), the service in-process
 //! (feature `service`), a TCP forward whose connections a test cuts, the vendored fixtures, the peer harness, a PostgreSQL database
 //! of its own for each test, waiting on a condition, and a client's thread of its own.
 
@@ -13,6 +14,10 @@ pub mod fixtures;
 pub mod forward;
 pub mod freeze;
 pub mod litestream;
+#[cfg(feature = "service")]
+pub mod litestream_flags;
+#[cfg(feature = "service")]
+pub mod litestream_world;
 pub mod load;
 pub mod own_thread;
 pub mod peer;

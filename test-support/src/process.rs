@@ -190,6 +190,53 @@ impl ServiceProcess {
     }
 }
 
+/// How long [`ServiceProcess::wait_readyz`] and [`ServiceProcess::wait_logged`] wait: a safety
+/// net against a test that would hang, not what a test waits for.
+pub const SAFETY_LIMIT: Duration = Duration::from_secs(60);
+
+impl ServiceProcess {
+    /// `/readyz` polled until `cond` holds on its (status, line); returns the line.
+    pub async fn wait_readyz(&self, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            let (code, line) = self.readyz().await;
+            if cond(code, &line) {
+                return line;
+            }
+            assert!(
+                start.elapsed() < SAFETY_LIMIT,
+                "{what} within {SAFETY_LIMIT:?}: {code} {line}"
+            );
+            actix_rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `change_streamer_stage_stalled{stage="STAGE"}`'s value on `/metrics` (PROTOCOL.md §11.1).
+    pub async fn stalled_gauge(&self, stage: &str) -> Option<String> {
+        let (_, page) = self.get("/metrics").await;
+        let series = format!("change_streamer_stage_stalled{{stage=\"{stage}\"}} ");
+        page.lines()
+            .find_map(|l| l.strip_prefix(&series))
+            .map(str::to_string)
+    }
+
+    /// The lines logged so far that contain `needle`, once there is one.
+    pub async fn wait_logged(&self, needle: &str) -> Vec<String> {
+        let start = Instant::now();
+        loop {
+            let lines = self.logged(needle);
+            if !lines.is_empty() {
+                return lines;
+            }
+            assert!(
+                start.elapsed() < SAFETY_LIMIT,
+                "no line {needle:?} within {SAFETY_LIMIT:?}"
+            );
+            actix_rt::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 impl Drop for ServiceProcess {
     /// A test that fails half-way leaves no service running.
     fn drop(&mut self) {
