@@ -5,6 +5,8 @@
 //! purge holds them back ([`InstanceRecorder`](change_streamer_actors::instance::recorder)).
 //! With `--litestream-backup-url` it also holds `/snapshot` reservations
 //! ([`StandbyReservations`]), recorded in the change DB so that they pause the owner's cleanup.
+//! Its follower and its change log's reader report to a [`StallWatch`] of its own (stages
+//! `follower` and `catchup`, PROTOCOL.md §11.1), which its `/readyz` and `/metrics` ask.
 //! What the standby answers over HTTP is `http/standby.rs`.
 //!
 //! Its end is one of two: [`StandbyServing::stop`] (a graceful stop, or an error the instance
@@ -24,6 +26,7 @@ use change_streamer_actors::reservation;
 use change_streamer_actors::reservation::records::ReservationHolder;
 use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::session_end::SessionEnd;
+use change_streamer_actors::stall::{self, stage, StallReport, StallWatch};
 use change_streamer_actors::streamer::{self, Streamer};
 use log::{info, warn};
 
@@ -39,6 +42,7 @@ pub(crate) struct StandbyServing {
     follower: FollowerHandle,
     drain: Drain,
     recorder: Addr<InstanceRecorder>,
+    stall: Addr<StallWatch>,
 }
 
 impl StandbyServing {
@@ -68,11 +72,14 @@ impl StandbyServing {
         let streamer = Streamer::new(config.streamer(), log.clone(), &stats)
             .following(recorder.clone().recipient())
             .start();
-        let follower = follower::start(
+        let stall = StallWatch::new(config.stall_alarm()).start();
+        log.report_read_stalls_to(&stall);
+        let follower = follower::start_reporting(
             url.to_string(),
             log.clone(),
             streamer.clone(),
             stats.max_watermark.clone(),
+            StallReport::to(&stall, stage::FOLLOWER),
         );
         let drain = Drain::default();
         let backups = config.backups();
@@ -104,6 +111,7 @@ impl StandbyServing {
             reservations: reservations.clone(),
             log,
             guards: drain.guards(),
+            stall: stall.clone(),
         };
         let running = StandbyServing {
             streamer,
@@ -111,6 +119,7 @@ impl StandbyServing {
             follower,
             drain,
             recorder: recorder.clone(),
+            stall,
         };
         Some((running, serving))
     }
@@ -123,6 +132,7 @@ impl StandbyServing {
             follower,
             drain,
             recorder,
+            stall,
         } = self;
         // The reservation rows stay as last recorded: the owner orphans them once this
         // instance is gone.
@@ -134,6 +144,7 @@ impl StandbyServing {
                 .await;
         }
         follower.stop().await;
+        let _ = stall.send(stall::Stop).await;
         let _ = streamer
             .send(streamer::Stop {
                 end: Some(SessionEnd::ServiceStop),
@@ -159,9 +170,12 @@ impl StandbyServing {
             reservations,
             follower,
             drain,
+            stall,
             ..
         } = self;
         follower.stop().await;
+        // The owner's stall watch takes over (its own stages; the follower is gone).
+        let _ = stall.send(stall::Stop).await;
         info!("taking over: the standby's streamer and its subscribers go to the owner");
         Kept {
             streamer,

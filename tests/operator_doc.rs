@@ -480,7 +480,12 @@ fn metrics_pages_render_every_defined_metric() {
         &defined(OWNER_PAGE),
         &rendered(&owner),
     );
-    let standby = standby_page(&AuthFailures::default()).expect("a standby's page renders");
+    let stages = [StageState {
+        stage: "follower".into(),
+        stalled_ms: None,
+    }];
+    let standby =
+        standby_page(&AuthFailures::default(), &stages).expect("a standby's page renders");
     assert_same(
         "a standby's page and the metric table",
         &defined(STANDBY_PAGE),

@@ -5,7 +5,7 @@
 //! Why a registry per scrape: the values live in the actors and are asked for on each request
 //! ([`observe`](super::status::observe)), as `/status` does, so both views agree; nothing is
 //! kept between scrapes. The owner's page is built in four phases (who answers, the backup,
-//! the change log, the subscribers); a standby's is the first alone.
+//! the change log, the subscribers); a standby's is the first and its stages.
 
 pub mod defs;
 mod scrape;
@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use actix_web::HttpResponse;
 use change_streamer_actors::purger::BlockedBy;
+use change_streamer_actors::stall::StageState;
 use change_streamer_actors::streamer::{Mode, StreamerState, SubscriberInfo};
 use prometheus::{Encoder, TextEncoder};
 
@@ -72,10 +73,12 @@ pub fn owner_page(f: &Facts, o: &Observation) -> prometheus::Result<String> {
     m.render()
 }
 
-/// A standby's page ([`STANDBY_PAGE`]): `change_streamer_owner 0` and the access rule's refusals.
-pub fn standby_page(failures: &AuthFailures) -> prometheus::Result<String> {
+/// A standby's page ([`STANDBY_PAGE`]): `change_streamer_owner 0`, the access rule's refusals
+/// and, at a serving standby, its `stages` (PROTOCOL.md §11.1).
+pub fn standby_page(failures: &AuthFailures, stages: &[StageState]) -> prometheus::Result<String> {
     let m = Scrape::default();
     who_answers(&m, false, failures)?;
+    stalled(&m, stages)?;
     m.render()
 }
 
@@ -155,13 +158,7 @@ fn change_log(m: &Scrape, o: &Observation) -> prometheus::Result<()> {
     m.set(&CHANGE_LOG_ROWS, o.log.rows as f64)?;
     m.set(&CHANGE_LOG_BYTES, o.change_log_bytes as f64)?;
     m.set(&PURGES, o.purge.purges as f64)?;
-    m.set_each(
-        &STAGE_STALLED,
-        o.stages.iter().map(|s| {
-            let stalled = f64::from(u8::from(s.stalled_ms.is_some()));
-            ([s.stage.as_str()], stalled)
-        }),
-    )?;
+    stalled(m, &o.stages)?;
     m.set_each(
         &PURGE_BLOCKED,
         BlockedBy::ALL.map(|b| {
@@ -169,6 +166,17 @@ fn change_log(m: &Scrape, o: &Observation) -> prometheus::Result<()> {
                 [b.as_str()],
                 f64::from(u8::from(o.purge.blocked_by == Some(b))),
             )
+        }),
+    )
+}
+
+/// `change_streamer_stage_stalled`: each stage that reported, 1 while stalled (PROTOCOL.md §11.1).
+fn stalled(m: &Scrape, stages: &[StageState]) -> prometheus::Result<()> {
+    m.set_each(
+        &STAGE_STALLED,
+        stages.iter().map(|s| {
+            let stalled = f64::from(u8::from(s.stalled_ms.is_some()));
+            ([s.stage.as_str()], stalled)
         }),
     )
 }

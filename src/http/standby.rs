@@ -12,10 +12,12 @@
 //!   (`replicaVersion`, `changeLog`, `backup`), read through the instance's record connection,
 //!   and the subscribers and reservations it serves. It knows nothing of the owner's upstream
 //!   or purges beyond what is stored, so `upstream` and `purge` are null.
-//! - `/readyz`: a serving standby is ready once the change DB it follows holds a replicaVersion;
-//!   one that does not serve is never ready (`standby`); either says `change DB unreachable`
-//!   when its last record refresh failed.
-//! - `/metrics`: `change_streamer_owner 0` and the access rule's refusals.
+//! - `/readyz`: a serving standby is ready once the change DB it follows holds a replicaVersion
+//!   and none of its stages is stalled (`stalled: STAGE for N ms`, PROTOCOL.md §11.1, asked of
+//!   its stall watch first); one that does not serve is never ready (`standby`); either says
+//!   `change DB unreachable` when its last record refresh failed.
+//! - `/metrics`: `change_streamer_owner 0`, the access rule's refusals and, serving, its stages'
+//!   `change_streamer_stage_stalled`.
 
 use std::sync::Arc;
 
@@ -27,6 +29,7 @@ use change_streamer_actors::instance::InstanceId;
 use change_streamer_actors::reservation::standby::StandbyReservations;
 use change_streamer_actors::reservation::ListReservations;
 use change_streamer_actors::session_end::SessionEnd;
+use change_streamer_actors::stall::{GetStages, StageState, StallWatch};
 use change_streamer_actors::streamer::{GetStreamerState, Streamer};
 use log::warn;
 
@@ -63,6 +66,8 @@ pub struct Serving {
     pub reservations: Option<Addr<StandbyReservations>>,
     pub log: ChangeLog,
     pub guards: Guards,
+    /// Its follower's and reader's stall watch (PROTOCOL.md §11.1).
+    pub stall: Addr<StallWatch>,
 }
 
 /// `/replication/v{N}/changes` at a standby.
@@ -119,7 +124,12 @@ pub fn refuse_session(
 }
 
 pub async fn metrics(state: &StandbyState) -> HttpResponse {
-    page(standby_page(&state.access.failures()))
+    let stages = match &state.serving {
+        // Stopped: it follows nothing, so no stage of it is stalled.
+        Some(s) => s.stall.send(GetStages).await.unwrap_or_default(),
+        None => Vec::new(),
+    };
+    page(standby_page(&state.access.failures(), &stages))
 }
 
 pub async fn readyz(state: &StandbyState) -> HttpResponse {
@@ -130,6 +140,12 @@ async fn readiness(state: &StandbyState) -> Result<(), NotReady> {
     if let Some(s) = &state.serving {
         if s.guards.guard().is_none() {
             return Err(NotReady::Stopping);
+        }
+        // PROTOCOL.md §11.1: before the questions a silent change DB would hold. A watch gone
+        // (at a takeover) follows nothing: no stage of it is stalled.
+        let stages = s.stall.send(GetStages).await.unwrap_or_default();
+        if let Some(reason) = StageState::readyz_reason(&stages) {
+            return Err(NotReady::Stalled(reason));
         }
     }
     if state.recorder.send(IsReachable).await.ok().flatten() == Some(false) {

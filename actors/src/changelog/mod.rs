@@ -273,6 +273,13 @@ impl ChangeLog {
     pub fn report_stalls_to(&self, watch: &actix::Addr<crate::stall::StallWatch>) {
         let report = crate::stall::StallReport::to(watch, crate::stall::stage::WRITER);
         self.writes.send(WriteCommand::ReportStalls(report));
+        self.report_read_stalls_to(watch);
+    }
+
+    /// From now on the reader (catch-up reads, a standby's follower's reads) reports to `watch`
+    /// as stage `catchup` (PROTOCOL.md §11.1): a standby's, whose write channel only answers
+    /// questions, reports this alone.
+    pub fn report_read_stalls_to(&self, watch: &actix::Addr<crate::stall::StallWatch>) {
         let report = crate::stall::StallReport::to(watch, crate::stall::stage::CATCHUP);
         let _ = self.reads.send(ReadCommand::ReportStalls(report));
     }

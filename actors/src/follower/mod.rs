@@ -35,6 +35,14 @@
 //! or learn that their watermark is too old) and goes on from the newest commit ([`Rebase`]).
 //! Its reads find it out themselves: a standby's read fails with
 //! [`ChangeLogError::PurgedPast`] when the oldest row stored is past where it read from.
+//!
+//! ### Stage `follower` of the standby's stall watch
+//! It reports as stage `follower` (PROTOCOL.md §11.1) through a [`StallReport`]: pending from the
+//! moment it asks the change DB anything (listening, its poll of the newest commit, a read) or
+//! learns of a commit it has not handed on; progress at each read answered and each batch its
+//! streamer takes; idle once an answered question shows it handed on every commit it knows of.
+//! A question that fails or times out is no progress: a silent change DB is a stalled follower
+//! once `--stall-alarm-ms` passed, whatever the change DB's timeouts (§14.2).
 
 mod pace;
 
@@ -45,6 +53,7 @@ use log::{error, info, warn};
 use tokio::sync::oneshot;
 
 use crate::changelog::{ChangeKind, ChangeLog, ChangeLogError, CommitFeed, LogStats, StoredChange};
+use crate::stall::StallReport;
 use crate::streamer::{Rebase, Streamer, UpstreamBatch};
 use crate::unreachable::Unreachable;
 use crate::upstream::protocol::UpstreamMessage;
@@ -87,6 +96,17 @@ pub fn start(
     streamer: Addr<Streamer>,
     last_commit: Option<Watermark>,
 ) -> FollowerHandle {
+    start_reporting(url, log, streamer, last_commit, StallReport::default())
+}
+
+/// [`start`], reporting to a stall watch as `stall` says (stage `follower`, PROTOCOL.md §11.1).
+pub fn start_reporting(
+    url: String,
+    log: ChangeLog,
+    streamer: Addr<Streamer>,
+    last_commit: Option<Watermark>,
+    stall: StallReport,
+) -> FollowerHandle {
     let (stop_tx, stop_rx) = oneshot::channel();
     let (done_tx, done_rx) = oneshot::channel();
     actix_rt::spawn(async move {
@@ -97,6 +117,7 @@ pub fn start(
             at: Position::after(last_commit),
             newest: None,
             unreachable: Unreachable::new("follower: reading the change DB"),
+            stall,
         };
         follower.run(stop_rx).await;
         let _ = done_tx.send(());
@@ -158,6 +179,8 @@ struct Follower {
     newest: Option<Watermark>,
     /// Its reads' failures, said once per outage (PROTOCOL.md §14.2).
     unreachable: Unreachable,
+    /// Its reports to the standby's stall watch (see the module documentation).
+    stall: StallReport,
 }
 
 impl Follower {
@@ -174,6 +197,7 @@ impl Follower {
         let mut pace = ReadPace::new(READ_GAP);
         loop {
             if notices.is_none() {
+                self.stall.pending();
                 let listened = tokio::select! {
                     _ = &mut stop => return,
                     listened = CommitFeed::listen(&self.url) => listened,
@@ -246,6 +270,7 @@ impl Follower {
     /// Asks the change DB for its range: the newest commit, and whether a purge went past
     /// this follower (see the module documentation).
     async fn check(&mut self, stop: &mut oneshot::Receiver<()>) -> Result<(), ()> {
+        self.stall.pending();
         let stats = tokio::select! {
             _ = &mut *stop => return Err(()),
             stats = self.log.stats() => stats,
@@ -254,7 +279,9 @@ impl Follower {
             Ok(stats) => {
                 self.unreachable.answered();
                 self.saw(stats.max_watermark.clone());
-                self.rebase_if_purged_past(&stats).await
+                self.rebase_if_purged_past(&stats).await?;
+                self.idle_if_caught_up();
+                Ok(())
             }
             Err(e) => {
                 self.unreachable
@@ -290,12 +317,23 @@ impl Follower {
         Ok(())
     }
 
-    /// Hands the streamer every row up to the newest known commit.
+    /// An answered question showed it handed on every commit it knows of: nothing waits on it
+    /// (PROTOCOL.md §11.1).
+    fn idle_if_caught_up(&self) {
+        if !self.at.behind(self.newest.as_ref()) {
+            self.stall.idle();
+        }
+    }
+
+    /// Hands the streamer every row up to the newest known commit. Idle once a read shows it
+    /// did; having asked nothing, it leaves the stage as it was (pending after a failed check).
     async fn catch_up(&mut self, stop: &mut oneshot::Receiver<()>) -> Result<(), Pause> {
+        let mut answered = false;
         while self.at.behind(self.newest.as_ref()) {
             let Some(up_to) = self.newest.clone() else {
                 return Ok(());
             };
+            self.stall.pending();
             let read = self.log.read(self.at.after.clone(), up_to, READ_ROWS);
             let rows = tokio::select! {
                 _ = &mut *stop => return Err(Pause::End),
@@ -321,7 +359,12 @@ impl Follower {
                 // rebases) or the notice was ahead of what this connection sees yet.
                 return Ok(());
             }
+            self.stall.progress();
+            answered = true;
             self.hand_on(rows, stop).await?;
+        }
+        if answered {
+            self.idle_if_caught_up();
         }
         Ok(())
     }
@@ -360,6 +403,7 @@ impl Follower {
                 }
                 Err(_) => return Err(Pause::End), // the streamer stopped
             };
+            self.stall.progress();
             for (watermark, pos, kind) in positions.by_ref().take(reply.consumed) {
                 self.at.in_txn = kind != ChangeKind::Commit;
                 if !self.at.in_txn {
@@ -373,6 +417,7 @@ impl Follower {
                     _ = &mut *stop => return Err(Pause::End),
                     _ = release => {}
                 }
+                self.stall.progress();
             }
         }
         Ok(())

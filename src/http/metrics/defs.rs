@@ -233,4 +233,4 @@ pub const OWNER_PAGE: &[Metric] = &[
 ];
 
 /// Every metric of a standby's page (PROTOCOL.md §11).
-pub const STANDBY_PAGE: &[Metric] = &[OWNER, AUTH_FAILURES, AUTH_SUCCESSES];
+pub const STANDBY_PAGE: &[Metric] = &[OWNER, AUTH_FAILURES, AUTH_SUCCESSES, STAGE_STALLED];
