@@ -138,6 +138,24 @@ async fn json_log_format_writes_one_object_a_line_with_the_fields_a_line_names()
             .starts_with("change_streamer_actors::streamer"),
         "{accepted}"
     );
+    // Every line that names the subscriber carries it as a field (PROTOCOL.md §2): its
+    // acceptance, its catch-up and going live, its leaving.
+    let naming: Vec<&Value> = lines
+        .iter()
+        .filter(|v| {
+            v["level"] != "DEBUG"
+                && v["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("subscriber r1 "))
+        })
+        .collect();
+    assert!(naming.len() >= 2, "{naming:?}");
+    for line in &naming {
+        assert_eq!(
+            line["subscriber"], "r1",
+            "a line names r1 without the field: {line}"
+        );
+    }
     let opened = lines
         .iter()
         .find(|v| {

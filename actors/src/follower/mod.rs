@@ -303,7 +303,7 @@ impl Follower {
         if !passed {
             return Ok(());
         }
-        warn!(
+        warn!(watermark:% = max;
             "follower: the change log was purged past watermark={:?} (oldest row now watermark={min}); going on from watermark={max}",
             self.at.last_commit
         );

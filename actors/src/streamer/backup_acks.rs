@@ -115,7 +115,7 @@ impl Streamer {
                 .keys()
                 .map(String::as_str)
                 .collect();
-            warn!(
+            warn!(subscriber:% = sub.id;
                 "backup replicator {} names backup {:?}, which is none of the backups ({}): its acks confirm nothing",
                 sub.id,
                 sub.backup.as_deref().unwrap_or(""),

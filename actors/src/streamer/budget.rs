@@ -105,7 +105,7 @@ impl Streamer {
                 // Those left hold nothing: their own admissions decide.
                 return budget;
             };
-            info!(
+            info!(subscriber:% = sub.id;
                 "subscribers hold {} bytes, over --max-queued-bytes {} with the next change: subscriber {} ({} bytes) reads from the change log from the end of this transaction",
                 budget.total,
                 budget.limit,

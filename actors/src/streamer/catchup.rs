@@ -204,7 +204,7 @@ impl Streamer {
             }
             match sub.phase {
                 Phase::Live if sub.position.0 <= last => {
-                    info!(
+                    info!(subscriber:% = sub.id, watermark:% = sub.position.0;
                         "subscriber {} holds {} unacked change(s); reading from the change log after watermark={} pos={} up to {last}",
                         sub.id,
                         sub.held(),
@@ -323,7 +323,7 @@ fn go_live(sub: &mut Subscriber, shared: &mut SharedFrames, now: f64) {
     }
     sub.phase = Phase::Live;
     sub.behind_since = None;
-    info!(
+    info!(subscriber:% = sub.id, watermark:% = sub.watermark;
         "subscriber {} caught up to watermark={}; {} live change(s) from its backlog",
         sub.id,
         sub.watermark,
@@ -362,7 +362,7 @@ fn send_rows(
 /// Drops a catching-up subscriber's backlog: its transactions, all committed up to `last` and
 /// queued on the change log, are read from there instead.
 fn drop_backlog(sub: &mut Subscriber, c: &mut Catchup, last: Watermark) {
-    info!(
+    info!(subscriber:% = sub.id, watermark:% = last;
         "subscriber {} is still catching up with {} live change(s) waiting; reading them from the change log instead (up to watermark={last})",
         sub.id,
         sub.backlog.len()

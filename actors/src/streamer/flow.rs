@@ -215,7 +215,7 @@ impl Streamer {
                         )
                     })
                     .collect();
-                info!(
+                info!(watermark:% = cur.watermark;
                     "flow control: watermark={} released by consensus of {} after {:.1} ms; still pending: {}",
                     cur.watermark,
                     cur.broadcast.completed().len(),
@@ -247,7 +247,7 @@ impl Streamer {
         let now = self.now_ms();
         if let Some(sub) = self.subscribers.get_mut(&session_id) {
             if let Some(lag) = sub.lagging.take_if(|l| l.token <= token) {
-                info!(
+                info!(subscriber:% = sub.id, watermark:% = lag.watermark;
                     "subscriber {} no longer lagging: acked watermark={} after {:.0} ms",
                     sub.id,
                     lag.watermark,

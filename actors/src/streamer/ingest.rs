@@ -130,7 +130,7 @@ impl Streamer {
             self.flush_all();
             self.drop_pending(&txn);
             if !txn.replay {
-                info!(
+                info!(watermark:% = txn.watermark;
                     "rolling back transaction watermark={} (upstream interrupted)",
                     txn.watermark
                 );
@@ -211,7 +211,7 @@ impl Streamer {
             .as_ref()
             .is_some_and(|l| commit_watermark <= *l);
         if replay {
-            info!("skipping replayed transaction watermark={commit_watermark} (already stored)");
+            info!(watermark:% = commit_watermark; "skipping replayed transaction watermark={commit_watermark} (already stored)");
         }
         let mut txn = Txn {
             watermark: commit_watermark.clone(),
@@ -298,13 +298,13 @@ impl Streamer {
         // following streamer takes the replicaVersion from the change DB only (`join.rs`,
         // `Ingest`).
         if self.replica_version.is_none() && self.follows.is_none() {
-            info!("initial sync committed: replicaVersion={watermark}");
+            info!(watermark:% = watermark; "initial sync committed: replicaVersion={watermark}");
             self.replica_version = Some(watermark.clone());
         }
         self.last_commit = Some(watermark.clone());
         // A new transaction shows the source can go on after all (PROTOCOL.md §4).
         if let Some(was) = self.reset_required.take() {
-            info!("reset-required cleared: the change source sent transaction watermark={watermark} after it (it said: {was})");
+            info!(watermark:% = watermark; "reset-required cleared: the change source sent transaction watermark={watermark} after it (it said: {was})");
         }
         // A standby's rows are the owner's, already durable: nothing to store or ack.
         let mut paced = None;
@@ -337,7 +337,7 @@ impl Streamer {
         let mut release = None;
         self.drop_pending(&t);
         if !t.replay {
-            info!("transaction watermark={} rolled back upstream", t.watermark);
+            info!(watermark:% = t.watermark; "transaction watermark={} rolled back upstream", t.watermark);
             let pos = t.next_pos();
             release = self.forward(ctx, Change::new(Kind::Rollback, t.watermark, pos, &payload));
         }
@@ -388,7 +388,7 @@ impl Handler<UpstreamEvent> for Streamer {
                 // again from the change source; it must not then be skipped as a replay.
                 if let (Some(durable), Some(last)) = (&resume_after, &self.last_commit) {
                     if durable < last {
-                        warn!("last forwarded commit watermark={last} was never stored; resuming after watermark={durable}");
+                        warn!(watermark:% = durable; "last forwarded commit watermark={last} was never stored; resuming after watermark={durable}");
                         self.last_commit = resume_after;
                     }
                 }

@@ -125,7 +125,7 @@ impl Handler<Subscribe> for Streamer {
                 check(ours, &stats, has_commit, &replica_version, &watermark)
             });
             if let Err(e) = checked {
-                info!("subscription of {id} refused: {e}");
+                info!(subscriber:% = id; "subscription of {id} refused: {e}");
                 if let Some(mut sub) = act.subscribers.remove(&session_id) {
                     sub.leave_total();
                 }
@@ -252,7 +252,7 @@ impl Streamer {
         sub.flush(now, &self.shared);
         match last_commit {
             Some(up_to) if up_to > sub.watermark => {
-                info!(
+                info!(subscriber:% = sub.id, watermark:% = sub.watermark;
                     "subscriber {} catching up from watermark={} to {up_to}",
                     sub.id, sub.watermark
                 );
@@ -264,7 +264,7 @@ impl Streamer {
             }
             _ => {
                 sub.phase = Phase::Live;
-                info!(
+                info!(subscriber:% = sub.id, watermark:% = sub.watermark;
                     "subscriber {} is live from watermark={}",
                     sub.id, sub.watermark
                 );

@@ -333,7 +333,7 @@ impl Streamer {
         end: SessionEnd,
     ) {
         if let Some(sub) = self.remove_subscriber(ctx, session_id) {
-            warn!("closing subscriber {}: {}", sub.id, end.close_frame().1);
+            warn!(subscriber:% = sub.id; "closing subscriber {}: {}", sub.id, end.close_frame().1);
             sub.session.do_send(ToSession::Close(end));
         }
     }

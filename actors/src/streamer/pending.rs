@@ -93,7 +93,7 @@ impl Streamer {
                     "stored pending changes {first_pos}..{end} of transaction watermark={watermark}"
                 ),
                 // Its commit will be refused by the change log (PROTOCOL.md §3.0).
-                Err(e) => error!(
+                Err(e) => error!(watermark:% = watermark;
                     "storing pending changes {first_pos}..{end} of transaction watermark={watermark} failed: {e}"
                 ),
             }
@@ -110,8 +110,10 @@ impl Streamer {
         let watermark = txn.watermark.clone();
         actix::spawn(async move {
             match dropped.await {
-                Ok(()) => info!("deleted the pending rows of transaction watermark={watermark}"),
-                Err(e) => warn!(
+                Ok(()) => {
+                    info!(watermark:% = watermark; "deleted the pending rows of transaction watermark={watermark}")
+                }
+                Err(e) => warn!(watermark:% = watermark;
                     "deleting the pending rows of transaction watermark={watermark} failed: {e} (the next transaction's first chunk, or the next start, deletes them)"
                 ),
             }

@@ -63,7 +63,7 @@ impl Streamer {
             .collect();
         let (new_id, backup) = (new.id.clone(), new.backup_name().to_string());
         for (old, old_id) in older {
-            info!(
+            info!(subscriber:% = new_id, backup:% = backup;
                 "backup replicator {new_id} replaces {old_id} (session {old}) for backup {backup}"
             );
             self.close_subscriber(ctx, old, SessionEnd::BackupReplaced);

@@ -65,7 +65,7 @@ impl Handler<SessionGone> for Streamer {
     type Result = ();
     fn handle(&mut self, g: SessionGone, ctx: &mut Context<Self>) {
         if let Some(sub) = self.remove_subscriber(ctx, g.session_id) {
-            info!(
+            info!(subscriber:% = sub.id, watermark:% = sub.acked;
                 "subscriber {} left at acked watermark={}",
                 sub.id, sub.acked
             );
