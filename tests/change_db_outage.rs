@@ -115,20 +115,7 @@ async fn survive(outage: Outage) {
     }
 
     // Each replica: gapless, no duplicate, closed (if at all) with a documented close.
-    for r in replicas {
-        let id = r.id;
-        let (commits, closes) = r.end();
-        eprintln!("replica {id}: {} commits, closes {closes:?}", commits.len());
-        if let Err(e) = gapless(&commits) {
-            panic!("replica {id}: {e}: {commits:?}");
-        }
-        for (code, reason) in &closes {
-            assert!(
-                *code == 1011 && DOCUMENTED.iter().any(|r| reason.starts_with(r)),
-                "replica {id} closed with {code} {reason:?}, not 1011 with one of {DOCUMENTED:?}"
-            );
-        }
-    }
+    end_all_gapless(replicas, &DOCUMENTED);
     // Every commit acked upstream (up to `last`, the last one sent) is stored: a fresh
     // subscription reads them all back.
     let mut fresh = subscribe(&owner, "fresh", 100).await;

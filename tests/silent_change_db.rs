@@ -42,7 +42,7 @@ async fn a_silent_change_db_deposes_the_owner_within_its_lease_and_the_standby_t
 ) {
     let _ = env_logger::builder().is_test(true).try_init();
     let db = TestDb::create("silent").await;
-    let proxy = proxy_on_own_thread(db.server_addr());
+    let proxy = FreezeProxy::start_on_own_thread(db.server_addr());
     let up = FakeUpstream::start().await;
     let a = Instance::start_on(&db.url_via(proxy.addr), &up.url(), INTERVAL_MS, &[]);
     let (a_addr, _) = a
@@ -129,25 +129,7 @@ async fn a_silent_change_db_deposes_the_owner_within_its_lease_and_the_standby_t
         "the new owner exited"
     );
 
-    for r in replicas {
-        let id = r.id;
-        let (commits, closes) = r.end();
-        eprintln!(
-            "replica {id}: {} commits ({:?}..={:?}), closes {closes:?}",
-            commits.len(),
-            commits.first(),
-            commits.last()
-        );
-        if let Err(e) = gapless(&commits) {
-            panic!("replica {id}: {e}: {commits:?}");
-        }
-        for (code, reason) in &closes {
-            assert!(
-                *code == 1011 && DOCUMENTED.iter().any(|r| reason.starts_with(r)),
-                "replica {id} closed with {code} {reason:?}, not 1011 with one of {DOCUMENTED:?}"
-            );
-        }
-    }
+    end_all_gapless(replicas, &DOCUMENTED);
     // Every commit acked upstream (up to `last`, the last one sent) is stored, once: a fresh
     // subscription at the new owner reads them all back.
     let mut fresh = subscribe(&b_addr, "fresh", 100).await;
@@ -156,19 +138,6 @@ async fn a_silent_change_db_deposes_the_owner_within_its_lease_and_the_standby_t
         panic!("stored: {e}");
     }
     drop(a);
-}
-
-/// The proxy in front of the change DB, on a thread of its own: the test's thread, busy or
-/// blocked in a wait, never holds up its bytes (only a freeze does).
-fn proxy_on_own_thread(target: std::net::SocketAddr) -> FreezeProxy {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let _ = tx.send(FreezeProxy::start(target).await);
-            std::future::pending::<()>().await
-        })
-    });
-    rx.recv().expect("the proxy started")
 }
 
 /// What `rx` says within `limit`, waiting without blocking the test's thread (its replicas

@@ -27,18 +27,6 @@ use takeover_support::*;
 /// The standby's `--stall-alarm-ms`.
 const ALARM_MS: u64 = 1000;
 
-/// The proxy on a runtime of its own thread, so that it forwards while the test's thread waits.
-fn proxy_on_own_thread(target: std::net::SocketAddr) -> FreezeProxy {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        actix_rt::System::new().block_on(async move {
-            let _ = tx.send(FreezeProxy::start(target).await);
-            std::future::pending::<()>().await
-        })
-    });
-    rx.recv().expect("the proxy started")
-}
-
 /// `/readyz` at `addr` polled until `cond` holds on its (status, line); each request may wait
 /// a few seconds (before the stall is seen, a question to the frozen change DB holds it).
 async fn readyz_when(addr: &str, what: &str, cond: impl Fn(u16, &str) -> bool) -> String {
@@ -90,7 +78,7 @@ async fn lines_with(i: &Instance, seen: &mut Vec<String>, text: &str) -> Vec<Str
 #[actix_rt::test]
 async fn a_standby_follower_behind_a_frozen_change_db_is_a_stalled_stage() {
     let db = TestDb::create("stalled_follower").await;
-    let proxy = proxy_on_own_thread(db.server_addr());
+    let proxy = FreezeProxy::start_on_own_thread(db.server_addr());
     let up = FakeUpstream::start().await;
     let (_a, _a_addr) = owner_with(&db, &up, &[]);
     up.wait_connections(1).await;

@@ -44,6 +44,20 @@ impl FreezeProxy {
         }
     }
 
+    /// [`FreezeProxy::start`] on a runtime of its own thread, so that it forwards while the
+    /// test's thread is busy or blocked in a wait (only a freeze holds up its bytes). For a
+    /// peer the test drives from a blocking thread, such as a service process and its change DB.
+    pub fn start_on_own_thread(target: SocketAddr) -> FreezeProxy {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            actix_rt::System::new().block_on(async move {
+                let _ = tx.send(FreezeProxy::start(target).await);
+                std::future::pending::<()>().await
+            })
+        });
+        rx.recv().expect("the freeze proxy started")
+    }
+
     /// From now on no byte crosses, on open connections and new ones; nothing is closed.
     pub fn freeze(&self) {
         self.frozen.send_replace(true);

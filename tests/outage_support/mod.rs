@@ -134,6 +134,31 @@ impl Replica {
     }
 }
 
+/// Ends every replica and checks what each saw: every commit once and in order, and no close
+/// but a 1011 whose reason starts with one of `documented` (the closes PROTOCOL.md §14.2 lets
+/// an instance that loses or gives up the change DB send).
+pub fn end_all_gapless(replicas: impl IntoIterator<Item = Replica>, documented: &[&str]) {
+    for r in replicas {
+        let id = r.id;
+        let (commits, closes) = r.end();
+        eprintln!(
+            "replica {id}: {} commits ({:?}..={:?}), closes {closes:?}",
+            commits.len(),
+            commits.first(),
+            commits.last()
+        );
+        if let Err(e) = gapless(&commits) {
+            panic!("replica {id}: {e}: {commits:?}");
+        }
+        for (code, reason) in &closes {
+            assert!(
+                *code == 1011 && documented.iter().any(|r| reason.starts_with(r)),
+                "replica {id} closed with {code} {reason:?}, not 1011 with one of {documented:?}"
+            );
+        }
+    }
+}
+
 /// Applies (and acks) one subscription until it closes: `Ok` on a close, recorded.
 async fn apply(c: &mut WsClient, s: &RefCell<Applied>) -> Result<(), String> {
     let mut open: Option<String> = None;
