@@ -13,8 +13,8 @@
 # and hundreds of MB of target), while moto installs from wheels in seconds. moto serves
 # `/moto-api/data.json` and logs one line per request (werkzeug's access log), which is what
 # the tests and the cost benchmark count requests per bucket with. moto does not check
-# signatures: a wrong secret is tested by the service's own credential check (a 403 from a
-# server that does check is what `lastError` then shows; see test-support/src/s3.rs).
+# signatures: the one test of a wrong secret (a real 403 `SignatureDoesNotMatch`) runs s3s-fs
+# instead (scripts/install-s3s-fs.sh, test-support/src/s3s_fs.rs).
 #
 # Usage: scripts/install-moto.sh [DIR]   (DIR defaults to $CHANGE_STREAMER_MOTO_DIR,
 #                                         then <repo>/.tools/moto)

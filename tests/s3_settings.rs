@@ -2,7 +2,8 @@
 //! litestream 0.5.17 and a local S3 server (moto, `scripts/install-moto.sh`): a `--backups`
 //! file's `s3_` keys are what the service's VFS reader reads the bucket with (the credentials
 //! from a file, nothing in this process's environment); `AWS_CA_BUNDLE` in the environment is a
-//! start error naming it; a 403 from the object store is the backup's `lastError`, said for what
+//! start error naming it; a 403 from the object store (s3s-fs, which checks signatures,
+//! `scripts/install-s3s-fs.sh`, given a wrong secret) is the backup's `lastError`, said for what
 //! it may be (litestream's VFS gives no reason of its own) and counted.
 //!
 //! The tests change this process's environment (the in-process service's readers inherit it),
@@ -14,9 +15,9 @@ use std::sync::Mutex;
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
 use change_streamer_test_support::backup_files::Store;
-use change_streamer_test_support::litestream::{Answer, FakeLitestream};
 use change_streamer_test_support::litestream_world::{LitestreamWorld, Source};
 use change_streamer_test_support::s3::{S3Bucket, ACCESS_KEY, SECRET_KEY};
+use change_streamer_test_support::s3s_fs::SigningS3;
 use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream;
 use serde_json::Value;
@@ -149,16 +150,11 @@ async fn s3_a_403_from_the_object_store_is_the_backups_last_error_naming_refused
     std::env::set_var("AWS_SECRET_ACCESS_KEY", "a-wrong-secret");
     let litestream = stock_litestream::install();
     let dir = tempfile::tempdir().expect("tempdir");
-    // What S3 answers every request signed with a wrong secret.
-    let store = FakeLitestream::start(Answer {
-        status: 403,
-        body: "<?xml version=\"1.0\" encoding=\"UTF-8\"?><Error><Code>SignatureDoesNotMatch</Code><Message>The request signature we calculated does not match the signature you provided.</Message></Error>".into(),
-        ..Answer::default()
-    })
-    .await;
+    // A server that checks signatures, with the right secret; the service's is wrong.
+    let store = SigningS3::start(&dir.path().join("s3"), ACCESS_KEY, SECRET_KEY, &["bucket"]);
     let keys = format!(
-        "s3_endpoint = \"http://{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\n",
-        store.addr
+        "s3_endpoint = \"{}\"\ns3_region = \"us-east-1\"\ns3_path_style = true\n",
+        store.endpoint()
     );
     let file = backups_file(dir.path(), "s3://bucket/replica", &litestream.vfs, &keys);
     let svc = TestService::start(&["--backups", &file, "--backup-check-interval-ms", "200"]).await;
@@ -177,7 +173,24 @@ async fn s3_a_403_from_the_object_store_is_the_backups_last_error_naming_refused
         "{st}"
     );
     assert!(!error.contains("a-wrong-secret"), "{st}");
-    assert!(store.requests() > 0, "the reader asked the store");
+    // The refusal is the store's own: litestream, asked the same with the same wrong secret,
+    // is answered 403 SignatureDoesNotMatch.
+    let ltx = std::process::Command::new(&litestream.bin)
+        .arg("ltx")
+        .arg(format!(
+            "s3://bucket/replica?endpoint={}&forcePathStyle=true",
+            store.endpoint()
+        ))
+        .env_remove("AWS_CA_BUNDLE")
+        .env("AWS_REGION", "us-east-1")
+        .output()
+        .expect("run litestream ltx");
+    let said =
+        String::from_utf8_lossy(&ltx.stderr).to_string() + &String::from_utf8_lossy(&ltx.stdout);
+    assert!(
+        said.contains("StatusCode: 403") && said.contains("SignatureDoesNotMatch"),
+        "{said}"
+    );
     let (_, metrics) = svc.get("/metrics").await;
     let failed = metrics
         .lines()

@@ -25,6 +25,7 @@ pub mod pg;
 pub mod pg_cluster;
 pub mod process;
 pub mod s3;
+pub mod s3s_fs;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod status;
