@@ -109,12 +109,15 @@ mod tests {
 
     #[test]
     fn a_line_is_one_object_with_the_four_fields() {
-        let record = log::Record::builder()
-            .level(log::Level::Warn)
-            .target("change_streamer_actors::purger")
-            .args(format_args!("quotes \" and\nnewlines {}", 1))
-            .build();
-        let line = json_line("2026-12-07T23:41:07.123456Z", &record);
+        // One statement: the record borrows the temporaries of `format_args!`.
+        let line = json_line(
+            "2026-12-07T23:41:07.123456Z",
+            &log::Record::builder()
+                .level(log::Level::Warn)
+                .target("change_streamer_actors::purger")
+                .args(format_args!("quotes \" and\nnewlines {}", 1))
+                .build(),
+        );
         assert!(!line.contains('\n'), "{line}");
         let v = parse(&line);
         assert_eq!(v["time"], "2026-12-07T23:41:07.123456Z");

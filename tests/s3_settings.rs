@@ -10,7 +10,6 @@
 //! so they take [`ENV`] in turn.
 
 use std::path::Path;
-use std::sync::Mutex;
 
 use change_streamer_actors::vfs::ENV_READER;
 use change_streamer_actors::watermark::Watermark;
@@ -22,8 +21,9 @@ use change_streamer_test_support::service::TestService;
 use change_streamer_test_support::stock_litestream;
 use serde_json::Value;
 
-/// Held by each test while it relies on this process's environment.
-static ENV: Mutex<()> = Mutex::new(());
+/// Held by each test while it relies on this process's environment; held across awaits (the
+/// service runs while the environment is set), so an async lock.
+static ENV: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The AWS variables a reader could take credentials or a CA bundle from.
 const AWS_VARS: [&str; 6] = [
@@ -60,7 +60,7 @@ fn plain_url(bucket: &S3Bucket) -> String {
 
 #[actix_rt::test]
 async fn s3_keys_of_the_backups_file_are_what_the_vfs_reader_reads_the_bucket_with() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = ENV.lock().await;
     for v in AWS_VARS {
         std::env::remove_var(v);
     }
@@ -112,7 +112,7 @@ async fn s3_keys_of_the_backups_file_are_what_the_vfs_reader_reads_the_bucket_wi
 
 #[actix_rt::test]
 async fn s3_aws_ca_bundle_in_the_environment_is_a_start_error_naming_the_backup_and_what_to_do() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = ENV.lock().await;
     std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
     std::env::set_var("AWS_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt");
     let litestream = stock_litestream::install();
@@ -143,7 +143,7 @@ async fn s3_aws_ca_bundle_in_the_environment_is_a_start_error_naming_the_backup_
 
 #[actix_rt::test]
 async fn s3_a_403_from_the_object_store_is_the_backups_last_error_naming_refused_credentials() {
-    let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let _env = ENV.lock().await;
     std::env::remove_var("AWS_CA_BUNDLE");
     std::env::set_var(ENV_READER, env!("CARGO_BIN_EXE_change-streamer"));
     std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY);
