@@ -95,18 +95,7 @@ async fn survive(outage: Outage) {
     let owner = one_owner([&a_addr, &b_addr]).await;
     wait_for("ingest resumed", || max_acked(&up) > before + 50, &replicas).await;
     let last = source.stop().await;
-    wait_for(
-        "the last commit sent acked",
-        || max_acked(&up) == last,
-        &replicas,
-    )
-    .await;
-    wait_for(
-        "both replicas have every acked commit",
-        || replicas.iter().all(|r| r.last() >= last),
-        &replicas,
-    )
-    .await;
+    all_acked_and_applied(&up, last, &replicas).await;
     for (name, i) in [("first", &mut a), ("second", &mut b)] {
         assert!(
             i.child.try_wait().unwrap().is_none(),
@@ -229,18 +218,4 @@ fn most_repeated_warning(log: &std::sync::mpsc::Receiver<String>) -> (usize, Str
         .map(|(text, n)| (n, text))
         .max()
         .unwrap_or_default()
-}
-
-fn max_acked(up: &FakeUpstream) -> u64 {
-    acked(up).into_iter().max().unwrap_or(0)
-}
-
-/// Polls `cond` until it holds, failing at once if a replica saw something wrong.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool, replicas: &[Replica]) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        replicas.iter().for_each(Replica::check);
-        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
-        actix_rt::time::sleep(POLL).await;
-    }
 }

@@ -112,18 +112,7 @@ async fn a_silent_change_db_deposes_the_owner_within_its_lease_and_the_standby_t
 
     let last = source.stop().await;
     eprintln!("the change source's last commit: {last}");
-    wait_for(
-        "the last commit sent acked",
-        || max_acked(&up) == last,
-        &replicas,
-    )
-    .await;
-    wait_for(
-        "both replicas have every acked commit",
-        || replicas.iter().all(|r| r.last() >= last),
-        &replicas,
-    )
-    .await;
+    all_acked_and_applied(&up, last, &replicas).await;
     assert!(
         b.child.try_wait().unwrap().is_none(),
         "the new owner exited"
@@ -168,20 +157,6 @@ async fn line_within(i: &Instance, text: &str) -> String {
             Instant::now() < deadline,
             "no line with {text:?} within {PATIENCE:?}"
         );
-        actix_rt::time::sleep(POLL).await;
-    }
-}
-
-fn max_acked(up: &FakeUpstream) -> u64 {
-    acked(up).into_iter().max().unwrap_or(0)
-}
-
-/// Polls `cond` until it holds, failing at once if a replica saw something wrong.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool, replicas: &[Replica]) {
-    let deadline = Instant::now() + PATIENCE;
-    while !cond() {
-        replicas.iter().for_each(Replica::check);
-        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
         actix_rt::time::sleep(POLL).await;
     }
 }

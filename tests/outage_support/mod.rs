@@ -12,7 +12,7 @@ use change_streamer_test_support::upstream::{txn, FakeUpstream};
 use change_streamer_test_support::wait::POLL;
 
 use super::standby_support::sub_url;
-use super::takeover_support::get;
+use super::takeover_support::{acked, get};
 
 /// How often the change source sends a transaction: steady writing, modest for a shared machine.
 const PACE: Duration = Duration::from_millis(10);
@@ -132,6 +132,37 @@ impl Replica {
         let s = self.seen.borrow();
         (s.commits.clone(), s.closes.clone())
     }
+}
+
+/// The highest commit the change source was acked.
+pub fn max_acked(up: &FakeUpstream) -> u64 {
+    acked(up).into_iter().max().unwrap_or(0)
+}
+
+/// Polls `cond` until it holds, failing at once if a replica saw something wrong.
+pub async fn wait_for(what: &str, mut cond: impl FnMut() -> bool, replicas: &[Replica]) {
+    let deadline = Instant::now() + PATIENCE;
+    while !cond() {
+        replicas.iter().for_each(Replica::check);
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        actix_rt::time::sleep(POLL).await;
+    }
+}
+
+/// Waits until `last`, the source's last commit, is acked upstream and every replica has it.
+pub async fn all_acked_and_applied(up: &FakeUpstream, last: u64, replicas: &[Replica]) {
+    wait_for(
+        "the last commit sent acked",
+        || max_acked(up) == last,
+        replicas,
+    )
+    .await;
+    wait_for(
+        "both replicas have every acked commit",
+        || replicas.iter().all(|r| r.last() >= last),
+        replicas,
+    )
+    .await;
 }
 
 /// Ends every replica and checks what each saw: every commit once and in order, and no close
